@@ -1,0 +1,45 @@
+"""Canonical JSON (RFC 8785) and the intent hash.
+
+The intent hash names *what* an operation does, independent of how the model
+spelled it: same tenant, principal, tool, schema version, validated arguments and
+resource ids give the same hash, whatever the key order or number formatting.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from typing import Any
+
+import rfc8785
+
+
+class NotCanonicalizable(ValueError):
+    """The value has no RFC 8785 form (an integer beyond 2**53, NaN, a non-JSON type)."""
+
+
+def canonical_json(value: Any) -> bytes:
+    try:
+        return rfc8785.dumps(value)
+    except (rfc8785.CanonicalizationError, TypeError, ValueError) as exc:
+        raise NotCanonicalizable(str(exc)) from exc
+
+
+def intent_hash(
+    *,
+    tenant: str,
+    principal: str,
+    tool_name: str,
+    schema_version: int,
+    arguments: dict[str, Any],
+    resource_ids: Iterable[str] = (),
+) -> str:
+    document = {
+        "tenant": tenant,
+        "principal": principal,
+        "tool": tool_name,
+        "schema_version": schema_version,
+        "arguments": arguments,
+        "resource_ids": sorted(set(resource_ids)),
+    }
+    return hashlib.sha256(canonical_json(document)).hexdigest()

@@ -1,0 +1,91 @@
+"""Prometheus metrics counted by producers, relays, workers and the reconciler.
+
+Names under `toolfence_`, base units, `_total` counters, bounded labels only
+(tool, outcome, stage, gate, action, effect): never an operation id, principal or
+hostname. Prefork workers write to `PROMETHEUS_MULTIPROC_DIR` (prometheus-client
+multiprocess mode) and `toolfence metrics` aggregates them; the gauges computed
+from the database live in `executor.exporter`.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+PROPOSALS = Counter(
+    "toolfence_proposals_total",
+    "Proposed tool calls by the admission gate that decided them.",
+    ["tool", "gate", "decision"],
+)
+OPERATIONS_TERMINAL = Counter(
+    "toolfence_operations_terminal_total",
+    "Operations reaching a terminal or reconciliation_pending state.",
+    ["tool", "outcome"],
+)
+HANDLER_INVOCATIONS = Counter(
+    "toolfence_handler_invocations_total",
+    "Times a tool handler (run) was invoked.",
+    ["tool"],
+)
+SIDE_EFFECTS = Counter(
+    "toolfence_side_effects_total",
+    "Downstream side effects accepted (receipts) as seen by workers and the reconciler.",
+    ["tool", "effect"],
+)
+STALE_WRITES_FENCED = Counter(
+    "toolfence_stale_writes_fenced_total",
+    "Writes from a stale generation that were refused.",
+    ["stage"],  # downstream | renew | complete
+)
+LEASE_TAKEOVERS = Counter(
+    "toolfence_lease_takeovers_total",
+    "Operations whose expired lease was taken over by a new generation.",
+    ["tool"],
+)
+RETRIES = Counter(
+    "toolfence_retries_total",
+    "Retryable failures released to retry_wait.",
+    ["tool", "code"],
+)
+IDEMPOTENCY = Counter(
+    "toolfence_idempotency_total",
+    "Registrations that met an existing operation id.",
+    ["tool", "outcome"],  # reused | in_progress | conflict
+)
+RECONCILER_ACTIONS = Counter(
+    "toolfence_reconciler_actions_total",
+    "What the reconciler did.",
+    ["action"],
+)
+MESSAGES = Counter(
+    "toolfence_worker_messages_total",
+    "Messages taken from the broker by outcome (ran, not_ready, duplicate, bad_message, …).",
+    ["outcome"],
+)
+RELAY_PUBLISHED = Counter(
+    "toolfence_relay_published_total", "Outbox rows published to the broker.", []
+)
+RELAY_PUBLISH_FAILURES = Counter(
+    "toolfence_relay_publish_failures_total",
+    "Outbox rows whose publish failed (they back off and are tried again).",
+    [],
+)
+EXECUTION_SECONDS = Histogram(
+    "toolfence_execution_seconds",
+    "Time spent in a tool handler.",
+    ["tool"],
+    buckets=LATENCY_BUCKETS,
+)
+ENQUEUE_TO_TERMINAL_SECONDS = Histogram(
+    "toolfence_enqueue_to_terminal_seconds",
+    "Time from admission to the terminal state, on the database clock.",
+    ["tool"],
+    buckets=LATENCY_BUCKETS,
+)
+SIDE_EFFECTS_PER_OPERATION = Histogram(
+    "toolfence_side_effects_per_operation",
+    "Distinct accepted side effects of an operation, observed at its terminal state.",
+    ["tool"],
+    buckets=(0, 1, 2, 3, 5),
+)

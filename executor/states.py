@@ -1,0 +1,49 @@
+"""Operation states and the legal transitions between them (pure; DESIGN.md "States")."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class State(StrEnum):
+    PENDING_APPROVAL = "pending_approval"
+    QUEUED = "queued"
+    STARTED = "started"
+    RETRY_WAIT = "retry_wait"
+    SUCCEEDED = "succeeded"
+    FAILED_TERMINAL = "failed_terminal"
+    RECONCILIATION_PENDING = "reconciliation_pending"
+
+
+TERMINAL = frozenset({State.SUCCEEDED, State.FAILED_TERMINAL})
+# "Quiet" end states for invariant I2: nothing will move these without a person.
+SETTLED = TERMINAL | {State.RECONCILIATION_PENDING}
+
+# (from, to). `None` is "no row yet". Each pair is produced by exactly the store
+# statements named beside it, so a reader can check the table against store.py.
+LEGAL_TRANSITIONS: frozenset[tuple[State | None, State]] = frozenset(
+    {
+        (None, State.PENDING_APPROVAL),  # register (approval needed)
+        (None, State.QUEUED),  # register
+        (State.PENDING_APPROVAL, State.QUEUED),  # approve
+        (State.PENDING_APPROVAL, State.FAILED_TERMINAL),  # deny, expire_approval
+        (State.QUEUED, State.STARTED),  # reserve
+        # Never ran: predecessor failed, or approval invalidated before reservation.
+        (State.QUEUED, State.FAILED_TERMINAL),  # fail_unstarted
+        (State.STARTED, State.STARTED),  # take_over (lease expired, new generation)
+        (State.STARTED, State.SUCCEEDED),  # complete, record_lookup_result
+        (State.STARTED, State.FAILED_TERMINAL),  # complete
+        (State.STARTED, State.RETRY_WAIT),  # release_to_retry
+        (State.STARTED, State.QUEUED),  # requeue_stale (reconciler)
+        (State.STARTED, State.RECONCILIATION_PENDING),  # mark_unknown
+        (State.RETRY_WAIT, State.QUEUED),  # promote_due_retry
+        (State.RECONCILIATION_PENDING, State.SUCCEEDED),  # resolve (operator)
+        (State.RECONCILIATION_PENDING, State.FAILED_TERMINAL),  # resolve (operator)
+        (State.RECONCILIATION_PENDING, State.QUEUED),  # resolve (operator requeue)
+    }
+)
+
+
+def is_legal(from_state: State | str | None, to_state: State | str) -> bool:
+    source = None if from_state is None else State(from_state)
+    return (source, State(to_state)) in LEGAL_TRANSITIONS

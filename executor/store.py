@@ -1,0 +1,1058 @@
+"""The operation store: every state-changing statement on an operation, in one place.
+
+The fencing argument, in one paragraph. An operation is run only by the holder of
+its current `(generation, owner_token)`. `reserve` and `take_over` are the only
+statements that hand out ownership, and each is one compare-and-set that adds one
+to `generation` and writes a fresh owner token and a lease on the database clock,
+so two reservers can never both win the same generation. Every later write by an
+owner (`renew`, `complete`, `release_to_retry`, `mark_unknown`) repeats the CAS on
+`(operation_id, state='started', generation, owner_token)`: once anyone takes
+over, the old owner's writes match no row and change nothing. The downstream
+receives the generation as `fencing_token` and rejects lower ones in the same
+transaction as its effect, which closes the window between the old owner's last
+successful renew and its next downstream write. `generation` is only ever
+incremented. The reconciler's statements (`requeue_stale`, `mark_unknown`,
+`record_lookup_result`) CAS on the generation they observed *and* on an expired
+lease, so they never race a live owner.
+
+Each function runs inside the caller's transaction (a `Connection`), returns
+whether it won, and appends an audit event in the same transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import (
+    Connection,
+    Row,
+    and_,
+    exists,
+    func,
+    insert,
+    literal,
+    select,
+    update,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+
+from executor.clock import DATABASE_CLOCK, Clock
+from executor.db import approvals, audit_events, calls, operations, outbox, receipts
+from executor.states import TERMINAL, State
+from executor.types import ErrorCode
+
+
+class StoreError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class NewOperation:
+    operation_id: str
+    request_id: str
+    call_id: str
+    position: int
+    tool_name: str
+    schema_version: int
+    mode: str
+    intent_hash: str
+    arguments: dict[str, Any]
+    context: dict[str, Any]
+    needs_approval: bool
+    impact: dict[str, Any] | None
+    approval_ttl_seconds: float = 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class Created:
+    operation_id: str
+    state: State
+    approval_id: str | None
+
+
+@dataclass(frozen=True)
+class Reused:
+    """Same operation id, same intent, already terminal: the stored outcome is returned."""
+
+    operation_id: str
+    state: State
+
+
+@dataclass(frozen=True)
+class InProgress:
+    operation_id: str
+    state: State
+
+
+@dataclass(frozen=True)
+class Conflict:
+    operation_id: str
+
+
+RegisterOutcome = Created | Reused | InProgress | Conflict
+
+
+@dataclass(frozen=True)
+class Reservation:
+    operation_id: str
+    generation: int
+    owner_token: str
+    lease_expires_at: float
+    attempts: int
+    took_over: bool
+
+
+@dataclass(frozen=True)
+class StaleOperation:
+    operation_id: str
+    generation: int
+    tool_name: str
+    lease_expires_at: float
+
+
+_OPERATION_AUDIT_COLUMNS = (
+    operations.c.operation_id,
+    operations.c.call_id,
+    operations.c.tool_name,
+    operations.c.schema_version,
+    operations.c.generation,
+    operations.c.intent_hash,
+)
+
+
+def new_owner_token() -> str:
+    return secrets.token_hex(16)
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+def _audit(
+    conn: Connection,
+    row: Row[Any],
+    from_state: State | None,
+    to_state: State,
+    decision_code: str,
+    clock: Clock,
+    *,
+    actor: str | None = None,
+    duration_ms: float | None = None,
+) -> None:
+    """Append-only: one event per transition. Never arguments or the owner token."""
+    conn.execute(
+        insert(audit_events).values(
+            operation_id=row.operation_id,
+            call_id=row.call_id,
+            tool_name=row.tool_name,
+            schema_version=row.schema_version,
+            from_state=from_state.value if from_state else None,
+            to_state=to_state.value,
+            decision_code=decision_code,
+            generation=row.generation,
+            intent_hash=row.intent_hash,
+            actor=actor,
+            at=clock.now(),
+            duration_ms=duration_ms,
+        )
+    )
+
+
+def _insert_ignore(conn: Connection, table: Any, values: dict[str, Any], key: Sequence[str]) -> bool:
+    """INSERT … ON CONFLICT DO NOTHING on either dialect; True when a row was inserted."""
+    dialect = conn.dialect.name
+    ins: Any
+    if dialect == "postgresql":
+        ins = postgresql.insert(table).values(**values).on_conflict_do_nothing(index_elements=key)
+    elif dialect == "sqlite":
+        ins = sqlite.insert(table).values(**values).on_conflict_do_nothing(index_elements=key)
+    else:  # pragma: no cover - the URL check refuses other dialects
+        raise StoreError(f"unsupported dialect {dialect}")
+    # RETURNING rather than rowcount: drivers disagree on rowcount for DO NOTHING.
+    key_column = table.c[key[0]]
+    return conn.execute(ins.returning(key_column)).first() is not None
+
+
+# --------------------------------------------------------------------- register
+
+
+def register(conn: Connection, new: NewOperation, clock: Clock = DATABASE_CLOCK) -> RegisterOutcome:
+    """Create the operation, or report what the idempotency table says about its id."""
+    state = State.PENDING_APPROVAL if new.needs_approval else State.QUEUED
+    now = conn.execute(select(clock.now())).scalar_one()
+    inserted = _insert_ignore(
+        conn,
+        operations,
+        {
+            "operation_id": new.operation_id,
+            "request_id": new.request_id,
+            "call_id": new.call_id,
+            "position": new.position,
+            "tool_name": new.tool_name,
+            "schema_version": new.schema_version,
+            "mode": new.mode,
+            "state": state.value,
+            "generation": 0,
+            "intent_hash": new.intent_hash,
+            "arguments": _dumps(new.arguments),
+            "context": _dumps(new.context),
+            "attempts": 0,
+            "available_at": now,
+            "queued_at": now if state is State.QUEUED else None,
+            "impact": _dumps(new.impact) if new.impact is not None else None,
+            "created_at": now,
+            "updated_at": now,
+        },
+        ["operation_id"],
+    )
+    if inserted:
+        row = conn.execute(
+            select(*_OPERATION_AUDIT_COLUMNS).where(
+                operations.c.operation_id == new.operation_id
+            )
+        ).one()
+        _audit(conn, row, None, state, "admitted", clock)
+        approval_id = None
+        if state is State.PENDING_APPROVAL:
+            approval_id = "apr_" + secrets.token_hex(12)
+            conn.execute(
+                insert(approvals).values(
+                    approval_id=approval_id,
+                    operation_id=new.operation_id,
+                    intent_hash=new.intent_hash,
+                    impact=_dumps(new.impact),
+                    state="pending",
+                    requested_at=now,
+                    expires_at=now + new.approval_ttl_seconds,
+                )
+            )
+        return Created(new.operation_id, state, approval_id)
+    existing = conn.execute(
+        select(operations.c.state, operations.c.intent_hash).where(
+            operations.c.operation_id == new.operation_id
+        )
+    ).one()
+    if existing.intent_hash != new.intent_hash:
+        return Conflict(new.operation_id)
+    existing_state = State(existing.state)
+    if existing_state in TERMINAL:
+        return Reused(new.operation_id, existing_state)
+    return InProgress(new.operation_id, existing_state)
+
+
+def add_outbox_row(
+    conn: Connection, operation_id: str, clock: Clock = DATABASE_CLOCK, delay_seconds: float = 0.0
+) -> None:
+    """Ask the relay to publish the operation id (in the caller's transaction)."""
+    now = clock.now()
+    conn.execute(
+        insert(outbox).values(
+            operation_id=operation_id,
+            created_at=now,
+            next_attempt_at=now + delay_seconds if delay_seconds else now,
+            attempts=0,
+        )
+    )
+
+
+def record_call(
+    conn: Connection,
+    *,
+    request_id: str,
+    call_id: str,
+    position: int,
+    tool_name: str,
+    operation_id: str | None,
+    gate: str | None,
+    result: dict[str, Any] | None,
+    clock: Clock = DATABASE_CLOCK,
+) -> None:
+    """One row per proposed call: I6 counts results by these rows."""
+    conn.execute(
+        insert(calls).values(
+            request_id=request_id,
+            call_id=call_id,
+            position=position,
+            tool_name=tool_name,
+            operation_id=operation_id,
+            gate=gate,
+            result=_dumps(result) if result is not None else None,
+            created_at=clock.now(),
+        )
+    )
+
+
+# --------------------------------------------------------------------- ownership
+
+
+def _predecessors_settled(alias_outer: Any) -> Any:
+    """No earlier write of the same request is still non-terminal."""
+    earlier = operations.alias("earlier")
+    return ~exists(
+        select(literal(1))
+        .select_from(earlier)
+        .where(
+            earlier.c.request_id == alias_outer.c.request_id,
+            earlier.c.position < alias_outer.c.position,
+            earlier.c.mode == "write",
+            earlier.c.state.not_in([s.value for s in TERMINAL]),
+        )
+    )
+
+
+def predecessor_failed(conn: Connection, operation_id: str) -> bool:
+    """For a write: did an earlier write of its request end other than `succeeded`?"""
+    op = conn.execute(
+        select(operations.c.request_id, operations.c.position, operations.c.mode).where(
+            operations.c.operation_id == operation_id
+        )
+    ).one_or_none()
+    if op is None or op.mode != "write":
+        return False
+    failed = conn.execute(
+        select(func.count())
+        .select_from(operations)
+        .where(
+            operations.c.request_id == op.request_id,
+            operations.c.position < op.position,
+            operations.c.mode == "write",
+            operations.c.state == State.FAILED_TERMINAL.value,
+        )
+    ).scalar_one()
+    return bool(failed)
+
+
+def reserve(
+    conn: Connection,
+    operation_id: str,
+    owner_token: str,
+    lease_seconds: float,
+    clock: Clock = DATABASE_CLOCK,
+) -> Reservation | None:
+    """queued → started: CAS that takes generation+1, an owner token and a lease.
+
+    Wins only when the operation is due (`available_at` passed) and every earlier
+    write of its request is terminal.
+    """
+    now = clock.now()
+    row = conn.execute(
+        update(operations)
+        .where(
+            operations.c.operation_id == operation_id,
+            operations.c.state == State.QUEUED.value,
+            operations.c.available_at <= now,
+            _predecessors_settled(operations),
+        )
+        .values(
+            state=State.STARTED.value,
+            generation=operations.c.generation + 1,
+            owner_token=owner_token,
+            lease_expires_at=now + lease_seconds,
+            attempts=operations.c.attempts + 1,
+            started_at=now,
+            updated_at=now,
+        )
+        .returning(*_OPERATION_AUDIT_COLUMNS, operations.c.lease_expires_at, operations.c.attempts)
+    ).one_or_none()
+    if row is None:
+        return None
+    _audit(conn, row, State.QUEUED, State.STARTED, "reserved", clock)
+    return Reservation(
+        operation_id, row.generation, owner_token, row.lease_expires_at, row.attempts, False
+    )
+
+
+def take_over(
+    conn: Connection,
+    operation_id: str,
+    owner_token: str,
+    lease_seconds: float,
+    clock: Clock = DATABASE_CLOCK,
+) -> Reservation | None:
+    """started (lease expired) → started with generation+1 and a new owner.
+
+    Only for tools whose effect allows it (reads, `idempotent`, `fenced`): the
+    caller checks the tool's declaration before calling this.
+    """
+    now = clock.now()
+    row = conn.execute(
+        update(operations)
+        .where(
+            operations.c.operation_id == operation_id,
+            operations.c.state == State.STARTED.value,
+            operations.c.lease_expires_at < now,
+        )
+        .values(
+            generation=operations.c.generation + 1,
+            owner_token=owner_token,
+            lease_expires_at=now + lease_seconds,
+            attempts=operations.c.attempts + 1,
+            started_at=now,
+            updated_at=now,
+        )
+        .returning(*_OPERATION_AUDIT_COLUMNS, operations.c.lease_expires_at, operations.c.attempts)
+    ).one_or_none()
+    if row is None:
+        return None
+    _audit(conn, row, State.STARTED, State.STARTED, "lease_takeover", clock)
+    return Reservation(
+        operation_id, row.generation, owner_token, row.lease_expires_at, row.attempts, True
+    )
+
+
+def _owned_by(operation_id: str, generation: int, owner_token: str) -> Any:
+    return and_(
+        operations.c.operation_id == operation_id,
+        operations.c.state == State.STARTED.value,
+        operations.c.generation == generation,
+        operations.c.owner_token == owner_token,
+    )
+
+
+def renew(
+    conn: Connection,
+    operation_id: str,
+    generation: int,
+    owner_token: str,
+    lease_seconds: float,
+    clock: Clock = DATABASE_CLOCK,
+) -> float | None:
+    """Extend a live lease. Returns the new expiry, or None when ownership is lost.
+
+    An already expired lease is not revived: the reconciler may be acting on it.
+    """
+    now = clock.now()
+    return conn.execute(
+        update(operations)
+        .where(_owned_by(operation_id, generation, owner_token), operations.c.lease_expires_at > now)
+        .values(lease_expires_at=now + lease_seconds, updated_at=now)
+        .returning(operations.c.lease_expires_at)
+    ).scalar_one_or_none()
+
+
+def still_owner(
+    conn: Connection,
+    operation_id: str,
+    generation: int,
+    owner_token: str,
+    clock: Clock = DATABASE_CLOCK,
+) -> bool:
+    return (
+        conn.execute(
+            select(literal(1)).where(
+                _owned_by(operation_id, generation, owner_token),
+                operations.c.lease_expires_at > clock.now(),
+            )
+        ).first()
+        is not None
+    )
+
+
+# --------------------------------------------------------------------- outcomes
+
+
+def _release_successors(conn: Connection, operation_id: str, clock: Clock) -> None:
+    """An operation became terminal: wake queued successors of the same request.
+
+    They were waiting on it (their reservation CAS requires earlier writes to be
+    terminal); a fresh message lets a worker try again now. Duplicates are harmless.
+    """
+    op = conn.execute(
+        select(operations.c.request_id, operations.c.position, operations.c.mode).where(
+            operations.c.operation_id == operation_id
+        )
+    ).one_or_none()
+    if op is None or op.mode != "write":
+        return
+    successors = conn.execute(
+        select(operations.c.operation_id).where(
+            operations.c.request_id == op.request_id,
+            operations.c.position > op.position,
+            operations.c.state == State.QUEUED.value,
+        )
+    ).scalars()
+    for successor in successors:
+        add_outbox_row(conn, successor, clock)
+
+
+def complete(
+    conn: Connection,
+    operation_id: str,
+    generation: int,
+    owner_token: str,
+    intent_hash: str,
+    *,
+    succeeded: bool,
+    result: Any = None,
+    receipt: str | None = None,
+    error_code: ErrorCode | None = None,
+    error: dict[str, Any] | None = None,
+    duration_ms: float | None = None,
+    clock: Clock = DATABASE_CLOCK,
+) -> bool:
+    """started → succeeded | failed_terminal. A stale owner's completion matches nothing."""
+    to_state = State.SUCCEEDED if succeeded else State.FAILED_TERMINAL
+    now = clock.now()
+    row = conn.execute(
+        update(operations)
+        .where(
+            _owned_by(operation_id, generation, owner_token),
+            operations.c.intent_hash == intent_hash,
+        )
+        .values(
+            state=to_state.value,
+            result=_dumps(result) if succeeded else None,
+            receipt=receipt,
+            error_code=None if succeeded else (error_code or ErrorCode.EXECUTION_FAILED).value,
+            error=None if succeeded else _dumps(error or {}),
+            owner_token=None,
+            lease_expires_at=None,
+            finished_at=now,
+            updated_at=now,
+        )
+        .returning(*_OPERATION_AUDIT_COLUMNS)
+    ).one_or_none()
+    if row is None:
+        return False
+    code = "succeeded" if succeeded else (error_code or ErrorCode.EXECUTION_FAILED).value
+    _audit(conn, row, State.STARTED, to_state, code, clock, duration_ms=duration_ms)
+    _release_successors(conn, operation_id, clock)
+    return True
+
+
+def release_to_retry(
+    conn: Connection,
+    operation_id: str,
+    generation: int,
+    owner_token: str,
+    *,
+    delay_seconds: float,
+    error_code: ErrorCode,
+    error: dict[str, Any],
+    clock: Clock = DATABASE_CLOCK,
+) -> bool:
+    """started → retry_wait, due again after `delay_seconds` on the database clock."""
+    now = clock.now()
+    row = conn.execute(
+        update(operations)
+        .where(_owned_by(operation_id, generation, owner_token))
+        .values(
+            state=State.RETRY_WAIT.value,
+            available_at=now + delay_seconds,
+            error_code=error_code.value,
+            error=_dumps(error),
+            owner_token=None,
+            lease_expires_at=None,
+            updated_at=now,
+        )
+        .returning(*_OPERATION_AUDIT_COLUMNS)
+    ).one_or_none()
+    if row is None:
+        return False
+    _audit(conn, row, State.STARTED, State.RETRY_WAIT, error_code.value, clock)
+    return True
+
+
+def promote_due_retry(conn: Connection, operation_id: str, clock: Clock = DATABASE_CLOCK) -> bool:
+    """retry_wait (available_at passed) → queued, with a fresh outbox row."""
+    now = clock.now()
+    row = conn.execute(
+        update(operations)
+        .where(
+            operations.c.operation_id == operation_id,
+            operations.c.state == State.RETRY_WAIT.value,
+            operations.c.available_at <= now,
+        )
+        .values(state=State.QUEUED.value, queued_at=now, updated_at=now)
+        .returning(*_OPERATION_AUDIT_COLUMNS)
+    ).one_or_none()
+    if row is None:
+        return False
+    _audit(conn, row, State.RETRY_WAIT, State.QUEUED, "retry_due", clock)
+    add_outbox_row(conn, operation_id, clock)
+    return True
+
+
+def due_retries(conn: Connection, limit: int, clock: Clock = DATABASE_CLOCK) -> list[str]:
+    """Operation ids in `retry_wait` whose backoff has passed (partial index)."""
+    return list(
+        conn.execute(
+            select(operations.c.operation_id)
+            .where(
+                operations.c.state == State.RETRY_WAIT.value,
+                operations.c.available_at <= clock.now(),
+            )
+            .order_by(operations.c.available_at)
+            .limit(limit)
+        ).scalars()
+    )
+
+
+def mark_unknown(
+    conn: Connection,
+    operation_id: str,
+    generation: int,
+    *,
+    owner_token: str | None,
+    reason: str,
+    clock: Clock = DATABASE_CLOCK,
+) -> bool:
+    """started → reconciliation_pending: the outcome of a write is not known.
+
+    With `owner_token` this is the owner saying so; without, the reconciler, which
+    may only act on an expired lease of the generation it observed.
+    """
+    now = clock.now()
+    if owner_token is not None:
+        condition = _owned_by(operation_id, generation, owner_token)
+    else:
+        condition = and_(
+            operations.c.operation_id == operation_id,
+            operations.c.state == State.STARTED.value,
+            operations.c.generation == generation,
+            operations.c.lease_expires_at < now,
+        )
+    row = conn.execute(
+        update(operations)
+        .where(condition)
+        .values(
+            state=State.RECONCILIATION_PENDING.value,
+            error_code=ErrorCode.RECONCILIATION_PENDING.value,
+            error=_dumps({"message": reason}),
+            owner_token=None,
+            lease_expires_at=None,
+            updated_at=now,
+        )
+        .returning(*_OPERATION_AUDIT_COLUMNS)
+    ).one_or_none()
+    if row is None:
+        return False
+    _audit(conn, row, State.STARTED, State.RECONCILIATION_PENDING, reason, clock)
+    return True
+
+
+def fail_unstarted(
+    conn: Connection,
+    operation_id: str,
+    error_code: ErrorCode,
+    message: str,
+    clock: Clock = DATABASE_CLOCK,
+) -> bool:
+    """queued → failed_terminal without ever running (predecessor failed, policy changed)."""
+    now = clock.now()
+    row = conn.execute(
+        update(operations)
+        .where(
+            operations.c.operation_id == operation_id,
+            operations.c.state == State.QUEUED.value,
+        )
+        .values(
+            state=State.FAILED_TERMINAL.value,
+            error_code=error_code.value,
+            error=_dumps({"message": message}),
+            finished_at=now,
+            updated_at=now,
+        )
+        .returning(*_OPERATION_AUDIT_COLUMNS)
+    ).one_or_none()
+    if row is None:
+        return False
+    _audit(conn, row, State.QUEUED, State.FAILED_TERMINAL, error_code.value, clock)
+    _release_successors(conn, operation_id, clock)
+    return True
+
+
+# --------------------------------------------------------------------- reconciler
+
+
+def stale_started(
+    conn: Connection,
+    limit: int,
+    clock: Clock = DATABASE_CLOCK,
+    *,
+    skip_locked: bool = False,
+) -> list[StaleOperation]:
+    """`started` operations whose lease expired (partial index on lease_expires_at)."""
+    query = (
+        select(
+            operations.c.operation_id,
+            operations.c.generation,
+            operations.c.tool_name,
+            operations.c.lease_expires_at,
+        )
+        .where(
+            operations.c.state == State.STARTED.value,
+            operations.c.lease_expires_at < clock.now(),
+        )
+        .order_by(operations.c.lease_expires_at)
+        .limit(limit)
+    )
+    if skip_locked:
+        query = query.with_for_update(skip_locked=True)
+    return [
+        StaleOperation(r.operation_id, r.generation, r.tool_name, r.lease_expires_at)
+        for r in conn.execute(query)
+    ]
+
+
+def requeue_stale(
+    conn: Connection, operation_id: str, generation: int, clock: Clock = DATABASE_CLOCK
+) -> bool:
+    """started (lease expired, generation observed) → queued, with a fresh outbox row.
+
+    The next reservation takes a new generation, which fences the dead owner.
+    """
+    now = clock.now()
+    row = conn.execute(
+        update(operations)
+        .where(
+            operations.c.operation_id == operation_id,
+            operations.c.state == State.STARTED.value,
+            operations.c.generation == generation,
+            operations.c.lease_expires_at < now,
+        )
+        .values(
+            state=State.QUEUED.value,
+            owner_token=None,
+            lease_expires_at=None,
+            queued_at=now,
+            available_at=now,
+            updated_at=now,
+        )
+        .returning(*_OPERATION_AUDIT_COLUMNS)
+    ).one_or_none()
+    if row is None:
+        return False
+    _audit(conn, row, State.STARTED, State.QUEUED, "requeued_stale", clock, actor="reconciler")
+    add_outbox_row(conn, operation_id, clock)
+    return True
+
+
+def record_lookup_result(
+    conn: Connection,
+    operation_id: str,
+    generation: int,
+    *,
+    result: Any,
+    receipt: str | None,
+    clock: Clock = DATABASE_CLOCK,
+) -> bool:
+    """started (lease expired) → succeeded, from the downstream's own answer."""
+    now = clock.now()
+    row = conn.execute(
+        update(operations)
+        .where(
+            operations.c.operation_id == operation_id,
+            operations.c.state == State.STARTED.value,
+            operations.c.generation == generation,
+            operations.c.lease_expires_at < now,
+        )
+        .values(
+            state=State.SUCCEEDED.value,
+            result=_dumps(result),
+            receipt=receipt,
+            owner_token=None,
+            lease_expires_at=None,
+            finished_at=now,
+            updated_at=now,
+        )
+        .returning(*_OPERATION_AUDIT_COLUMNS)
+    ).one_or_none()
+    if row is None:
+        return False
+    _audit(conn, row, State.STARTED, State.SUCCEEDED, "lookup_done", clock, actor="reconciler")
+    _release_successors(conn, operation_id, clock)
+    return True
+
+
+def stale_queued(
+    conn: Connection, older_than_seconds: float, limit: int, clock: Clock = DATABASE_CLOCK
+) -> list[str]:
+    """`queued` operations waiting longer than a threshold: their message may be lost."""
+    return list(
+        conn.execute(
+            select(operations.c.operation_id)
+            .where(
+                operations.c.state == State.QUEUED.value,
+                operations.c.queued_at < clock.now() - older_than_seconds,
+            )
+            .order_by(operations.c.queued_at)
+            .limit(limit)
+        ).scalars()
+    )
+
+
+def republish_queued(conn: Connection, operation_id: str, clock: Clock = DATABASE_CLOCK) -> bool:
+    """Refresh `queued_at` (CAS on still queued) and add an outbox row."""
+    now = clock.now()
+    won = (
+        conn.execute(
+            update(operations)
+            .where(
+                operations.c.operation_id == operation_id,
+                operations.c.state == State.QUEUED.value,
+            )
+            .values(queued_at=now)
+        ).rowcount
+        == 1
+    )
+    if won:
+        add_outbox_row(conn, operation_id, clock)
+    return won
+
+
+def resolve(
+    conn: Connection,
+    operation_id: str,
+    *,
+    to_state: State,
+    actor: str,
+    reference: str | None,
+    message: str,
+    clock: Clock = DATABASE_CLOCK,
+) -> bool:
+    """An operator decides a `reconciliation_pending` operation (audited with the actor)."""
+    if to_state not in (State.SUCCEEDED, State.FAILED_TERMINAL, State.QUEUED):
+        raise StoreError(f"cannot resolve to {to_state}")
+    now = clock.now()
+    values: dict[str, Any] = {"state": to_state.value, "updated_at": now}
+    if to_state is State.SUCCEEDED:
+        values |= {
+            "result": _dumps({"resolved_by": actor, "reference": reference, "note": message}),
+            "receipt": reference,
+            "error_code": None,
+            "error": None,
+            "finished_at": now,
+        }
+    elif to_state is State.FAILED_TERMINAL:
+        values |= {
+            "error_code": ErrorCode.EXECUTION_FAILED.value,
+            "error": _dumps({"message": message or "resolved as failed by an operator"}),
+            "finished_at": now,
+        }
+    else:
+        values |= {"queued_at": now, "available_at": now}
+    row = conn.execute(
+        update(operations)
+        .where(
+            operations.c.operation_id == operation_id,
+            operations.c.state == State.RECONCILIATION_PENDING.value,
+        )
+        .values(**values)
+        .returning(*_OPERATION_AUDIT_COLUMNS)
+    ).one_or_none()
+    if row is None:
+        return False
+    _audit(
+        conn, row, State.RECONCILIATION_PENDING, to_state, f"resolved_{to_state.value}", clock,
+        actor=actor,
+    )
+    if to_state is State.QUEUED:
+        add_outbox_row(conn, operation_id, clock)
+    else:
+        _release_successors(conn, operation_id, clock)
+    return True
+
+
+# --------------------------------------------------------------------- approvals
+
+
+@dataclass(frozen=True)
+class ApprovalRecord:
+    approval_id: str
+    operation_id: str
+    intent_hash: str
+    impact: dict[str, Any]
+    state: str
+    requested_at: float
+    expires_at: float
+
+
+def get_approval(conn: Connection, approval_id: str) -> ApprovalRecord | None:
+    row = conn.execute(select(approvals).where(approvals.c.approval_id == approval_id)).one_or_none()
+    if row is None:
+        return None
+    return ApprovalRecord(
+        row.approval_id, row.operation_id, row.intent_hash, json.loads(row.impact), row.state,
+        row.requested_at, row.expires_at,
+    )
+
+
+def approval_for_operation(conn: Connection, operation_id: str) -> ApprovalRecord | None:
+    approval_id = conn.execute(
+        select(approvals.c.approval_id).where(approvals.c.operation_id == operation_id)
+    ).scalar_one_or_none()
+    return None if approval_id is None else get_approval(conn, approval_id)
+
+
+def approve(
+    conn: Connection,
+    approval_id: str,
+    *,
+    approver: str,
+    clock: Clock = DATABASE_CLOCK,
+) -> bool:
+    """pending_approval → queued. Single use: the approval row's CAS on `pending`.
+
+    The approval stays bound to the intent hash it was requested for; the worker
+    refuses with `approval_invalidated` if the intent computed at run time differs.
+    """
+    now = clock.now()
+    decided = conn.execute(
+        update(approvals)
+        .where(
+            approvals.c.approval_id == approval_id,
+            approvals.c.state == "pending",
+            approvals.c.expires_at > now,
+        )
+        .values(state="approved", decided_at=now, decided_by=approver)
+        .returning(approvals.c.operation_id, approvals.c.intent_hash)
+    ).one_or_none()
+    if decided is None:
+        return False
+    row = conn.execute(
+        update(operations)
+        .where(
+            operations.c.operation_id == decided.operation_id,
+            operations.c.state == State.PENDING_APPROVAL.value,
+            operations.c.intent_hash == decided.intent_hash,
+        )
+        .values(state=State.QUEUED.value, queued_at=now, available_at=now, updated_at=now)
+        .returning(*_OPERATION_AUDIT_COLUMNS)
+    ).one_or_none()
+    if row is None:
+        raise StoreError(f"approval {approval_id} does not match its operation's intent")
+    _audit(conn, row, State.PENDING_APPROVAL, State.QUEUED, "approved", clock, actor=approver)
+    add_outbox_row(conn, decided.operation_id, clock)
+    return True
+
+
+def deny(
+    conn: Connection,
+    approval_id: str,
+    *,
+    approver: str,
+    reason: str,
+    expired: bool = False,
+    clock: Clock = DATABASE_CLOCK,
+) -> bool:
+    """pending_approval → failed_terminal (`approval_denied`); also used for expiry."""
+    now = clock.now()
+    conditions = [approvals.c.approval_id == approval_id, approvals.c.state == "pending"]
+    if expired:
+        conditions.append(approvals.c.expires_at <= now)
+    decided = conn.execute(
+        update(approvals)
+        .where(*conditions)
+        .values(
+            state="expired" if expired else "denied",
+            decided_at=now,
+            decided_by=approver,
+            reason=reason,
+        )
+        .returning(approvals.c.operation_id)
+    ).one_or_none()
+    if decided is None:
+        return False
+    row = conn.execute(
+        update(operations)
+        .where(
+            operations.c.operation_id == decided.operation_id,
+            operations.c.state == State.PENDING_APPROVAL.value,
+        )
+        .values(
+            state=State.FAILED_TERMINAL.value,
+            error_code=ErrorCode.APPROVAL_DENIED.value,
+            error=_dumps({"message": "approval expired" if expired else "approval denied"}),
+            finished_at=now,
+            updated_at=now,
+        )
+        .returning(*_OPERATION_AUDIT_COLUMNS)
+    ).one_or_none()
+    if row is None:
+        raise StoreError(f"approval {approval_id} has no operation waiting for it")
+    _audit(
+        conn, row, State.PENDING_APPROVAL, State.FAILED_TERMINAL,
+        "approval_expired" if expired else ErrorCode.APPROVAL_DENIED.value, clock, actor=approver,
+    )
+    _release_successors(conn, decided.operation_id, clock)
+    return True
+
+
+def expired_approvals(conn: Connection, limit: int, clock: Clock = DATABASE_CLOCK) -> list[str]:
+    return list(
+        conn.execute(
+            select(approvals.c.approval_id)
+            .where(approvals.c.state == "pending", approvals.c.expires_at <= clock.now())
+            .limit(limit)
+        ).scalars()
+    )
+
+
+# --------------------------------------------------------------------- receipts
+
+
+def record_receipt(
+    conn: Connection,
+    operation_id: str,
+    generation: int,
+    receipt: str,
+    *,
+    accepted: bool,
+    source: str,
+    clock: Clock = DATABASE_CLOCK,
+) -> None:
+    """Every receipt a worker or the reconciler sees, stale owners' included (I1)."""
+    conn.execute(
+        insert(receipts).values(
+            operation_id=operation_id,
+            generation=generation,
+            receipt=receipt,
+            accepted=accepted,
+            source=source,
+            recorded_at=clock.now(),
+        )
+    )
+
+
+def distinct_accepted_receipts(conn: Connection, operation_id: str) -> int:
+    return int(
+        conn.execute(
+            select(func.count(func.distinct(receipts.c.receipt))).where(
+                receipts.c.operation_id == operation_id, receipts.c.accepted.is_(True)
+            )
+        ).scalar_one()
+    )
+
+
+# --------------------------------------------------------------------- reads
+
+
+def get_operation(conn: Connection, operation_id: str) -> Row[Any] | None:
+    return conn.execute(
+        select(operations).where(operations.c.operation_id == operation_id)
+    ).one_or_none()
+
+
+def audit_trail(conn: Connection, operation_id: str) -> list[Row[Any]]:
+    return list(
+        conn.execute(
+            select(audit_events)
+            .where(audit_events.c.operation_id == operation_id)
+            .order_by(audit_events.c.event_id)
+        )
+    )
+
+
+def operations_in(conn: Connection, operation_ids: Iterable[str]) -> dict[str, Row[Any]]:
+    ids = list(operation_ids)
+    if not ids:
+        return {}
+    return {
+        r.operation_id: r
+        for r in conn.execute(select(operations).where(operations.c.operation_id.in_(ids)))
+    }

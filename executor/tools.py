@@ -1,0 +1,346 @@
+"""Tool declarations and the registry.
+
+A tool author states, with no defaults for anything that decides safety, who may
+call the tool (`access`), whether a person must approve it (`approval`) and, for
+writes, what the downstream promises when a call is repeated (`effect`).
+Forgetting one is a `ToolDeclarationError` naming the tool, raised where the tool
+is declared, so a misdeclared tool never reaches a worker.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel
+
+from executor.types import ErrorCode, ErrorDetail, ServerContext
+
+ArgsT = TypeVar("ArgsT", bound=BaseModel)
+
+
+class Mode(StrEnum):
+    READ = "read"
+    WRITE = "write"
+
+
+class Effect(StrEnum):
+    """What the downstream promises when a write is repeated (DESIGN.md table)."""
+
+    IDEMPOTENT = "idempotent"
+    FENCED = "fenced"
+    LOOKUP = "lookup"
+    UNSAFE = "unsafe"
+
+
+class ToolDeclarationError(Exception):
+    """A tool was declared without a safety-relevant field, or inconsistently."""
+
+
+class ToolFailure(Exception):
+    """Raised by a tool (or its downstream client) to end a call with a stable code."""
+
+    def __init__(
+        self,
+        code: ErrorCode,
+        message: str,
+        *,
+        retryable: bool,
+        details: tuple[ErrorDetail, ...] = (),
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.retryable = retryable
+        self.details = details
+
+
+class RetryableError(ToolFailure):
+    def __init__(self, message: str, code: ErrorCode = ErrorCode.UPSTREAM_UNAVAILABLE) -> None:
+        super().__init__(code, message, retryable=True)
+
+
+class TerminalError(ToolFailure):
+    def __init__(self, message: str, code: ErrorCode = ErrorCode.EXECUTION_FAILED) -> None:
+        super().__init__(code, message, retryable=False)
+
+
+class BusinessRuleViolation(ToolFailure):
+    """Raised by a tool's `check` hook; `message` is shown to the model, so keep it safe."""
+
+    def __init__(self, message: str, details: tuple[ErrorDetail, ...] = ()) -> None:
+        super().__init__(
+            ErrorCode.BUSINESS_RULE_VIOLATION, message, retryable=False, details=details
+        )
+
+
+class StaleFencingToken(Exception):
+    """A fenced downstream refused a write: a newer generation already wrote for this key."""
+
+    def __init__(self, key: str, token: int, highest: int) -> None:
+        super().__init__(f"fencing token {token} below highest seen {highest} for this key")
+        self.key = key
+        self.token = token
+        self.highest = highest
+
+
+class LostOwnership(Exception):
+    """The worker no longer holds the operation's lease; it must not write downstream."""
+
+
+@dataclass(frozen=True)
+class Access:
+    """Who may call a tool.
+
+    `roles`: the allowlist, checked first and without arguments (`tool_not_allowed`).
+    `rule`: authorization against the server context and validated arguments
+    (`permission_denied`); it may look the resource up through the tool's own code.
+    """
+
+    roles: frozenset[str] | None
+    rule: Callable[[Any, ServerContext], bool] | None = None
+    public: bool = False
+
+    @classmethod
+    def public_tool(cls) -> Access:
+        """Explicitly public: any principal, no resource rule."""
+        return cls(roles=None, rule=None, public=True)
+
+    @classmethod
+    def for_roles(
+        cls, *roles: str, rule: Callable[[Any, ServerContext], bool] | None = None
+    ) -> Access:
+        if not roles:
+            raise ToolDeclarationError("Access.for_roles needs at least one role")
+        return cls(roles=frozenset(roles), rule=rule)
+
+    def exposed_to(self, ctx: ServerContext) -> bool:
+        return self.public or (self.roles is not None and bool(self.roles & ctx.roles))
+
+    def authorizes(self, args: Any, ctx: ServerContext) -> bool:
+        return self.rule is None or bool(self.rule(args, ctx))
+
+
+@dataclass(frozen=True)
+class Approval:
+    """When a person must approve a call before it runs."""
+
+    kind: str
+    predicate: Callable[[Any, ServerContext], bool] | None = None
+    ttl_seconds: float = 24 * 3600.0
+
+    @classmethod
+    def never(cls) -> Approval:
+        return cls(kind="never")
+
+    @classmethod
+    def always(cls, ttl_seconds: float = 24 * 3600.0) -> Approval:
+        return cls(kind="always", ttl_seconds=ttl_seconds)
+
+    @classmethod
+    def when(
+        cls, predicate: Callable[[Any, ServerContext], bool], ttl_seconds: float = 24 * 3600.0
+    ) -> Approval:
+        return cls(kind="when", predicate=predicate, ttl_seconds=ttl_seconds)
+
+    def required(self, args: Any, ctx: ServerContext) -> bool:
+        if self.kind == "always":
+            return True
+        if self.kind == "when":
+            assert self.predicate is not None
+            return bool(self.predicate(args, ctx))
+        return False
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Per-tool retry budget; backoff is exponential with jitter (tenacity's strategy)."""
+
+    max_attempts: int = 5
+    initial_backoff_seconds: float = 0.2
+    max_backoff_seconds: float = 30.0
+
+
+@dataclass(frozen=True)
+class Written:
+    """What a write returns: its output and the downstream's receipt (its id for the effect)."""
+
+    output: Any
+    receipt: str
+
+
+class LookupAnswer(StrEnum):
+    DONE = "done"
+    NOT_DONE = "not_done"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class LookupResult:
+    answer: LookupAnswer
+    written: Written | None = None
+
+
+@dataclass
+class RunContext:
+    """What a tool's `run` receives besides its arguments."""
+
+    operation_id: str
+    idempotency_key: str
+    fencing_token: int
+    deadline: float
+    server: ServerContext
+    attempt: int
+    still_owner: Callable[[], bool] = field(default=lambda: True)
+    on_receipt: Callable[[str, bool], None] = field(default=lambda receipt, accepted: None)
+
+    def ensure_owner(self) -> None:
+        """Call before each downstream write: raises when the lease was lost."""
+        if not self.still_owner():
+            raise LostOwnership(self.operation_id)
+
+
+_MISSING: Any = object()
+
+
+class Tool(Generic[ArgsT]):
+    """A declared tool. Use keyword arguments; see the README for each field."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        description: str,
+        mode: Mode,
+        input_model: type[ArgsT],
+        output_model: type[BaseModel],
+        run: Callable[[ArgsT, RunContext], Any],
+        access: Access = _MISSING,
+        approval: Approval = _MISSING,
+        effect: Iterable[Effect] = _MISSING,
+        schema_version: int = 1,
+        check: Callable[[ArgsT, ServerContext], None] | None = None,
+        impact: Callable[[ArgsT, ServerContext], Mapping[str, Any]] | None = None,
+        lookup: Callable[[ArgsT, RunContext], LookupResult] | None = None,
+        project: Callable[[Any], Any] | None = None,
+        resource_ids: Callable[[ArgsT, ServerContext], Iterable[str]] | None = None,
+        untrusted_output: bool = False,
+        retry: RetryPolicy = RetryPolicy(),
+        retryable_exceptions: tuple[type[BaseException], ...] = (),
+        timeout_seconds: float = 30.0,
+    ) -> None:
+        if not name or not isinstance(name, str):
+            raise ToolDeclarationError("a tool needs a non-empty name")
+        missing = [
+            label
+            for label, value in (("access", access), ("approval", approval))
+            if value is _MISSING
+        ]
+        if mode is Mode.WRITE and effect is _MISSING:
+            missing.append("effect")
+        if missing:
+            raise ToolDeclarationError(
+                f"tool {name!r} must declare {', '.join(missing)} explicitly "
+                "(there is no safe default; use Access.public_tool() for a public tool)"
+            )
+        if not isinstance(access, Access):
+            raise ToolDeclarationError(f"tool {name!r}: access must be an Access")
+        if not access.public and not access.roles:
+            raise ToolDeclarationError(f"tool {name!r}: access names no role and is not public")
+        if not isinstance(approval, Approval):
+            raise ToolDeclarationError(f"tool {name!r}: approval must be an Approval")
+        effects = frozenset() if effect is _MISSING else frozenset(Effect(e) for e in effect)
+        if mode is Mode.WRITE and not effects:
+            raise ToolDeclarationError(f"tool {name!r}: a write must declare at least one effect")
+        if mode is Mode.READ and effects:
+            raise ToolDeclarationError(f"tool {name!r}: a read declares no effect")
+        if Effect.UNSAFE in effects and len(effects) > 1:
+            raise ToolDeclarationError(
+                f"tool {name!r}: 'unsafe' contradicts {sorted(effects - {Effect.UNSAFE})}"
+            )
+        if Effect.LOOKUP in effects and lookup is None:
+            raise ToolDeclarationError(f"tool {name!r}: effect 'lookup' needs a lookup hook")
+        if not (isinstance(input_model, type) and issubclass(input_model, BaseModel)):
+            raise ToolDeclarationError(f"tool {name!r}: input_model must be a pydantic model")
+        if input_model.model_config.get("extra") != "forbid":
+            raise ToolDeclarationError(
+                f"tool {name!r}: input_model must forbid extra fields "
+                "(model_config = ConfigDict(extra='forbid'))"
+            )
+        if not (isinstance(output_model, type) and issubclass(output_model, BaseModel)):
+            raise ToolDeclarationError(f"tool {name!r}: output_model must be a pydantic model")
+        if retry.max_attempts < 1:
+            raise ToolDeclarationError(f"tool {name!r}: retry.max_attempts must be >= 1")
+        self.name = name
+        self.description = description
+        self.mode = Mode(mode)
+        self.input_model = input_model
+        self.output_model = output_model
+        self.run = run
+        self.access = access
+        self.approval = approval
+        self.effects: frozenset[Effect] = effects
+        self.schema_version = schema_version
+        self.check = check
+        self.impact = impact
+        self.lookup = lookup
+        self.project = project
+        self.resource_ids = resource_ids
+        self.untrusted_output = untrusted_output
+        self.retry = retry
+        self.retryable_exceptions = retryable_exceptions
+        self.timeout_seconds = timeout_seconds
+
+    @property
+    def takeover_allowed(self) -> bool:
+        """May a new owner simply run this again after a lost lease?
+
+        Reads always; writes only when the downstream dedupes or fences.
+        """
+        if self.mode is Mode.READ:
+            return True
+        return bool(self.effects & {Effect.IDEMPOTENT, Effect.FENCED})
+
+    def __repr__(self) -> str:
+        return f"Tool({self.name!r}, mode={self.mode.value})"
+
+
+class Registry:
+    """The set of tools a deployment exposes. Thread-safe for reads after setup."""
+
+    def __init__(self, tools: Iterable[Tool[Any]] = ()) -> None:
+        self._tools: dict[str, Tool[Any]] = {}
+        self._lock = threading.Lock()
+        for tool in tools:
+            self.add(tool)
+
+    def add(self, tool: Tool[Any]) -> Tool[Any]:
+        with self._lock:
+            if tool.name in self._tools:
+                raise ToolDeclarationError(f"tool {tool.name!r} is declared twice")
+            self._tools[tool.name] = tool
+        return tool
+
+    def replace(self, tool: Tool[Any]) -> None:
+        """Swap a tool's declaration (a policy change, a new schema version)."""
+        with self._lock:
+            self._tools[tool.name] = tool
+
+    def remove(self, name: str) -> None:
+        with self._lock:
+            self._tools.pop(name, None)
+
+    def get(self, name: str) -> Tool[Any] | None:
+        return self._tools.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __iter__(self) -> Any:
+        return iter(list(self._tools.values()))
+
+    def names(self) -> list[str]:
+        return sorted(self._tools)

@@ -1,0 +1,160 @@
+"""Neutral value types shared by admission, the store, the fleet and the adapters.
+
+Nothing here does I/O. Every value is frozen: a result or a context that could be
+mutated after admission would make the audit trail a lie.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ErrorCode(StrEnum):
+    """Stable error codes (DESIGN.md). Callers branch on these, never on messages."""
+
+    UNKNOWN_TOOL = "unknown_tool"
+    TOOL_NOT_ALLOWED = "tool_not_allowed"
+    INVALID_ARGUMENTS_JSON = "invalid_arguments_json"
+    INVALID_ARGUMENTS = "invalid_arguments"
+    BUSINESS_RULE_VIOLATION = "business_rule_violation"
+    PERMISSION_DENIED = "permission_denied"
+    APPROVAL_REQUIRED = "approval_required"
+    APPROVAL_DENIED = "approval_denied"
+    APPROVAL_INVALIDATED = "approval_invalidated"
+    IDEMPOTENCY_CONFLICT = "idempotency_conflict"
+    OPERATION_IN_PROGRESS = "operation_in_progress"
+    UPSTREAM_UNAVAILABLE = "upstream_unavailable"
+    EXECUTION_FAILED = "execution_failed"
+    TIMEOUT = "timeout"
+    RECONCILIATION_PENDING = "reconciliation_pending"
+    RETRY_BUDGET_EXHAUSTED = "retry_budget_exhausted"
+    INVALID_RESULT = "invalid_result"
+    PREDECESSOR_FAILED = "predecessor_failed"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ErrorDetail(_Frozen):
+    """One safe detail: where, what kind of problem, what was expected.
+
+    Never the rejected value itself: it may be a secret or an injection payload.
+    """
+
+    path: str
+    code: str
+    expected: str | None = None
+
+
+class ToolError(_Frozen):
+    code: ErrorCode
+    message: str
+    details: tuple[ErrorDetail, ...] = ()
+
+
+class ProposedCall(_Frozen):
+    """A call as the model proposed it. `arguments` is the raw text the model wrote
+    (bytes when a transport hands us undecoded input)."""
+
+    call_id: str
+    tool_name: str
+    arguments: str | bytes | dict[str, Any]
+
+
+class ServerContext(_Frozen):
+    """Who is asking, as established by the application's own authentication.
+
+    Built by the server, never from model output: authorization reads only this.
+    """
+
+    principal: str
+    tenant: str
+    roles: frozenset[str] = frozenset()
+    request_id: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "principal": self.principal,
+            "tenant": self.tenant,
+            "roles": sorted(self.roles),
+            "request_id": self.request_id,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ServerContext:
+        return cls(
+            principal=data["principal"],
+            tenant=data["tenant"],
+            roles=frozenset(data.get("roles", ())),
+            request_id=data["request_id"],
+        )
+
+
+class Succeeded(_Frozen):
+    status: Literal["succeeded"] = "succeeded"
+    call_id: str
+    tool_name: str
+    operation_id: str | None = None
+    output: Any = None
+    untrusted: bool = False
+
+
+class FailedRetryable(_Frozen):
+    status: Literal["failed_retryable"] = "failed_retryable"
+    call_id: str
+    tool_name: str
+    operation_id: str | None = None
+    error: ToolError
+
+
+class FailedTerminal(_Frozen):
+    status: Literal["failed_terminal"] = "failed_terminal"
+    call_id: str
+    tool_name: str
+    operation_id: str | None = None
+    error: ToolError
+
+
+CallResult = Annotated[Succeeded | FailedRetryable | FailedTerminal, Field(discriminator="status")]
+
+
+class Pending(_Frozen):
+    """Not a result: the call has no terminal outcome yet.
+
+    `state` is the operation's state; `impact` is set while an approval is awaited.
+    """
+
+    status: Literal["pending"] = "pending"
+    call_id: str
+    tool_name: str
+    operation_id: str
+    state: str
+    impact: dict[str, Any] | None = None
+    approval_id: str | None = None
+
+
+CallStatus = Annotated[
+    Succeeded | FailedRetryable | FailedTerminal | Pending, Field(discriminator="status")
+]
+
+
+def terminal_failure(
+    call: ProposedCall | None,
+    code: ErrorCode,
+    message: str,
+    details: tuple[ErrorDetail, ...] = (),
+    *,
+    call_id: str | None = None,
+    tool_name: str | None = None,
+    operation_id: str | None = None,
+) -> FailedTerminal:
+    return FailedTerminal(
+        call_id=call.call_id if call else (call_id or ""),
+        tool_name=call.tool_name if call else (tool_name or ""),
+        operation_id=operation_id,
+        error=ToolError(code=code, message=message, details=details),
+    )
