@@ -9,12 +9,14 @@ SQLite; the schema itself is created by the alembic migration in
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import (
     BigInteger,
     Boolean,
     Column,
+    Connection,
     Engine,
     Float,
     Index,
@@ -27,6 +29,7 @@ from sqlalchemy import (
     event,
     text,
 )
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 
@@ -110,6 +113,9 @@ calls = Table(
     Column("created_at", Float, nullable=False),
 )
 Index("ix_toolfence_calls_operation", calls.c.operation_id)
+# The exporter checks I6 only on calls admitted within a recent window (migration
+# 0002): a range scan on this index, so its cost follows throughput, not history.
+Index("ix_toolfence_calls_created", calls.c.created_at)
 
 outbox = Table(
     "toolfence_outbox",
@@ -161,6 +167,16 @@ receipts = Table(
     Column("recorded_at", Float, nullable=False),
 )
 Index("ix_toolfence_receipts_operation", receipts.c.operation_id)
+# The exporter's I1 check starts from accepted receipts recorded within a recent
+# window (migration 0002); the predicate is spelt per dialect because SQLite only
+# uses a partial index whose WHERE term matches the query's text (`accepted = 1`).
+Index(
+    "ix_toolfence_receipts_accepted_recorded",
+    receipts.c.recorded_at,
+    receipts.c.operation_id,
+    postgresql_where=receipts.c.accepted,
+    sqlite_where=receipts.c.accepted == 1,
+)
 
 approvals = Table(
     "toolfence_approvals",
@@ -220,6 +236,17 @@ def normalize_url(url: str) -> str:
 
 
 _engines: dict[str, Engine] = {}
+READ_ONLY_OPTION = "toolfence_read_only"
+
+
+def read_only(engine: Engine) -> Engine:
+    """The same engine (and pool) for pure reads: on SQLite they take no write lock.
+
+    Use it for reads that may run while the same process holds a write
+    transaction (an access hook reading during `enqueue`), and for read-only
+    paths such as results and the exporter.
+    """
+    return engine.execution_options(**{READ_ONLY_OPTION: True})
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
@@ -246,7 +273,10 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
 
         @event.listens_for(engine, "begin")
         def _sqlite_begin(conn: Any) -> None:
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            if conn.get_execution_options().get(READ_ONLY_OPTION):
+                conn.exec_driver_sql("BEGIN")  # a pure read: share the file with writers
+            else:
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
     kwargs.setdefault("pool_pre_ping", True)
@@ -272,3 +302,14 @@ def dispose_engines() -> None:
 def ping(engine: Engine) -> None:
     with engine.connect() as conn:
         conn.execute(text("SELECT 1"))
+
+
+def insert_ignore(conn: Connection, table: Table, values: dict[str, Any], key: Sequence[str]) -> bool:
+    """INSERT … ON CONFLICT DO NOTHING on either dialect; True when a row was inserted."""
+    ins: Any
+    if conn.dialect.name == "postgresql":
+        ins = postgresql.insert(table).values(**values).on_conflict_do_nothing(index_elements=key)
+    else:
+        ins = sqlite.insert(table).values(**values).on_conflict_do_nothing(index_elements=key)
+    # RETURNING rather than rowcount: drivers disagree on rowcount for DO NOTHING.
+    return conn.execute(ins.returning(table.c[key[0]])).first() is not None

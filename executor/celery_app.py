@@ -1,0 +1,144 @@
+"""The Celery application: one task, `toolfence.execute(operation_id)`.
+
+Configuration follows DESIGN.md: late acks, reject on worker lost, prefetch 1,
+JSON only, visibility timeout well above the hard time limit. Correctness never
+depends on the broker delivering exactly once: the store's CAS does.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from celery import Celery, signals
+from celery.worker.consumer import Consumer
+
+from executor import metrics
+from executor.db import dispose_engines, get_engine
+from executor.runner import OperationRunner
+from executor.settings import Settings
+from executor.tools import Registry
+
+TASK_NAME = "toolfence.execute"
+log = logging.getLogger("toolfence.worker")
+
+
+def load_registry(spec: str) -> Registry:
+    """`module:attribute` naming a Registry (TOOLFENCE_TOOLS)."""
+    module_name, _, attribute = spec.partition(":")
+    module = importlib.import_module(module_name)
+    registry = getattr(module, attribute or "registry")
+    if callable(registry) and not isinstance(registry, Registry):
+        registry = registry()
+    if not isinstance(registry, Registry):
+        raise TypeError(f"{spec} is not a toolfence Registry")
+    return registry
+
+
+def broker_options(settings: Settings) -> dict[str, Any]:
+    if settings.broker_url.startswith("filesystem://"):
+        folder = Path(settings.broker_url[len("filesystem://") :])
+        (folder / "queue").mkdir(parents=True, exist_ok=True)
+        (folder / "processed").mkdir(parents=True, exist_ok=True)
+        return {
+            "data_folder_in": str(folder / "queue"),
+            "data_folder_out": str(folder / "queue"),
+            "processed_folder": str(folder / "processed"),
+            "store_processed": False,
+            "polling_interval": 0.02,
+        }
+    return {"visibility_timeout": settings.visibility_timeout_seconds}
+
+
+def broker_url(settings: Settings) -> str:
+    return "filesystem://" if settings.broker_url.startswith("filesystem://") else settings.broker_url
+
+
+class CountingConsumer(Consumer):  # type: ignore[misc]
+    """Counts undecodable messages (Celery logs and acknowledges them)."""
+
+    def on_decode_error(self, message: Any, exc: Exception) -> None:
+        metrics.MESSAGES.labels("bad_message").inc()
+        super().on_decode_error(message, exc)
+
+
+def make_celery(settings: Settings) -> Celery:
+    app = Celery("toolfence", broker=broker_url(settings), set_as_current=False)
+    app.conf.update(
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_acks_on_failure_or_timeout=True,
+        worker_prefetch_multiplier=1,
+        task_serializer="json",
+        accept_content=["json"],
+        result_serializer="json",
+        task_ignore_result=True,
+        result_backend=None,
+        task_default_queue=settings.queue_name,
+        task_time_limit=settings.hard_time_limit_seconds,
+        broker_transport_options=broker_options(settings),
+        broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,
+        worker_hijack_root_logger=False,
+        worker_send_task_events=False,
+        worker_consumer="executor.celery_app:CountingConsumer",
+        worker_cancel_long_running_tasks_on_connection_loss=True,
+    )
+    return app
+
+
+# The worker process's state, set up in `worker_app()`.
+_runner: OperationRunner | None = None
+_settings: Settings | None = None
+
+
+def _get_runner() -> OperationRunner:
+    global _runner
+    if _runner is None:
+        settings = _settings or Settings.from_env()
+        _runner = OperationRunner(
+            settings, load_registry(settings.tools_module), get_engine(settings.database_url)
+        )
+    return _runner
+
+
+def worker_app(settings: Settings | None = None) -> Celery:
+    """The app a worker runs: the task bound to an OperationRunner per process."""
+    global _settings
+    _settings = settings or Settings.from_env()
+    app = make_celery(_settings)
+
+    @app.task(name=TASK_NAME, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+    def execute(self: Any, operation_id: Any) -> str:
+        return _get_runner().handle(operation_id).label
+
+    return app
+
+
+@signals.worker_process_init.connect
+def _after_fork(**_: Any) -> None:
+    """A forked pool child must not share its parent's database connections."""
+    global _runner
+    dispose_engines()
+    _runner = None
+
+
+@signals.task_rejected.connect
+def _count_rejected(**_: Any) -> None:
+    metrics.MESSAGES.labels("bad_message").inc()
+
+
+@signals.task_unknown.connect
+def _count_unknown(**_: Any) -> None:
+    metrics.MESSAGES.labels("bad_message").inc()
+
+
+@signals.worker_process_shutdown.connect
+def _mark_dead(pid: int | None = None, **_: Any) -> None:
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(pid or os.getpid())

@@ -1,0 +1,503 @@
+"""`toolfence`: one entry point, `--help` on every command.
+
+A user mistake (bad URL, missing migration, unknown id, bad input file) is one
+clear line on stderr and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
+
+from executor import store
+from executor.db import DatabaseUrlError, approvals, get_engine, operations
+from executor.migrate import SchemaNotReady, migrate, require_schema
+from executor.settings import Settings, SettingsError
+from executor.states import State
+from executor.types import ProposedCall, ServerContext
+
+EXIT_USAGE = 2
+EXIT_FAILURE = 1
+
+
+class UserError(Exception):
+    """A mistake the user can fix; printed as one line."""
+
+
+def _settings() -> Settings:
+    return Settings.from_env()
+
+
+def _engine(settings: Settings, *, check_schema: bool = True) -> Any:
+    engine = get_engine(settings.database_url)
+    if check_schema:
+        require_schema(engine, settings.database_url)
+    return engine
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, sort_keys=False, default=str))
+
+
+# ---------------------------------------------------------------------- commands
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    settings = _settings()
+    revision = migrate(settings.database_url)
+    print(f"schema at revision {revision} ({_safe_url(settings.database_url)})")
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    settings = _settings()
+    _engine(settings)
+    from executor.celery_app import worker_app
+
+    app = worker_app(settings)
+    argv = [
+        "worker",
+        f"--loglevel={args.loglevel}",
+        f"--concurrency={args.concurrency}",
+        f"--pool={args.pool}",
+        "-Q",
+        settings.queue_name,
+        "-n",
+        args.name or f"toolfence-{os.getpid()}@%h",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+    ]
+    app.worker_main(argv)
+    return 0
+
+
+def cmd_relay(args: argparse.Namespace) -> int:
+    settings = _settings()
+    engine = _engine(settings)
+    from outbox.relay import Relay, celery_publisher
+
+    publish, close = celery_publisher(settings)
+    relay = Relay(settings, engine, publish)
+    if args.once:
+        count = relay.run_once()
+        print(f"published {count}")
+        close()
+        return 0
+    stop = threading.Event()
+    _stop_on_signals(stop)
+    logging.getLogger("toolfence.relay").info("relay started")
+    try:
+        relay.run_forever(stop)
+    finally:
+        close()
+    return 0
+
+
+def cmd_enqueue(args: argparse.Namespace) -> int:
+    settings = _settings()
+    engine = _engine(settings)
+    from executor.celery_app import load_registry
+    from outbox.producer import InvalidBatch, enqueue
+
+    payload = _read_json_file(args.file)
+    if args.provider:
+        from executor.adapters import SURFACES
+
+        adapter = SURFACES.get(args.provider)
+        if adapter is None:
+            raise UserError(f"unknown provider surface {args.provider!r}: one of {', '.join(SURFACES)}")
+        calls = adapter.read_proposals(payload)
+    else:
+        calls = _neutral_calls(payload)
+    context = ServerContext(
+        principal=args.principal,
+        tenant=args.tenant,
+        roles=frozenset(r for r in args.roles.split(",") if r),
+        request_id=args.request_id or f"req_{uuid.uuid4().hex[:16]}",
+    )
+    registry = load_registry(settings.tools_module)
+    try:
+        with engine.begin() as conn:
+            handle = enqueue(conn, calls, context, registry)
+    except InvalidBatch as exc:
+        raise UserError(f"{exc.code}: {exc}") from None
+    _print_json(
+        {
+            "request_id": handle.request_id,
+            "calls": [
+                {"call_id": c.call_id, "operation_id": c.operation_id, **c.status.model_dump(mode="json")}
+                for c in handle.calls
+            ],
+        }
+    )
+    return 0
+
+
+def _neutral_calls(payload: Any) -> list[ProposedCall]:
+    items = payload.get("calls") if isinstance(payload, dict) else payload
+    if not isinstance(items, list):
+        raise UserError('the file must hold a list of calls or {"calls": [...]}')
+    calls = []
+    for index, item in enumerate(items):
+        if not isinstance(item, dict) or not {"call_id", "tool_name", "arguments"} <= item.keys():
+            raise UserError(f"call #{index} needs call_id, tool_name and arguments")
+        try:
+            calls.append(ProposedCall.model_validate(item))
+        except Exception:
+            raise UserError(f"call #{index} is not a proposed call") from None
+    return calls
+
+
+def cmd_results(args: argparse.Namespace) -> int:
+    settings = _settings()
+    engine = _engine(settings)
+    from outbox.producer import final, request_exists, results, wait_for_results
+
+    with engine.connect() as conn:
+        if not request_exists(conn, args.request_id):
+            raise UserError(f"no request {args.request_id!r}")
+    statuses = (
+        wait_for_results(engine, args.request_id, timeout=args.wait)
+        if args.wait
+        else results(engine, args.request_id)
+    )
+    if args.provider:
+        from executor.adapters import SURFACES
+
+        adapter = SURFACES.get(args.provider)
+        if adapter is None:
+            raise UserError(f"unknown provider surface {args.provider!r}")
+        proposals = [ProposedCall(call_id=s.call_id, tool_name=s.tool_name, arguments="{}") for s in statuses]
+        _print_json(adapter.write_results(proposals, [final(s) for s in statuses]))
+        return 0
+    _print_json([s.model_dump(mode="json") for s in statuses])
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    engine = _engine(_settings())
+    with engine.connect() as conn:
+        row = store.get_operation(conn, args.operation_id)
+        if row is None:
+            raise UserError(f"no operation {args.operation_id!r}")
+        trail = store.audit_trail(conn, args.operation_id)
+        receipt_rows = conn.execute(
+            select(store.receipts).where(store.receipts.c.operation_id == args.operation_id)
+        ).all()
+    _print_json(
+        {
+            "operation_id": row.operation_id,
+            "request_id": row.request_id,
+            "call_id": row.call_id,
+            "tool": row.tool_name,
+            "state": row.state,
+            "generation": row.generation,
+            "attempts": row.attempts,
+            "error_code": row.error_code,
+            "receipt": row.receipt,
+            "receipts": [
+                {"receipt": r.receipt, "generation": r.generation, "accepted": r.accepted}
+                for r in receipt_rows
+            ],
+            "audit": [
+                {
+                    "at": e.at,
+                    "from": e.from_state,
+                    "to": e.to_state,
+                    "decision": e.decision_code,
+                    "generation": e.generation,
+                    "actor": e.actor,
+                }
+                for e in trail
+            ],
+        }
+    )
+    return 0
+
+
+def cmd_approvals(args: argparse.Namespace) -> int:
+    engine = _engine(_settings())
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(approvals, operations.c.tool_name, operations.c.call_id)
+            .join(operations, operations.c.operation_id == approvals.c.operation_id)
+            .where(approvals.c.state == "pending")
+            .order_by(approvals.c.requested_at)
+        ).all()
+    _print_json(
+        [
+            {
+                "approval_id": r.approval_id,
+                "operation_id": r.operation_id,
+                "tool": r.tool_name,
+                "impact": json.loads(r.impact),
+                "intent_hash": r.intent_hash,
+                "expires_at": r.expires_at,
+            }
+            for r in rows
+        ]
+    )
+    return 0
+
+
+def cmd_approve(args: argparse.Namespace) -> int:
+    engine = _engine(_settings())
+    with engine.begin() as conn:
+        if store.get_approval(conn, args.approval_id) is None:
+            raise UserError(f"no approval {args.approval_id!r}")
+        if not store.approve(conn, args.approval_id, approver=args.approver):
+            raise UserError(f"approval {args.approval_id} is no longer pending (decided or expired)")
+    print(f"approved {args.approval_id}")
+    return 0
+
+
+def cmd_deny(args: argparse.Namespace) -> int:
+    engine = _engine(_settings())
+    with engine.begin() as conn:
+        if store.get_approval(conn, args.approval_id) is None:
+            raise UserError(f"no approval {args.approval_id!r}")
+        if not store.deny(conn, args.approval_id, approver=args.approver, reason=args.reason):
+            raise UserError(f"approval {args.approval_id} is no longer pending")
+    print(f"denied {args.approval_id}")
+    return 0
+
+
+def cmd_reconcile(args: argparse.Namespace) -> int:
+    settings = _settings()
+    engine = _engine(settings)
+    from reconciler.sweep import Reconciler
+
+    reconciler = Reconciler.from_settings(settings, engine)
+    if not args.every:
+        report = reconciler.sweep()
+        _print_json(report.as_dict())
+        return 0
+    stop = threading.Event()
+    _stop_on_signals(stop)
+    while not stop.is_set():
+        try:
+            report = reconciler.sweep()
+            if report.total:
+                logging.getLogger("toolfence.reconciler").info("sweep: %s", report.as_dict())
+        except SQLAlchemyError:
+            logging.getLogger("toolfence.reconciler").exception("sweep failed")
+        stop.wait(args.every)
+    return 0
+
+
+def cmd_pending(args: argparse.Namespace) -> int:
+    engine = _engine(_settings())
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(operations)
+            .where(operations.c.state == State.RECONCILIATION_PENDING.value)
+            .order_by(operations.c.updated_at)
+            .limit(args.limit)
+        ).all()
+    _print_json(
+        [
+            {
+                "operation_id": r.operation_id,
+                "tool": r.tool_name,
+                "request_id": r.request_id,
+                "call_id": r.call_id,
+                "generation": r.generation,
+                "since": r.updated_at,
+                "reason": json.loads(r.error).get("message") if r.error else None,
+            }
+            for r in rows
+        ]
+    )
+    return 0
+
+
+def cmd_resolve(args: argparse.Namespace) -> int:
+    engine = _engine(_settings())
+    to_state = {
+        "succeeded": State.SUCCEEDED,
+        "failed": State.FAILED_TERMINAL,
+        "requeue": State.QUEUED,
+    }[args.outcome]
+    if to_state is State.SUCCEEDED and not args.reference:
+        raise UserError("resolving as succeeded needs --reference (the downstream's id for the effect)")
+    with engine.begin() as conn:
+        if store.get_operation(conn, args.operation_id) is None:
+            raise UserError(f"no operation {args.operation_id!r}")
+        won = store.resolve(
+            conn, args.operation_id, to_state=to_state, actor=args.actor,
+            reference=args.reference, message=args.note or "",
+        )
+        if not won:
+            raise UserError(f"operation {args.operation_id} is not reconciliation_pending")
+        if to_state is State.SUCCEEDED and args.reference:
+            store.record_receipt(
+                conn, args.operation_id, store.get_operation(conn, args.operation_id).generation,
+                args.reference, accepted=True, source="operator",
+            )
+    print(f"resolved {args.operation_id} as {to_state.value}")
+    return 0
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    settings = _settings()
+    _engine(settings)
+    from executor.exporter import serve
+
+    serve(settings, args.port, args.host)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from executor.demo import run_demo
+
+    return run_demo(calls=args.calls, workers=args.workers, lease_seconds=args.lease)
+
+
+# ---------------------------------------------------------------------- plumbing
+
+
+def _stop_on_signals(stop: threading.Event) -> None:
+    def handler(signum: int, frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def _read_json_file(path: str) -> Any:
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not UTF-8 text") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path} is not JSON (line {exc.lineno}, column {exc.colno})") from None
+
+
+def _safe_url(url: str) -> str:
+    """The URL without its password."""
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        creds, host = rest.rsplit("@", 1)
+        user = creds.split(":", 1)[0]
+        return f"{scheme}://{user}:***@{host}" if ":" in creds else f"{scheme}://{user}@{host}"
+    return url
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="toolfence",
+        description="Admission, durable fenced execution and correlated results for LLM tool calls.",
+        epilog="Configuration: TOOLFENCE_DATABASE_URL, TOOLFENCE_BROKER_URL (see README).",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, func: Callable[[argparse.Namespace], int], help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(func=func)
+        return p
+
+    add("migrate", cmd_migrate, "Create or upgrade the database schema (alembic).")
+
+    p = add("demo", cmd_demo, "Run a real fleet on the embedded default and show it keep its promises.")
+    p.add_argument("--calls", type=int, default=300, help="proposed calls in the workload")
+    p.add_argument("--workers", type=int, default=2, help="worker processes")
+    p.add_argument("--lease", type=float, default=3.0, help="lease seconds")
+
+    p = add("worker", cmd_worker, "Start a Celery worker that executes operations.")
+    p.add_argument("--concurrency", type=int, default=2)
+    p.add_argument("--pool", default="prefork", choices=["prefork", "threads", "solo"])
+    p.add_argument("--loglevel", default="WARNING")
+    p.add_argument("--name", default=None, help="Celery node name")
+
+    p = add("relay", cmd_relay, "Publish outbox rows to the broker (runs until SIGTERM).")
+    p.add_argument("--once", action="store_true", help="one pass, then exit")
+
+    p = add("reconcile", cmd_reconcile, "Resolve crashed or stuck operations: one sweep (for cron).")
+    p.add_argument("--every", type=float, default=0.0, metavar="SECONDS", help="loop, sweeping every N s")
+
+    p = add("metrics", cmd_metrics, "Serve Prometheus metrics on /metrics.")
+    p.add_argument("--port", type=int, default=9464)
+    p.add_argument("--host", default="0.0.0.0")
+
+    p = add("enqueue", cmd_enqueue, "Admit and enqueue calls from a JSON file (or - for stdin).")
+    p.add_argument("file", help='neutral format: [{"call_id","tool_name","arguments"}, ...]')
+    p.add_argument("--tenant", required=True, help="server context: tenant")
+    p.add_argument("--principal", required=True, help="server context: principal")
+    p.add_argument("--roles", default="member", help="comma-separated roles")
+    p.add_argument("--request-id", default=None)
+    p.add_argument("--provider", default=None, help="read the file as a provider response envelope")
+
+    p = add("results", cmd_results, "Show one result per call of a request, in proposal order.")
+    p.add_argument("request_id")
+    p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS", help="wait until settled")
+    p.add_argument("--provider", default=None, help="write results in a provider's envelope")
+
+    p = add("show", cmd_show, "Show an operation: state, generations, receipts, audit trail.")
+    p.add_argument("operation_id")
+
+    add("approvals", cmd_approvals, "List calls waiting for approval, with their impact.")
+
+    p = add("approve", cmd_approve, "Approve a pending call (single use, bound to its intent).")
+    p.add_argument("approval_id")
+    p.add_argument("--approver", required=True)
+
+    p = add("deny", cmd_deny, "Deny a pending call.")
+    p.add_argument("approval_id")
+    p.add_argument("--approver", required=True)
+    p.add_argument("--reason", default="denied")
+
+    p = add("pending", cmd_pending, "List operations waiting for a person (reconciliation_pending).")
+    p.add_argument("--limit", type=int, default=100)
+
+    p = add("resolve", cmd_resolve, "Resolve a reconciliation_pending operation (audited).")
+    p.add_argument("operation_id")
+    p.add_argument("outcome", choices=["succeeded", "failed", "requeue"])
+    p.add_argument("--actor", required=True, help="who decides (recorded in the audit trail)")
+    p.add_argument("--reference", default=None, help="downstream id of the effect (for succeeded)")
+    p.add_argument("--note", default=None)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args.func(args))
+    except UserError as exc:
+        print(f"toolfence: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except (SettingsError, DatabaseUrlError, SchemaNotReady) as exc:
+        print(f"toolfence: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except OperationalError as exc:
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else "connection failed"
+        print(f"toolfence: cannot reach the database: {reason}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

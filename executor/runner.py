@@ -1,0 +1,477 @@
+"""Run one operation: reserve → heartbeat → re-check → tool.run → complete.
+
+The broker message carries only the operation id; the database is the truth. A
+message may arrive twice, late, for an operation that is not ready yet, or for
+one that no longer exists: each case is a branch below that explains why it is
+safe to acknowledge and move on. No database transaction is held open across
+the tool's downstream call.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError, OperationalError
+from tenacity import wait_exponential_jitter
+
+from executor import metrics, store
+from executor.admission import compute_intent_hash, recheck_access
+from executor.db import read_only
+from executor.faults import AmbiguousCommit, Faults
+from executor.settings import Settings
+from executor.states import TERMINAL, State
+from executor.tools import (
+    Effect,
+    LookupAnswer,
+    LostOwnership,
+    Mode,
+    Registry,
+    RunContext,
+    StaleFencingToken,
+    Tool,
+    ToolFailure,
+    Written,
+)
+from executor.types import ErrorCode, ServerContext
+
+log = logging.getLogger("toolfence.worker")
+
+MAX_OPERATION_ID_LENGTH = 200
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What happened to one message (a bounded label for metrics, and for tests)."""
+
+    label: str
+    state: str | None = None
+
+
+class _Heartbeat(threading.Thread):
+    """Renews the lease every TTL/3 with a CAS on (operation, generation, owner).
+
+    `owned()` is False as soon as a renewal fails or the lease, as last renewed,
+    would have expired by the local clock: the worker must then stop before its
+    next downstream write.
+    """
+
+    def __init__(self, engine: Engine, reservation: store.Reservation, lease_seconds: float) -> None:
+        super().__init__(name=f"heartbeat-{reservation.operation_id}", daemon=True)
+        self._engine = engine
+        self._reservation = reservation
+        self._lease = lease_seconds
+        self._stop_event = threading.Event()
+        self._lost = threading.Event()
+        # Local deadline, measured from *before* the reserve statement returned: conservative.
+        self._local_deadline = time.monotonic() + lease_seconds * 0.9
+
+    def owned(self) -> bool:
+        return not self._lost.is_set() and time.monotonic() < self._local_deadline
+
+    def run(self) -> None:
+        interval = self._lease / 3.0
+        while not self._stop_event.wait(interval):
+            sent_at = time.monotonic()
+            try:
+                with self._engine.begin() as conn:
+                    expiry = store.renew(
+                        conn,
+                        self._reservation.operation_id,
+                        self._reservation.generation,
+                        self._reservation.owner_token,
+                        self._lease,
+                    )
+            except Exception:
+                # Cannot reach the database: keep trying until the local deadline passes.
+                log.warning("lease renewal failed to reach the database", exc_info=True)
+                if time.monotonic() >= self._local_deadline:
+                    self._lost.set()
+                    return
+                continue
+            if expiry is None:
+                metrics.STALE_WRITES_FENCED.labels("renew").inc()
+                self._lost.set()
+                return
+            self._local_deadline = sent_at + self._lease * 0.9
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+
+class OperationRunner:
+    def __init__(self, settings: Settings, registry: Registry, engine: Engine) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.engine = engine
+        self.reader = read_only(engine)
+        self.faults = Faults(settings)
+
+    # ----------------------------------------------------------------- entry
+
+    def handle(self, operation_id: Any) -> Outcome:
+        outcome = self._handle(operation_id)
+        metrics.MESSAGES.labels(outcome.label).inc()
+        return outcome
+
+    def _handle(self, operation_id: Any) -> Outcome:
+        if not isinstance(operation_id, str) or not 0 < len(operation_id) <= MAX_OPERATION_ID_LENGTH:
+            # Garbage on the queue: acknowledge and count; retrying cannot make it valid.
+            return Outcome("bad_message")
+        with self.reader.connect() as conn:
+            row = store.get_operation(conn, operation_id)
+        if row is None:
+            return Outcome("unknown_operation")
+        state = State(row.state)
+        if state in TERMINAL or state in (State.RECONCILIATION_PENDING, State.PENDING_APPROVAL):
+            # A duplicate or late delivery: the outcome is already decided elsewhere.
+            return Outcome("duplicate", state.value)
+        tool = self.registry.get(row.tool_name)
+        if state is State.RETRY_WAIT:
+            # The relay/reconciler promotes it when due and publishes a fresh message.
+            return Outcome("not_due", state.value)
+        reservation = self._acquire(row, tool)
+        if isinstance(reservation, Outcome):
+            return reservation
+        return self._execute(row, tool, reservation)
+
+    def _acquire(self, row: Any, tool: Tool[Any] | None) -> store.Reservation | Outcome:
+        owner_token = store.new_owner_token()
+        lease = self.settings.lease_seconds
+        state = State(row.state)
+        if state is State.QUEUED and row.mode == "write":
+            with self.engine.begin() as conn:
+                if store.predecessor_failed(conn, row.operation_id):
+                    won = store.fail_unstarted(
+                        conn, row.operation_id, ErrorCode.PREDECESSOR_FAILED,
+                        "an earlier write of this request did not succeed",
+                    )
+                    if won:
+                        metrics.OPERATIONS_TERMINAL.labels(row.tool_name, "failed_terminal").inc()
+                    return Outcome("predecessor_failed")
+        try:
+            with self.engine.begin() as conn:
+                if state is State.QUEUED:
+                    reservation = store.reserve(conn, row.operation_id, owner_token, lease)
+                elif tool is not None and tool.takeover_allowed:
+                    reservation = store.take_over(conn, row.operation_id, owner_token, lease)
+                else:
+                    # A live owner, or a `lookup`/`unsafe` write whose lease expired: the
+                    # reconciler decides those, never a second worker.
+                    return Outcome("owned_elsewhere", state.value)
+                if reservation is not None:
+                    self.faults.fire("reserve_commit", row.tool_name)
+        except (OperationalError, DBAPIError, AmbiguousCommit):
+            # Did the reservation commit? Our owner token is unique to this attempt.
+            reservation = self._recover_reservation(row.operation_id, owner_token)
+            if reservation is None:
+                raise
+        if reservation is None:
+            return Outcome("not_ready", state.value)
+        if reservation.took_over:
+            metrics.LEASE_TAKEOVERS.labels(row.tool_name).inc()
+        return reservation
+
+    def _recover_reservation(self, operation_id: str, owner_token: str) -> store.Reservation | None:
+        for attempt in range(5):
+            try:
+                with self.reader.connect() as conn:
+                    row = store.get_operation(conn, operation_id)
+                break
+            except (OperationalError, DBAPIError):
+                time.sleep(0.2 * (attempt + 1))
+        else:
+            return None
+        if row is None or row.owner_token != owner_token or row.state != State.STARTED.value:
+            return None
+        log.info("reservation of %s committed despite a connection error", operation_id)
+        return store.Reservation(
+            operation_id, row.generation, owner_token, row.lease_expires_at, row.attempts, False
+        )
+
+    # ----------------------------------------------------------------- execution
+
+    def _execute(self, row: Any, tool: Tool[Any] | None, reservation: store.Reservation) -> Outcome:
+        heartbeat = _Heartbeat(self.engine, reservation, self.settings.lease_seconds)
+        heartbeat.start()
+        try:
+            return self._execute_owned(row, tool, reservation, heartbeat)
+        finally:
+            heartbeat.stop()
+
+    def _finish(
+        self,
+        row: Any,
+        reservation: store.Reservation,
+        *,
+        succeeded: bool,
+        result: Any = None,
+        receipt: str | None = None,
+        error_code: ErrorCode | None = None,
+        error: dict[str, Any] | None = None,
+        duration_ms: float | None = None,
+    ) -> Outcome:
+        """complete (CAS). A stale owner's completion changes nothing and is counted."""
+        def attempt() -> bool:
+            with self.engine.begin() as conn:
+                won = store.complete(
+                    conn, row.operation_id, reservation.generation, reservation.owner_token,
+                    row.intent_hash, succeeded=succeeded, result=result, receipt=receipt,
+                    error_code=error_code, error=error, duration_ms=duration_ms,
+                )
+                if won:
+                    self.faults.fire("complete_commit", row.tool_name)
+                return won
+
+        to_state = "succeeded" if succeeded else "failed_terminal"
+        won = self._with_ambiguity(attempt, row.operation_id, reservation, to_state)
+        if not won:
+            metrics.STALE_WRITES_FENCED.labels("complete").inc()
+            return Outcome("stale_complete")
+        outcome = "succeeded" if succeeded else "failed_terminal"
+        self._observe_terminal(row, outcome)
+        return Outcome(outcome, outcome)
+
+    def _with_ambiguity(
+        self, attempt: Any, operation_id: str, reservation: store.Reservation, to_state: str
+    ) -> bool:
+        """Run a CAS; on a connection error, find out from the row whether it committed."""
+        for retry in range(5):
+            try:
+                return bool(attempt())
+            except (OperationalError, DBAPIError, AmbiguousCommit):
+                log.warning("connection error around a CAS on %s", operation_id, exc_info=True)
+                time.sleep(0.2 * (retry + 1))
+                try:
+                    with self.reader.connect() as conn:
+                        row = store.get_operation(conn, operation_id)
+                except (OperationalError, DBAPIError):
+                    continue
+                if row is None:
+                    return False
+                if row.generation != reservation.generation:
+                    return False  # someone took over: ours did not win, or no longer matters
+                if row.state == to_state and row.owner_token is None:
+                    return True  # it committed before the connection failed
+                if row.state != State.STARTED.value or row.owner_token != reservation.owner_token:
+                    return False
+                # Still ours and not applied: try the CAS again.
+        return False
+
+    def _observe_terminal(self, row: Any, outcome: str) -> None:
+        metrics.OPERATIONS_TERMINAL.labels(row.tool_name, outcome).inc()
+        metrics.ENQUEUE_TO_TERMINAL_SECONDS.labels(row.tool_name).observe(
+            max(0.0, time.time() - row.created_at)
+        )
+        if row.mode == Mode.WRITE.value:
+            with self.reader.connect() as conn:
+                count = store.distinct_accepted_receipts(conn, row.operation_id)
+            metrics.SIDE_EFFECTS_PER_OPERATION.labels(row.tool_name).observe(count)
+
+    def _execute_owned(
+        self, row: Any, tool: Tool[Any] | None, reservation: store.Reservation, heartbeat: _Heartbeat
+    ) -> Outcome:
+        context = ServerContext.from_json(json.loads(row.context))
+        arguments = json.loads(row.arguments)
+        # Access again, against *current* policy: a revoked permission fails closed
+        # before the handler runs.
+        denied = recheck_access(tool, row.tool_name, arguments, context)
+        if denied is not None or tool is None:
+            return self._finish(
+                row, reservation, succeeded=False, error_code=denied or ErrorCode.UNKNOWN_TOOL,
+                error={"message": "permission denied at execution time"},
+            )
+        args = tool.input_model.model_validate(arguments)
+        invalidated = self._approval_invalidated(row, tool, args, context)
+        if invalidated:
+            return self._finish(
+                row, reservation, succeeded=False, error_code=ErrorCode.APPROVAL_INVALIDATED,
+                error={"message": "the call changed since it was approved"},
+            )
+
+        def on_receipt(receipt: str, accepted: bool) -> None:
+            with self.engine.begin() as conn:
+                store.record_receipt(
+                    conn, row.operation_id, reservation.generation, receipt,
+                    accepted=accepted, source="worker",
+                )
+
+        ctx = RunContext(
+            operation_id=row.operation_id,
+            idempotency_key=f"toolfence:{row.operation_id}",
+            fencing_token=reservation.generation,
+            deadline=time.time() + tool.timeout_seconds,
+            server=context,
+            attempt=reservation.attempts,
+            still_owner=heartbeat.owned,
+            on_receipt=on_receipt,
+        )
+        self.faults.fire("before_run", tool.name)
+        metrics.HANDLER_INVOCATIONS.labels(tool.name).inc()
+        started = time.perf_counter()
+        try:
+            value = tool.run(args, ctx)
+        except StaleFencingToken:
+            # The downstream saw a newer generation: we are a zombie. Its refusal is the
+            # fence working; the new owner completes the operation.
+            metrics.STALE_WRITES_FENCED.labels("downstream").inc()
+            return Outcome("fenced_downstream")
+        except LostOwnership:
+            return Outcome("lost_ownership")
+        except Exception as exc:  # classified below, never re-raised into Celery
+            return self._on_failure(row, tool, reservation, ctx, exc)
+        finally:
+            metrics.EXECUTION_SECONDS.labels(tool.name).observe(time.perf_counter() - started)
+        return self._on_value(row, tool, reservation, value, (time.perf_counter() - started) * 1000)
+
+    def _approval_invalidated(
+        self, row: Any, tool: Tool[Any], args: BaseModel, context: ServerContext
+    ) -> bool:
+        with self.reader.connect() as conn:
+            approval = store.approval_for_operation(conn, row.operation_id)
+        if approval is None:
+            return False
+        try:
+            current = compute_intent_hash(tool, args, context)
+        except Exception:
+            return True
+        return approval.state != "approved" or current != approval.intent_hash
+
+    def _on_value(
+        self, row: Any, tool: Tool[Any], reservation: store.Reservation, value: Any, duration_ms: float
+    ) -> Outcome:
+        receipt: str | None = None
+        if tool.mode is Mode.WRITE:
+            if not isinstance(value, Written):
+                return self._finish(
+                    row, reservation, succeeded=False, error_code=ErrorCode.INVALID_RESULT,
+                    error={"message": "a write must return its downstream receipt"},
+                )
+            receipt = value.receipt
+            with self.engine.begin() as conn:
+                store.record_receipt(
+                    conn, row.operation_id, reservation.generation, receipt,
+                    accepted=True, source="worker",
+                )
+            metrics.SIDE_EFFECTS.labels(tool.name, ",".join(sorted(tool.effects))).inc()
+            value = value.output
+            self.faults.fire("after_effect", tool.name)
+        try:
+            output = tool.output_model.model_validate(
+                value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+            )
+        except ValidationError:
+            return self._finish(
+                row, reservation, succeeded=False, error_code=ErrorCode.INVALID_RESULT,
+                error={"message": "the tool returned a result that does not match its output model"},
+                receipt=receipt,
+            )
+        full = output.model_dump(mode="json")
+        model_view = full
+        if tool.project is not None:
+            try:
+                model_view = tool.project(output)
+            except Exception:
+                return self._finish(
+                    row, reservation, succeeded=False, error_code=ErrorCode.INVALID_RESULT,
+                    error={"message": "the output projection failed"}, receipt=receipt,
+                )
+        self.faults.fire("before_complete", tool.name)
+        return self._finish(
+            row, reservation, succeeded=True, receipt=receipt, duration_ms=duration_ms,
+            result={"output": full, "model_view": model_view, "untrusted": tool.untrusted_output},
+        )
+
+    def _on_failure(
+        self, row: Any, tool: Tool[Any], reservation: store.Reservation, ctx: RunContext,
+        exc: Exception,
+    ) -> Outcome:
+        """Classify a failure: retryable within budget, unknown outcome, or terminal."""
+        if isinstance(exc, ToolFailure):
+            code, retryable, message = exc.code, exc.retryable, exc.message
+            details = [d.model_dump() for d in exc.details]
+        elif isinstance(exc, TimeoutError):
+            code, retryable, message, details = ErrorCode.TIMEOUT, True, "the tool timed out", []
+        elif tool.retryable_exceptions and isinstance(exc, tool.retryable_exceptions):
+            code, retryable, message, details = (
+                ErrorCode.UPSTREAM_UNAVAILABLE, True, "the downstream is unavailable", [],
+            )
+        else:
+            log.exception("tool %s raised", tool.name)
+            code, retryable, message, details = (
+                ErrorCode.EXECUTION_FAILED, False, "the tool failed", [],
+            )
+            if tool.mode is Mode.WRITE:
+                # An unexpected error in a write leaves its outcome unknown.
+                return self._unknown_outcome(row, tool, reservation, ctx)
+        error = {"message": message, "details": details}
+        if not retryable:
+            return self._finish(row, reservation, succeeded=False, error_code=code, error=error)
+        if reservation.attempts >= tool.retry.max_attempts:
+            return self._finish(
+                row, reservation, succeeded=False, error_code=ErrorCode.RETRY_BUDGET_EXHAUSTED,
+                error={"message": f"gave up after {reservation.attempts} attempts ({code.value})"},
+            )
+        delay = _backoff(tool, reservation.attempts)
+        with self.engine.begin() as conn:
+            won = store.release_to_retry(
+                conn, row.operation_id, reservation.generation, reservation.owner_token,
+                delay_seconds=delay, error_code=code, error=error,
+            )
+        if not won:
+            metrics.STALE_WRITES_FENCED.labels("complete").inc()
+            return Outcome("stale_complete")
+        metrics.RETRIES.labels(tool.name, code.value).inc()
+        return Outcome("retry_wait", State.RETRY_WAIT.value)
+
+    def _unknown_outcome(
+        self, row: Any, tool: Tool[Any], reservation: store.Reservation, ctx: RunContext
+    ) -> Outcome:
+        """A write failed in a way that does not say whether its effect happened."""
+        if tool.effects & {Effect.IDEMPOTENT, Effect.FENCED}:
+            # Repeating is safe: retry within the budget, the downstream converges.
+            return self._on_failure(
+                row, tool, reservation, ctx,
+                ToolFailure(ErrorCode.EXECUTION_FAILED, "the tool failed", retryable=True),
+            )
+        if Effect.LOOKUP in tool.effects and tool.lookup is not None:
+            args = tool.input_model.model_validate(json.loads(row.arguments))
+            try:
+                answer = tool.lookup(args, ctx)
+            except Exception:
+                answer = None
+            if answer is not None and answer.answer is LookupAnswer.DONE and answer.written:
+                return self._on_value(row, tool, reservation, answer.written, 0.0)
+            if answer is not None and answer.answer is LookupAnswer.NOT_DONE:
+                return self._on_failure(
+                    row, tool, reservation, ctx,
+                    ToolFailure(ErrorCode.EXECUTION_FAILED, "the tool failed", retryable=True),
+                )
+        with self.engine.begin() as conn:
+            won = store.mark_unknown(
+                conn, row.operation_id, reservation.generation,
+                owner_token=reservation.owner_token, reason="outcome_unknown",
+            )
+        if won:
+            metrics.OPERATIONS_TERMINAL.labels(tool.name, "reconciliation_pending").inc()
+        return Outcome("reconciliation_pending", State.RECONCILIATION_PENDING.value)
+
+
+def _backoff(tool: Tool[Any], attempt: int) -> float:
+    """Exponential backoff with jitter (tenacity's strategy), on the database clock."""
+    strategy = wait_exponential_jitter(
+        initial=tool.retry.initial_backoff_seconds,
+        max=tool.retry.max_backoff_seconds,
+        jitter=tool.retry.initial_backoff_seconds,
+    )
+
+    class _State:
+        attempt_number = attempt
+
+    return float(strategy(_State()))  # type: ignore[arg-type]

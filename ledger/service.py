@@ -1,0 +1,370 @@
+"""A small ledger service: the reference downstream for the demo, tests and users to copy.
+
+It lives on the same database as toolfence but in its own tables, and is written
+the way a downstream must be for each effect contract:
+
+- `credit` dedupes on the idempotency key (effect `idempotent`);
+- `transfer` keeps the highest fencing token per key and refuses lower ones in
+  the same transaction as the effect (effect `fenced`); it also dedupes on the
+  key, so a new generation that finds the effect already applied returns the
+  existing receipt instead of applying it again;
+- `create_invoice` does neither but can answer "did operation K happen?" (`lookup`);
+- `send_notice` promises nothing (`unsafe`).
+
+Every accepted effect is recorded in `ledger_effects` with operation id and
+generation, and every refused stale write in `ledger_fenced`, so tests can count
+side effects per operation from the downstream's own point of view.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from dataclasses import dataclass
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Engine,
+    Float,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    UniqueConstraint,
+    func,
+    insert,
+    select,
+    update,
+)
+
+from executor.db import Id, db_now, insert_ignore, make_engine, read_only
+from executor.tools import RetryableError, StaleFencingToken
+
+metadata = MetaData()
+
+accounts = Table(
+    "ledger_accounts",
+    metadata,
+    Column("account_id", String(64), primary_key=True),
+    Column("tenant", String(64), nullable=False),
+    Column("balance_cents", BigInteger, nullable=False),
+)
+
+effects = Table(
+    "ledger_effects",
+    metadata,
+    Column("effect_id", Id, primary_key=True, autoincrement=True),
+    Column("receipt", String(64), nullable=False),
+    Column("operation_id", String(200), nullable=False),
+    Column("idempotency_key", String(300), nullable=False),
+    Column("generation", Integer, nullable=False),
+    Column("kind", String(32), nullable=False),
+    Column("account_id", String(64)),
+    Column("amount_cents", BigInteger),
+    Column("at", Float, nullable=False),
+)
+
+# Dedupe tables: one row per key that ever produced an effect.
+dedupe = Table(
+    "ledger_dedupe",
+    metadata,
+    Column("kind", String(32), primary_key=True),
+    Column("idempotency_key", String(300), primary_key=True),
+    Column("receipt", String(64), nullable=False),
+)
+
+fences = Table(
+    "ledger_fences",
+    metadata,
+    Column("idempotency_key", String(300), primary_key=True),
+    Column("highest_token", Integer, nullable=False),
+)
+
+fenced_writes = Table(
+    "ledger_fenced",
+    metadata,
+    Column("fenced_id", Id, primary_key=True, autoincrement=True),
+    Column("operation_id", String(200), nullable=False),
+    Column("idempotency_key", String(300), nullable=False),
+    Column("token", Integer, nullable=False),
+    Column("highest_token", Integer, nullable=False),
+    Column("at", Float, nullable=False),
+)
+
+invoices = Table(
+    "ledger_invoices",
+    metadata,
+    Column("invoice_id", String(64), primary_key=True),
+    Column("reference", String(300), nullable=False),
+    Column("account_id", String(64), nullable=False),
+    Column("amount_cents", BigInteger, nullable=False),
+    UniqueConstraint("invoice_id"),
+)
+
+notices = Table(
+    "ledger_notices",
+    metadata,
+    Column("notice_id", String(64), primary_key=True),
+    Column("account_id", String(64), nullable=False),
+    Column("text", String(2000), nullable=False),
+)
+
+
+class AccountNotFound(LookupError):
+    pass
+
+
+@dataclass(frozen=True)
+class Applied:
+    receipt: str
+    applied: bool  # False when an earlier generation had already applied it
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(8)}"
+
+
+class Ledger:
+    """The ledger's own client. One per process; the engine is created lazily."""
+
+    def __init__(self, database_url: str | None = None, latency_seconds: float | None = None) -> None:
+        self._url = database_url
+        self._engine: Engine | None = None
+        self._pid = os.getpid()
+        env_latency = os.environ.get("TOOLFENCE_LEDGER_LATENCY_MS")
+        self.latency_seconds = (
+            latency_seconds
+            if latency_seconds is not None
+            else (float(env_latency) / 1000.0 if env_latency else 0.0)
+        )
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None or self._pid != os.getpid():
+            from executor.settings import Settings
+
+            self._engine = make_engine(self._url or Settings.from_env().database_url)
+            self._pid = os.getpid()
+        return self._engine
+
+    @property
+    def reader(self) -> Engine:
+        return read_only(self.engine)
+
+    def create_schema(self) -> None:
+        """The ledger is a separate service with its own schema; it creates it itself."""
+        metadata.create_all(self.engine)
+
+    def _pause(self) -> None:
+        if self.latency_seconds:
+            time.sleep(self.latency_seconds)
+
+    # -------------------------------------------------------------- setup and reads
+
+    def open_account(self, account_id: str, tenant: str, balance_cents: int) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                insert(accounts).values(
+                    account_id=account_id, tenant=tenant, balance_cents=balance_cents
+                )
+            )
+
+    def account_tenant(self, account_id: str) -> str | None:
+        with self.reader.connect() as conn:
+            return conn.execute(
+                select(accounts.c.tenant).where(accounts.c.account_id == account_id)
+            ).scalar_one_or_none()
+
+    def balance(self, account_id: str) -> int:
+        with self.reader.connect() as conn:
+            value = conn.execute(
+                select(accounts.c.balance_cents).where(accounts.c.account_id == account_id)
+            ).scalar_one_or_none()
+        if value is None:
+            raise AccountNotFound(account_id)
+        return int(value)
+
+    def effects_per_operation(self) -> dict[str, int]:
+        """Distinct receipts per operation, from the ledger's own records."""
+        with self.reader.connect() as conn:
+            rows = conn.execute(
+                select(effects.c.operation_id, func.count(func.distinct(effects.c.receipt)))
+                .group_by(effects.c.operation_id)
+            ).all()
+        return {op: int(count) for op, count in rows}
+
+    def effect_rows_per_operation(self) -> dict[str, int]:
+        """Accepted effect rows per operation (a duplicate effect would show as 2)."""
+        with self.reader.connect() as conn:
+            rows = conn.execute(
+                select(effects.c.operation_id, func.count()).group_by(effects.c.operation_id)
+            ).all()
+        return {op: int(count) for op, count in rows}
+
+    def fenced_count(self) -> int:
+        with self.reader.connect() as conn:
+            return int(conn.execute(select(func.count()).select_from(fenced_writes)).scalar_one())
+
+    # -------------------------------------------------------------- effects
+
+    def _record_effect(
+        self, conn: object, *, receipt: str, operation_id: str, key: str, generation: int,
+        kind: str, account_id: str | None, amount_cents: int | None,
+    ) -> None:
+        conn.execute(  # type: ignore[attr-defined]
+            insert(effects).values(
+                receipt=receipt, operation_id=operation_id, idempotency_key=key,
+                generation=generation, kind=kind, account_id=account_id,
+                amount_cents=amount_cents, at=db_now(),
+            )
+        )
+
+    def _existing(self, conn: object, kind: str, key: str) -> str | None:
+        return conn.execute(  # type: ignore[attr-defined,no-any-return]
+            select(dedupe.c.receipt).where(dedupe.c.kind == kind, dedupe.c.idempotency_key == key)
+        ).scalar_one_or_none()
+
+    def _adjust(self, conn: object, account_id: str, delta: int) -> None:
+        changed = conn.execute(  # type: ignore[attr-defined]
+            update(accounts)
+            .where(accounts.c.account_id == account_id)
+            .values(balance_cents=accounts.c.balance_cents + delta)
+        ).rowcount
+        if changed != 1:
+            raise AccountNotFound(account_id)
+
+    def credit(
+        self, *, key: str, operation_id: str, generation: int, account_id: str, amount_cents: int
+    ) -> Applied:
+        """Idempotent: the same key applies once, and returns the same receipt after."""
+        self._pause()
+        with self.engine.begin() as conn:
+            receipt = _new_id("cr")
+            if not insert_ignore(
+                conn, dedupe, {"kind": "credit", "idempotency_key": key, "receipt": receipt},
+                ["kind", "idempotency_key"],
+            ):
+                existing = self._existing(conn, "credit", key)
+                assert existing is not None
+                return Applied(existing, applied=False)
+            self._adjust(conn, account_id, amount_cents)
+            self._record_effect(
+                conn, receipt=receipt, operation_id=operation_id, key=key, generation=generation,
+                kind="credit", account_id=account_id, amount_cents=amount_cents,
+            )
+            return Applied(receipt, applied=True)
+
+    def transfer(
+        self, *, key: str, operation_id: str, token: int, source: str, target: str,
+        amount_cents: int,
+    ) -> Applied:
+        """Fenced: refuses a token below the highest seen for the key, in the effect's tx."""
+        self._pause()
+        with self.engine.begin() as conn:
+            # Create the fence row if this is the key's first write, then lock it:
+            # every writer of the key serialises on that row lock.
+            insert_ignore(conn, fences, {"idempotency_key": key, "highest_token": token},
+                          ["idempotency_key"])
+            highest = conn.execute(
+                select(fences.c.highest_token)
+                .where(fences.c.idempotency_key == key)
+                .with_for_update()
+            ).scalar_one()
+            if token < highest:
+                conn.execute(
+                    insert(fenced_writes).values(
+                        operation_id=operation_id, idempotency_key=key, token=token,
+                        highest_token=highest, at=db_now(),
+                    )
+                )
+                # Commit the record of the refusal, then tell the caller.
+                conn.commit()
+                raise StaleFencingToken(key, token, highest)
+            if token > highest:
+                conn.execute(
+                    update(fences).where(fences.c.idempotency_key == key).values(highest_token=token)
+                )
+            existing = self._existing(conn, "transfer", key)
+            if existing is not None:
+                return Applied(existing, applied=False)
+            balance = conn.execute(
+                select(accounts.c.balance_cents).where(accounts.c.account_id == source)
+            ).scalar_one_or_none()
+            if balance is None:
+                raise AccountNotFound(source)
+            receipt = _new_id("tr")
+            conn.execute(
+                insert(dedupe).values(kind="transfer", idempotency_key=key, receipt=receipt)
+            )
+            self._adjust(conn, source, -amount_cents)
+            self._adjust(conn, target, amount_cents)
+            self._record_effect(
+                conn, receipt=receipt, operation_id=operation_id, key=key, generation=token,
+                kind="transfer", account_id=source, amount_cents=amount_cents,
+            )
+            return Applied(receipt, applied=True)
+
+    def create_invoice(
+        self, *, reference: str, operation_id: str, generation: int, account_id: str,
+        amount_cents: int,
+    ) -> str:
+        """No dedupe: calling twice makes two invoices. `find_invoice` answers lookups."""
+        self._pause()
+        with self.engine.begin() as conn:
+            if conn.execute(
+                select(accounts.c.account_id).where(accounts.c.account_id == account_id)
+            ).first() is None:
+                raise AccountNotFound(account_id)
+            invoice_id = _new_id("inv")
+            conn.execute(
+                insert(invoices).values(
+                    invoice_id=invoice_id, reference=reference, account_id=account_id,
+                    amount_cents=amount_cents,
+                )
+            )
+            self._record_effect(
+                conn, receipt=invoice_id, operation_id=operation_id, key=reference,
+                generation=generation, kind="invoice", account_id=account_id,
+                amount_cents=amount_cents,
+            )
+            return invoice_id
+
+    def find_invoice(self, reference: str) -> str | None:
+        try:
+            with self.reader.connect() as conn:
+                return conn.execute(
+                    select(invoices.c.invoice_id)
+                    .where(invoices.c.reference == reference)
+                    .order_by(invoices.c.invoice_id)
+                    .limit(1)
+                ).scalar_one_or_none()
+        except Exception as exc:  # the downstream could not answer
+            raise RetryableError("ledger unavailable for lookup") from exc
+
+    def send_notice(
+        self, *, operation_id: str, generation: int, account_id: str, text: str
+    ) -> str:
+        """Unsafe: no key, no fence, no lookup."""
+        self._pause()
+        with self.engine.begin() as conn:
+            notice_id = _new_id("ntc")
+            conn.execute(
+                insert(notices).values(notice_id=notice_id, account_id=account_id, text=text)
+            )
+            self._record_effect(
+                conn, receipt=notice_id, operation_id=operation_id, key=notice_id,
+                generation=generation, kind="notice", account_id=account_id, amount_cents=None,
+            )
+            return notice_id
+
+
+_default: Ledger | None = None
+
+
+def default_ledger() -> Ledger:
+    global _default
+    if _default is None or _default._pid != os.getpid():
+        _default = Ledger()
+    return _default

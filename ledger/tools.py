@@ -1,0 +1,243 @@
+"""Tool declarations for the reference ledger: one write per effect contract and a read.
+
+This module is what a tool author writes. `registry` is what `toolfence worker`
+loads by default (`TOOLFENCE_TOOLS=ledger.tools:registry`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from executor.tools import (
+    Access,
+    Approval,
+    BusinessRuleViolation,
+    Effect,
+    LookupAnswer,
+    LookupResult,
+    Mode,
+    Registry,
+    RunContext,
+    TerminalError,
+    Tool,
+    Written,
+)
+from executor.types import ServerContext
+from ledger.service import AccountNotFound, default_ledger
+
+APPROVAL_THRESHOLD_CENTS = 50_000
+
+
+class _Args(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AccountArgs(_Args):
+    account_id: str = Field(min_length=1, max_length=64)
+
+
+class CreditArgs(_Args):
+    account_id: str = Field(min_length=1, max_length=64)
+    amount_cents: int = Field(gt=0, le=10_000_000)
+    memo: str = Field(default="", max_length=200)
+
+
+class TransferArgs(_Args):
+    source_account: str = Field(min_length=1, max_length=64)
+    target_account: str = Field(min_length=1, max_length=64)
+    amount_cents: int = Field(gt=0, le=10_000_000)
+
+
+class InvoiceArgs(_Args):
+    account_id: str = Field(min_length=1, max_length=64)
+    amount_cents: int = Field(gt=0, le=10_000_000)
+
+
+class NoticeArgs(_Args):
+    account_id: str = Field(min_length=1, max_length=64)
+    text: str = Field(min_length=1, max_length=500)
+
+
+class Balance(BaseModel):
+    account_id: str
+    balance_cents: int
+
+
+class Receipt(BaseModel):
+    receipt: str
+    applied: bool = True
+
+
+def _owns_account(account_id: str, ctx: ServerContext) -> bool:
+    """Authorization from the server context only: the account's tenant, looked up."""
+    return default_ledger().account_tenant(account_id) == ctx.tenant
+
+
+def _owns(args: Any, ctx: ServerContext) -> bool:
+    return _owns_account(args.account_id, ctx)
+
+
+def _owns_both(args: TransferArgs, ctx: ServerContext) -> bool:
+    return _owns_account(args.source_account, ctx) and _owns_account(args.target_account, ctx)
+
+
+def _sufficient_funds(args: TransferArgs, ctx: ServerContext) -> None:
+    if args.source_account == args.target_account:
+        raise BusinessRuleViolation("source and target must differ")
+    if default_ledger().balance(args.source_account) < args.amount_cents:
+        raise BusinessRuleViolation("insufficient funds")
+
+
+def _transfer_impact(args: TransferArgs, ctx: ServerContext) -> dict[str, Any]:
+    return {
+        "summary": f"move {args.amount_cents / 100:.2f} from {args.source_account} "
+        f"to {args.target_account}",
+        "source_balance_cents": default_ledger().balance(args.source_account),
+        "amount_cents": args.amount_cents,
+    }
+
+
+def _resources_account(args: Any, ctx: ServerContext) -> list[str]:
+    return [f"account:{args.account_id}"]
+
+
+def _resources_transfer(args: TransferArgs, ctx: ServerContext) -> list[str]:
+    return [f"account:{args.source_account}", f"account:{args.target_account}"]
+
+
+# ------------------------------------------------------------------ handlers
+
+
+def _get_balance(args: AccountArgs, ctx: RunContext) -> Balance:
+    try:
+        return Balance(account_id=args.account_id, balance_cents=default_ledger().balance(args.account_id))
+    except AccountNotFound:
+        raise TerminalError("no such account") from None
+
+
+def _credit(args: CreditArgs, ctx: RunContext) -> Written:
+    ctx.ensure_owner()
+    try:
+        applied = default_ledger().credit(
+            key=ctx.idempotency_key, operation_id=ctx.operation_id, generation=ctx.fencing_token,
+            account_id=args.account_id, amount_cents=args.amount_cents,
+        )
+    except AccountNotFound:
+        raise TerminalError("no such account") from None
+    return Written(Receipt(receipt=applied.receipt, applied=applied.applied), applied.receipt)
+
+
+def _transfer(args: TransferArgs, ctx: RunContext) -> Written:
+    ctx.ensure_owner()
+    try:
+        applied = default_ledger().transfer(
+            key=ctx.idempotency_key, operation_id=ctx.operation_id, token=ctx.fencing_token,
+            source=args.source_account, target=args.target_account,
+            amount_cents=args.amount_cents,
+        )
+    except AccountNotFound:
+        raise TerminalError("no such account") from None
+    return Written(Receipt(receipt=applied.receipt, applied=applied.applied), applied.receipt)
+
+
+def _invoice(args: InvoiceArgs, ctx: RunContext) -> Written:
+    ctx.ensure_owner()
+    try:
+        invoice_id = default_ledger().create_invoice(
+            reference=ctx.idempotency_key, operation_id=ctx.operation_id,
+            generation=ctx.fencing_token, account_id=args.account_id,
+            amount_cents=args.amount_cents,
+        )
+    except AccountNotFound:
+        raise TerminalError("no such account") from None
+    return Written(Receipt(receipt=invoice_id), invoice_id)
+
+
+def _invoice_lookup(args: InvoiceArgs, ctx: RunContext) -> LookupResult:
+    invoice_id = default_ledger().find_invoice(ctx.idempotency_key)
+    if invoice_id is None:
+        return LookupResult(LookupAnswer.NOT_DONE)
+    return LookupResult(LookupAnswer.DONE, Written(Receipt(receipt=invoice_id), invoice_id))
+
+
+def _notice(args: NoticeArgs, ctx: RunContext) -> Written:
+    ctx.ensure_owner()
+    notice_id = default_ledger().send_notice(
+        operation_id=ctx.operation_id, generation=ctx.fencing_token, account_id=args.account_id,
+        text=args.text,
+    )
+    return Written(Receipt(receipt=notice_id), notice_id)
+
+
+MEMBERS = ("member",)
+
+get_balance: Tool[AccountArgs] = Tool(
+    name="ledger.get_balance",
+    description="Read an account's balance in cents.",
+    mode=Mode.READ,
+    input_model=AccountArgs,
+    output_model=Balance,
+    run=_get_balance,
+    access=Access.for_roles(*MEMBERS, rule=_owns),
+    approval=Approval.never(),
+    resource_ids=_resources_account,
+)
+
+credit: Tool[CreditArgs] = Tool(
+    name="ledger.credit",
+    description="Credit an account. Safe to repeat: the ledger dedupes on the idempotency key.",
+    mode=Mode.WRITE,
+    input_model=CreditArgs,
+    output_model=Receipt,
+    run=_credit,
+    access=Access.for_roles(*MEMBERS, rule=_owns),
+    approval=Approval.never(),
+    effect=[Effect.IDEMPOTENT],
+    resource_ids=_resources_account,
+)
+
+transfer: Tool[TransferArgs] = Tool(
+    name="ledger.transfer",
+    description="Move money between two accounts of the tenant (fenced write).",
+    mode=Mode.WRITE,
+    input_model=TransferArgs,
+    output_model=Receipt,
+    run=_transfer,
+    access=Access.for_roles(*MEMBERS, rule=_owns_both),
+    approval=Approval.when(lambda args, ctx: args.amount_cents >= APPROVAL_THRESHOLD_CENTS),
+    effect=[Effect.FENCED],
+    check=_sufficient_funds,
+    impact=_transfer_impact,
+    resource_ids=_resources_transfer,
+)
+
+create_invoice: Tool[InvoiceArgs] = Tool(
+    name="ledger.create_invoice",
+    description="Issue an invoice. Not deduplicated; the ledger can tell whether it happened.",
+    mode=Mode.WRITE,
+    input_model=InvoiceArgs,
+    output_model=Receipt,
+    run=_invoice,
+    access=Access.for_roles(*MEMBERS, rule=_owns),
+    approval=Approval.never(),
+    effect=[Effect.LOOKUP],
+    lookup=_invoice_lookup,
+    resource_ids=_resources_account,
+)
+
+send_notice: Tool[NoticeArgs] = Tool(
+    name="ledger.send_notice",
+    description="Send a notice to an account holder. Never retried automatically.",
+    mode=Mode.WRITE,
+    input_model=NoticeArgs,
+    output_model=Receipt,
+    run=_notice,
+    access=Access.for_roles(*MEMBERS, rule=_owns),
+    approval=Approval.never(),
+    effect=[Effect.UNSAFE],
+    resource_ids=_resources_account,
+)
+
+registry = Registry([get_balance, credit, transfer, create_invoice, send_notice])

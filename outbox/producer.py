@@ -1,0 +1,368 @@
+"""The producer API: admit proposed calls and write them in the caller's own transaction.
+
+`enqueue` never talks to the broker. It writes the admitted operations and their
+outbox rows through the caller's SQLAlchemy connection, so a business transaction
+that rolls back enqueues nothing, and one that commits cannot lose its calls.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, Engine, select, text
+from sqlalchemy.orm import Session
+
+from executor import metrics, store
+from executor.admission import Admitted, Limits, Rejected, admit
+from executor.db import calls as calls_table
+from executor.db import operations, read_only
+from executor.states import State
+from executor.tools import Mode, Registry
+from executor.types import (
+    CallStatus,
+    ErrorCode,
+    FailedRetryable,
+    FailedTerminal,
+    Pending,
+    ProposedCall,
+    ServerContext,
+    Succeeded,
+    ToolError,
+)
+
+NOTIFY_CHANNEL = "toolfence_outbox"
+
+
+class InvalidBatch(ValueError):
+    """The batch itself is malformed (duplicate or empty call ids): nothing was written."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class CallHandle:
+    call_id: str
+    tool_name: str
+    operation_id: str | None
+    status: CallStatus
+
+
+@dataclass(frozen=True)
+class EnqueueHandle:
+    request_id: str
+    calls: tuple[CallHandle, ...]
+
+    @property
+    def operation_ids(self) -> dict[str, str]:
+        """call id → operation id: keep these to retry the same logical operations."""
+        return {c.call_id: c.operation_id for c in self.calls if c.operation_id}
+
+
+def default_operation_id(request_id: str, call_id: str) -> str:
+    """Deterministic per (request, call): re-enqueueing the same request reuses the operations."""
+    digest = hashlib.sha256(f"{request_id}\0{call_id}".encode()).hexdigest()
+    return f"op_{digest[:32]}"
+
+
+def _connection(session: Session | Connection) -> Connection:
+    return session.connection() if isinstance(session, Session) else session
+
+
+def _check_batch(calls: Sequence[ProposedCall]) -> None:
+    seen: set[str] = set()
+    for call in calls:
+        if not call.call_id:
+            raise InvalidBatch("empty_call_id", "a proposed call has an empty call id")
+        if call.call_id in seen:
+            raise InvalidBatch("duplicate_call_id", "two proposed calls share one call id")
+        seen.add(call.call_id)
+
+
+def enqueue(
+    session: Session | Connection,
+    calls: Sequence[ProposedCall],
+    context: ServerContext,
+    registry: Registry,
+    *,
+    operation_ids: Mapping[str, str] | None = None,
+    limits: Limits | None = None,
+) -> EnqueueHandle:
+    """Admit `calls` and write operations + outbox rows in the caller's transaction.
+
+    Rejected calls get their terminal result at once and no outbox row. Writes run
+    in proposal order: once a write of this request cannot succeed (rejected,
+    conflicting, already failed), every later write ends `predecessor_failed`.
+    """
+    _check_batch(calls)
+    conn = _connection(session)
+    request_id = context.request_id
+    handles: list[CallHandle] = []
+    write_blocked = False  # an earlier write of this request did not/cannot succeed
+    earlier_write_admitted = False  # an earlier write is waiting to run (ordering)
+
+    for position, call in enumerate(calls):
+        operation_id = (operation_ids or {}).get(call.call_id) or default_operation_id(
+            request_id, call.call_id
+        )
+        decision = admit(call, registry, context, limits or Limits())
+        tool = registry.get(call.tool_name)
+        is_write = tool is not None and tool.mode is Mode.WRITE
+        if isinstance(decision, Rejected):
+            metrics.PROPOSALS.labels(_tool_label(call, registry), decision.gate, "rejected").inc()
+            store.record_call(
+                conn, request_id=request_id, call_id=call.call_id, position=position,
+                tool_name=call.tool_name, operation_id=None, gate=decision.gate,
+                result=decision.result.model_dump(mode="json"),
+            )
+            handles.append(CallHandle(call.call_id, call.tool_name, None, decision.result))
+            write_blocked = write_blocked or is_write
+            continue
+        if is_write and write_blocked:
+            result = FailedTerminal(
+                call_id=call.call_id, tool_name=call.tool_name,
+                error=ToolError(
+                    code=ErrorCode.PREDECESSOR_FAILED,
+                    message="an earlier write of this request did not succeed",
+                ),
+            )
+            metrics.PROPOSALS.labels(call.tool_name, "ordering", "rejected").inc()
+            store.record_call(
+                conn, request_id=request_id, call_id=call.call_id, position=position,
+                tool_name=call.tool_name, operation_id=None, gate="ordering",
+                result=result.model_dump(mode="json"),
+            )
+            handles.append(CallHandle(call.call_id, call.tool_name, None, result))
+            continue
+        handle, ok = _register(conn, decision, operation_id, position, context, earlier_write_admitted)
+        handles.append(handle)
+        if is_write:
+            if ok:
+                earlier_write_admitted = True
+            else:
+                write_blocked = True
+
+    if conn.dialect.name == "postgresql":
+        # Delivered at commit, and only if the caller commits: wakes the relay early.
+        conn.execute(text(f"NOTIFY {NOTIFY_CHANNEL}"))
+    return EnqueueHandle(request_id, tuple(handles))
+
+
+def _tool_label(call: ProposedCall, registry: Registry) -> str:
+    # Bounded label values: a model-invented tool name is not a label.
+    return call.tool_name if call.tool_name in registry else "unknown"
+
+
+def _register(
+    conn: Connection,
+    admitted: Admitted,
+    operation_id: str,
+    position: int,
+    context: ServerContext,
+    earlier_write_admitted: bool,
+) -> tuple[CallHandle, bool]:
+    """Register one admitted call. Returns its handle and whether a write may follow it."""
+    call, tool = admitted.call, admitted.tool
+    outcome = store.register(
+        conn,
+        store.NewOperation(
+            operation_id=operation_id,
+            request_id=context.request_id,
+            call_id=call.call_id,
+            position=position,
+            tool_name=tool.name,
+            schema_version=tool.schema_version,
+            mode=tool.mode.value,
+            intent_hash=admitted.intent_hash,
+            arguments=admitted.arguments_json,
+            context=context.to_json(),
+            needs_approval=admitted.needs_approval,
+            impact=admitted.impact,
+            approval_ttl_seconds=tool.approval.ttl_seconds,
+        ),
+    )
+    record = {
+        "request_id": context.request_id, "call_id": call.call_id, "position": position,
+        "tool_name": call.tool_name,
+    }
+    status: CallStatus
+    if isinstance(outcome, store.Created):
+        store.record_call(conn, **record, operation_id=operation_id, gate=None, result=None)
+        if outcome.state is State.QUEUED and not earlier_write_admitted:
+            # Later calls wait for an earlier write; its completion publishes them.
+            store.add_outbox_row(conn, operation_id)
+        decision = "pending_approval" if outcome.state is State.PENDING_APPROVAL else "admitted"
+        metrics.PROPOSALS.labels(tool.name, "registration", decision).inc()
+        status = Pending(
+            call_id=call.call_id, tool_name=call.tool_name, operation_id=operation_id,
+            state=outcome.state.value, impact=admitted.impact if admitted.needs_approval else None,
+            approval_id=outcome.approval_id,
+        )
+        return CallHandle(call.call_id, call.tool_name, operation_id, status), True
+    if isinstance(outcome, store.Reused):
+        metrics.IDEMPOTENCY.labels(tool.name, "reused").inc()
+        metrics.PROPOSALS.labels(tool.name, "registration", "reused").inc()
+        store.record_call(conn, **record, operation_id=operation_id, gate="registration", result=None)
+        row = store.get_operation(conn, operation_id)
+        assert row is not None
+        status = operation_status(call.call_id, call.tool_name, row)
+        return CallHandle(call.call_id, call.tool_name, operation_id, status), (
+            outcome.state is State.SUCCEEDED
+        )
+    if isinstance(outcome, store.InProgress):
+        metrics.IDEMPOTENCY.labels(tool.name, "in_progress").inc()
+        metrics.PROPOSALS.labels(tool.name, "registration", "in_progress").inc()
+        result: CallStatus = FailedRetryable(
+            call_id=call.call_id, tool_name=call.tool_name, operation_id=operation_id,
+            error=ToolError(
+                code=ErrorCode.OPERATION_IN_PROGRESS,
+                message="this operation is already running; ask for its result later",
+            ),
+        )
+    else:
+        metrics.IDEMPOTENCY.labels(tool.name, "conflict").inc()
+        metrics.PROPOSALS.labels(tool.name, "registration", "conflict").inc()
+        result = FailedTerminal(
+            call_id=call.call_id, tool_name=call.tool_name,
+            error=ToolError(
+                code=ErrorCode.IDEMPOTENCY_CONFLICT,
+                message="this operation id was already used for a different call",
+            ),
+        )
+    store.record_call(
+        conn, **record, operation_id=None, gate="registration", result=result.model_dump(mode="json")
+    )
+    return CallHandle(call.call_id, call.tool_name, None, result), False
+
+
+# ------------------------------------------------------------------ results
+
+
+def operation_status(call_id: str, tool_name: str, row: Any) -> CallStatus:
+    """The caller-facing status of one operation row, for one call id."""
+    state = State(row.state)
+    if state is State.SUCCEEDED:
+        stored = json.loads(row.result) if row.result else {}
+        return Succeeded(
+            call_id=call_id, tool_name=tool_name, operation_id=row.operation_id,
+            output=stored.get("model_view", stored.get("output")) if isinstance(stored, dict) else stored,
+            untrusted=bool(stored.get("untrusted")) if isinstance(stored, dict) else False,
+        )
+    if state is State.FAILED_TERMINAL:
+        error = json.loads(row.error) if row.error else {}
+        return FailedTerminal(
+            call_id=call_id, tool_name=tool_name, operation_id=row.operation_id,
+            error=ToolError(
+                code=ErrorCode(row.error_code or ErrorCode.EXECUTION_FAILED),
+                message=str(error.get("message", "")),
+                details=tuple(error.get("details", ())),
+            ),
+        )
+    impact = json.loads(row.impact) if (row.impact and state is State.PENDING_APPROVAL) else None
+    return Pending(
+        call_id=call_id, tool_name=tool_name, operation_id=row.operation_id, state=state.value,
+        impact=impact,
+    )
+
+
+def results(session: Session | Connection | Engine, request_id: str) -> list[CallStatus]:
+    """Exactly one status per proposed call of the request, in proposal order (I6)."""
+    if isinstance(session, Engine):
+        with read_only(session).connect() as conn:
+            return results(conn, request_id)
+    conn = _connection(session)
+    rows = conn.execute(
+        select(calls_table).where(calls_table.c.request_id == request_id).order_by(calls_table.c.position)
+    ).all()
+    ops = store.operations_in(conn, [r.operation_id for r in rows if r.operation_id and not r.result])
+    approval_ids = dict(
+        conn.execute(
+            select(store.approvals.c.operation_id, store.approvals.c.approval_id).where(
+                store.approvals.c.operation_id.in_(list(ops))
+            )
+        ).all()
+    ) if ops else {}
+    statuses: list[CallStatus] = []
+    for r in rows:
+        if r.result:
+            statuses.append(_parse_status(json.loads(r.result)))
+            continue
+        op = ops[r.operation_id]
+        status = operation_status(r.call_id, r.tool_name, op)
+        if isinstance(status, Pending) and status.state == State.PENDING_APPROVAL.value:
+            status = status.model_copy(update={"approval_id": approval_ids.get(op.operation_id)})
+        statuses.append(status)
+    return statuses
+
+
+def _parse_status(data: dict[str, Any]) -> CallStatus:
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(CallStatus).validate_python(data)  # type: ignore[no-any-return]
+
+
+def settled(status: CallStatus) -> bool:
+    """Nothing will change this status without a person (or it is terminal)."""
+    return not isinstance(status, Pending) or status.state in (
+        State.RECONCILIATION_PENDING.value,
+        State.PENDING_APPROVAL.value,
+    )
+
+
+def final(status: CallStatus) -> Succeeded | FailedRetryable | FailedTerminal:
+    """What to tell a model whose turn must end now: a pending call becomes a failure
+    with the code that says why (`approval_required`, `reconciliation_pending`, …).
+    The operation's real outcome stays readable by operation id once decided."""
+    if not isinstance(status, Pending):
+        return status
+    if status.state == State.PENDING_APPROVAL.value:
+        code, message = ErrorCode.APPROVAL_REQUIRED, "waiting for a person to approve"
+    elif status.state == State.RECONCILIATION_PENDING.value:
+        code, message = ErrorCode.RECONCILIATION_PENDING, "outcome unknown; a person will check it"
+    else:
+        return FailedRetryable(
+            call_id=status.call_id, tool_name=status.tool_name, operation_id=status.operation_id,
+            error=ToolError(code=ErrorCode.OPERATION_IN_PROGRESS, message="still running"),
+        )
+    return FailedTerminal(
+        call_id=status.call_id, tool_name=status.tool_name, operation_id=status.operation_id,
+        error=ToolError(code=code, message=message),
+    )
+
+
+def wait_for_results(
+    engine: Engine, request_id: str, *, timeout: float, poll_seconds: float = 0.05
+) -> list[CallStatus]:
+    """Poll until every call of the request is settled, or `timeout` passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        statuses = results(engine, request_id)
+        if all(settled(s) for s in statuses) or time.monotonic() >= deadline:
+            return statuses
+        time.sleep(poll_seconds)
+
+
+def request_exists(conn: Connection, request_id: str) -> bool:
+    query = select(calls_table.c.call_id).where(calls_table.c.request_id == request_id).limit(1)
+    return conn.execute(query).first() is not None
+
+
+__all__ = [
+    "CallHandle",
+    "EnqueueHandle",
+    "InvalidBatch",
+    "enqueue",
+    "final",
+    "operation_status",
+    "operations",
+    "request_exists",
+    "results",
+    "settled",
+    "wait_for_results",
+]

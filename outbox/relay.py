@@ -1,0 +1,188 @@
+"""The relay: publish outbox rows to the broker, then mark them published.
+
+Claims a batch with `FOR UPDATE SKIP LOCKED` (PostgreSQL; SQLite serialises
+writers), so two relays never publish the same row at once. A crash between
+publish and mark republishes the batch: the message is only an operation id and
+the worker's reservation CAS makes a duplicate harmless. LISTEN/NOTIFY wakes the
+relay early on PostgreSQL; polling remains the truth.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import Engine, delete, select, update
+
+from executor import metrics, store
+from executor.db import db_now, outbox
+from executor.faults import Faults
+from executor.settings import Settings
+from outbox.producer import NOTIFY_CHANNEL
+
+log = logging.getLogger("toolfence.relay")
+
+Publisher = Callable[[str], None]
+MAX_PUBLISH_BACKOFF_SECONDS = 60.0
+PUBLISHED_RETENTION_SECONDS = 3600.0
+
+
+def celery_publisher(settings: Settings) -> tuple[Publisher, Callable[[], None]]:
+    """Publish `toolfence.execute(operation_id)` with the worker's app configuration."""
+    from executor.celery_app import TASK_NAME, make_celery
+
+    app = make_celery(settings)
+
+    def publish(operation_id: str) -> None:
+        app.send_task(
+            TASK_NAME,
+            args=[operation_id],
+            queue=settings.queue_name,
+            retry=True,
+            retry_policy={"max_retries": 2, "interval_start": 0.1, "interval_step": 0.2},
+        )
+
+    def close() -> None:
+        app.close()
+
+    return publish, close
+
+
+class Relay:
+    def __init__(self, settings: Settings, engine: Engine, publish: Publisher) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.publish = publish
+        self.faults = Faults(settings)
+        self._cycles = 0
+
+    def run_once(self) -> int:
+        """One pass: promote due retries, publish one batch. Returns rows published."""
+        self._promote_due_retries()
+        published = self._publish_batch()
+        self._cycles += 1
+        if self._cycles % 500 == 0:
+            self._forget_old_rows()
+        return published
+
+    def _publish_batch(self) -> int:
+        with self.engine.begin() as conn:
+            rows = conn.execute(
+                select(outbox.c.outbox_id, outbox.c.operation_id, outbox.c.attempts)
+                .where(outbox.c.published_at.is_(None), outbox.c.next_attempt_at <= db_now())
+                .order_by(outbox.c.next_attempt_at, outbox.c.outbox_id)
+                .limit(self.settings.relay_batch_size)
+                .with_for_update(skip_locked=True)
+            ).all()
+            if not rows:
+                return 0
+            published: list[int] = []
+            seen: set[str] = set()
+            for row in rows:
+                if row.operation_id in seen:
+                    # Two rows for one operation in a batch: one message is enough.
+                    published.append(row.outbox_id)
+                    continue
+                try:
+                    self.publish(row.operation_id)
+                except Exception as exc:
+                    metrics.RELAY_PUBLISH_FAILURES.inc()
+                    log.warning("publish of %s failed: %s", row.operation_id, type(exc).__name__)
+                    backoff = min(MAX_PUBLISH_BACKOFF_SECONDS, 0.5 * 2 ** min(row.attempts, 10))
+                    conn.execute(
+                        update(outbox)
+                        .where(outbox.c.outbox_id == row.outbox_id)
+                        .values(
+                            attempts=outbox.c.attempts + 1,
+                            next_attempt_at=db_now() + backoff,
+                            last_error=type(exc).__name__,
+                        )
+                    )
+                    continue
+                seen.add(row.operation_id)
+                published.append(row.outbox_id)
+            self.faults.fire("relay_after_publish")
+            if published:
+                conn.execute(
+                    update(outbox)
+                    .where(outbox.c.outbox_id.in_(published))
+                    .values(published_at=db_now(), attempts=outbox.c.attempts + 1)
+                )
+        metrics.RELAY_PUBLISHED.inc(len(published))
+        return len(published)
+
+    def _promote_due_retries(self) -> None:
+        with self.engine.connect() as conn:
+            due = store.due_retries(conn, self.settings.relay_batch_size)
+        for operation_id in due:
+            with self.engine.begin() as conn:
+                store.promote_due_retry(conn, operation_id)
+
+    def _forget_old_rows(self) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                delete(outbox).where(
+                    outbox.c.published_at.is_not(None),
+                    outbox.c.published_at < db_now() - PUBLISHED_RETENTION_SECONDS,
+                )
+            )
+
+    def run_forever(self, stop: threading.Event) -> None:
+        waiter = _Waiter(self.settings)
+        try:
+            while not stop.is_set():
+                try:
+                    busy = self.run_once() >= self.settings.relay_batch_size
+                except Exception:
+                    # Database or broker trouble: log, wait, try again. Rows stay unpublished.
+                    log.exception("relay pass failed")
+                    busy = False
+                    stop.wait(1.0)
+                if not busy:
+                    waiter.wait(stop)
+        finally:
+            waiter.close()
+
+
+class _Waiter:
+    """Sleeps until the poll interval passes or, on PostgreSQL, a NOTIFY arrives."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._conn: Any = None
+        if settings.database_url.startswith("postgres"):
+            self._connect()
+
+    def _connect(self) -> None:
+        import psycopg
+
+        url = self.settings.database_url.replace("postgresql+psycopg://", "postgresql://", 1)
+        try:
+            self._conn = psycopg.connect(url, autocommit=True, connect_timeout=5)
+            self._conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        except Exception:
+            log.warning("LISTEN unavailable; polling only", exc_info=True)
+            self._conn = None
+
+    def wait(self, stop: threading.Event) -> None:
+        timeout = self.settings.relay_poll_seconds
+        if self._conn is None:
+            stop.wait(timeout)
+            return
+        try:
+            for _ in self._conn.notifies(timeout=timeout, stop_after=1):
+                pass
+        except Exception:
+            self.close()
+            stop.wait(timeout)
+            self._connect()
+
+    def close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except Exception:
+                pass
+            self._conn = None
