@@ -142,3 +142,9 @@ def _mark_dead(pid: int | None = None, **_: Any) -> None:
         from prometheus_client import multiprocess
 
         multiprocess.mark_process_dead(pid or os.getpid())
+
+
+@signals.worker_ready.connect
+def _announce_ready(**_: Any) -> None:
+    # Printed at WARNING so it shows at the default log level: the fleet waits for it.
+    log.warning("toolfence worker ready (pid %s)", os.getpid())

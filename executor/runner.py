@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import secrets
 import threading
 import time
 from dataclasses import dataclass
@@ -142,7 +144,8 @@ class OperationRunner:
         return self._execute(row, tool, reservation)
 
     def _acquire(self, row: Any, tool: Tool[Any] | None) -> store.Reservation | Outcome:
-        owner_token = store.new_owner_token()
+        # The pid makes `show` and the chaos tests able to tell which process owns it.
+        owner_token = f"{os.getpid()}-{secrets.token_hex(12)}"
         lease = self.settings.lease_seconds
         state = State(row.state)
         if state is State.QUEUED and row.mode == "write":

@@ -1,0 +1,181 @@
+"""Start and stop a real fleet (relay, workers, reconciler) as subprocesses.
+
+Used by `toolfence demo`, the integration and chaos tests and the benchmarks, so
+all of them exercise the same commands an operator runs. Every process is
+started in its own session and is killed on `stop()`, also after Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class Member:
+    role: str
+    index: int
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+
+def children_of(pid: int) -> list[int]:
+    """Direct children of a process, from /proc (a prefork worker's pool)."""
+    found: list[int] = []
+    task_dir = Path(f"/proc/{pid}/task")
+    try:
+        for task in task_dir.iterdir():
+            text = (task / "children").read_text().split()
+            found.extend(int(p) for p in text)
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return []
+    return found
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
+@dataclass
+class Fleet:
+    env: Mapping[str, str]
+    log_dir: Path
+    workers: int = 2
+    concurrency: int = 1
+    reconcile_every: float | None = 1.0
+    relays: int = 1
+    members: list[Member] = field(default_factory=list)
+
+    def _spawn(self, role: str, index: int, args: list[str]) -> Member:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.log_dir / f"{role}-{index}.log"
+        log = log_path.open("ab")
+        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
+        process = subprocess.Popen(
+            [sys.executable, "-m", "executor.cli", *args],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        log.close()
+        member = Member(role, index, process, log_path)
+        self.members.append(member)
+        return member
+
+    def start_worker(self, index: int | None = None) -> Member:
+        index = index if index is not None else len(self.by_role("worker"))
+        return self._spawn(
+            "worker", index,
+            ["worker", "--concurrency", str(self.concurrency), "--name", f"w{index}-{os.getpid()}@%h"],
+        )
+
+    def start_relay(self, index: int | None = None) -> Member:
+        index = index if index is not None else len(self.by_role("relay"))
+        return self._spawn("relay", index, ["relay"])
+
+    def start_reconciler(self) -> Member:
+        return self._spawn("reconciler", 0, ["reconcile", "--every", str(self.reconcile_every)])
+
+    def start(self, *, wait_ready: float = 30.0) -> Fleet:
+        for i in range(self.relays):
+            self.start_relay(i)
+        for i in range(self.workers):
+            self.start_worker(i)
+        if self.reconcile_every:
+            self.start_reconciler()
+        self.wait_ready(wait_ready)
+        return self
+
+    def wait_ready(self, timeout: float) -> None:
+        """Workers are ready when their pool children exist (prefork) and they say so."""
+        deadline = time.monotonic() + timeout
+        for member in self.by_role("worker"):
+            while time.monotonic() < deadline:
+                if not member.alive():
+                    raise RuntimeError(f"worker {member.index} exited: see {member.log_path}")
+                if "toolfence worker ready" in member.log_path.read_text(errors="replace"):
+                    break
+                time.sleep(0.1)
+            else:
+                raise RuntimeError(f"worker {member.index} not ready after {timeout}s")
+
+    def by_role(self, role: str) -> list[Member]:
+        return [m for m in self.members if m.role == role and m.alive()]
+
+    def worker_children(self) -> dict[int, list[int]]:
+        return {m.pid: children_of(m.pid) for m in self.by_role("worker")}
+
+    def signal(self, pid: int, sig: signal.Signals) -> None:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def stop(self, timeout: float = 10.0) -> None:
+        for member in self.members:
+            if member.alive():
+                try:
+                    os.killpg(member.pid, signal.SIGCONT)
+                    os.killpg(member.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + timeout
+        for member in self.members:
+            remaining = max(0.1, deadline - time.monotonic())
+            try:
+                member.process.wait(remaining)
+            except subprocess.TimeoutExpired:
+                pass
+        for member in self.members:
+            # Whatever did not stop in time, and any orphaned pool children.
+            try:
+                os.killpg(member.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                member.process.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"===== {m.log_path.name}\n{m.log_path.read_text(errors='replace')[-4000:]}"
+            for m in self.members
+            if m.log_path.exists()
+        )
+
+
+@contextmanager
+def running_fleet(env: Mapping[str, str], log_dir: Path, **kwargs: object) -> Iterator[Fleet]:
+    fleet = Fleet(env=env, log_dir=log_dir, **kwargs)  # type: ignore[arg-type]
+    try:
+        fleet.start()
+        yield fleet
+    finally:
+        fleet.stop()
