@@ -1,0 +1,164 @@
+"""docker-compose.yml: valid against the Compose Specification's JSON schema, and
+every toolfence service runs a subcommand the CLI actually has.
+
+No Docker engine is needed: the schema is vendored under ops/schema/ (see its
+README for source, version and license).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "docker-compose.yml"
+SCHEMA = ROOT / "ops" / "schema" / "compose-spec.json"
+
+# Services built from the repository's Dockerfile, and what each must run.
+EXPECTED_COMMANDS = {
+    "migrate": ["toolfence", "migrate"],
+    "relay": ["toolfence", "relay"],
+    "worker": ["toolfence", "worker", "--concurrency", "2"],
+    "reconciler": ["toolfence", "reconcile", "--every", "15"],
+    "exporter": ["toolfence", "metrics", "--port", "9464"],
+}
+
+
+@cache
+def compose() -> dict[str, Any]:
+    document = yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))
+    assert isinstance(document, dict)
+    return document
+
+
+def services() -> dict[str, dict[str, Any]]:
+    return dict(compose()["services"])
+
+
+def validator() -> jsonschema.protocols.Validator:
+    schema = json.loads(SCHEMA.read_text(encoding="utf-8"))
+    # The schema names draft 2019-09 as "http://…/schema#", a spelling jsonschema
+    # does not map to a draft on its own.
+    assert "2019-09" in schema["$schema"]
+    jsonschema.Draft201909Validator.check_schema(schema)
+    return jsonschema.Draft201909Validator(schema)
+
+
+def test_compose__validates_against_the_compose_spec_schema() -> None:
+    errors = sorted(validator().iter_errors(compose()), key=lambda e: list(e.absolute_path))
+
+    assert not errors, "\n".join(f"{e.json_path}: {e.message}" for e in errors)
+
+
+def test_compose_schema__rejects_an_unknown_depends_on_condition() -> None:
+    # The validation above can fail: a broken file is caught.
+    broken = yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))
+    broken["services"]["relay"]["depends_on"] = {"migrate": {"condition": "service_done"}}
+
+    assert list(validator().iter_errors(broken))
+
+
+def toolfence_commands() -> list[tuple[str, list[str]]]:
+    return [
+        (name, [str(part) for part in service["command"]])
+        for name, service in services().items()
+        if "build" in service
+    ]
+
+
+def test_compose__every_built_service_runs_the_expected_toolfence_command() -> None:
+    assert dict(toolfence_commands()) == EXPECTED_COMMANDS
+
+
+@cache
+def cli_help(subcommand: str) -> subprocess.CompletedProcess[str]:
+    # Exactly what the `toolfence` console script does: sys.exit(main()).
+    return subprocess.run(
+        [sys.executable, "-c", "import sys; from executor.cli import main; sys.exit(main())",
+         subcommand, "--help"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+
+
+@pytest.mark.parametrize("service", sorted(EXPECTED_COMMANDS))
+def test_compose__service_command__is_a_subcommand_the_cli_has(service: str) -> None:
+    command = [str(part) for part in services()[service]["command"]]
+    assert command[0] == "toolfence", f"{service} does not run toolfence: {command}"
+    subcommand = command[1]
+
+    result = cli_help(subcommand)
+
+    assert result.returncode == 0, (
+        f"docker-compose.yml service {service!r} runs `toolfence {subcommand}`, but "
+        f"`toolfence {subcommand} --help` exited {result.returncode}: executor/cli.py lacks it "
+        f"or fails to import.\n{result.stderr[-2000:]}"
+    )
+    # Every option the service passes is one the subcommand documents.
+    for option in (part for part in command[2:] if part.startswith("--")):
+        assert option in result.stdout, (
+            f"`toolfence {subcommand}` has no option {option} (used by service {service!r})"
+        )
+
+
+def test_compose__worker_is_scalable() -> None:
+    worker = services()["worker"]
+
+    # A fixed name or host port would make `--scale worker=N` fail on the second replica.
+    assert "container_name" not in worker
+    assert "ports" not in worker
+
+
+def test_compose__migrate_runs_once_before_every_toolfence_process() -> None:
+    all_services = services()
+    assert all_services["migrate"]["restart"] == "no"
+    assert all_services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+    for name in ("relay", "worker", "reconciler", "exporter"):
+        depends_on = all_services[name]["depends_on"]
+        assert depends_on["migrate"]["condition"] == "service_completed_successfully", name
+
+
+def test_compose__redis_keeps_an_append_only_file() -> None:
+    command = services()["redis"]["command"]
+
+    assert command[command.index("--appendonly") + 1] == "yes"
+
+
+def test_compose__the_exporter_sums_the_metrics_volume_every_process_writes() -> None:
+    all_services = services()
+    exporter = all_services["exporter"]
+    root = exporter["environment"]["PROMETHEUS_MULTIPROC_DIR"]
+    assert f"metrics:{root}" in exporter["volumes"]
+    for name in ("relay", "worker", "reconciler"):
+        service = all_services[name]
+        # Each container writes into <root>/<hostname> (ops/docker/entrypoint.sh).
+        assert service["environment"]["TOOLFENCE_METRICS_ROOT"] == root, name
+        assert "PROMETHEUS_MULTIPROC_DIR" not in service["environment"], name
+        assert f"metrics:{root}" in service["volumes"], name
+
+
+def test_compose__prometheus_and_grafana_mount_the_ops_files() -> None:
+    all_services = services()
+    prometheus_volumes = all_services["prometheus"]["volumes"]
+    assert "./ops/prometheus.yml:/etc/prometheus/prometheus.yml:ro" in prometheus_volumes
+    assert "./ops/alerts.yml:/etc/prometheus/alerts.yml:ro" in prometheus_volumes
+    for volume in [*prometheus_volumes, *all_services["grafana"]["volumes"]]:
+        source = volume.split(":", 1)[0]
+        if source.startswith("./"):
+            assert (ROOT / source).exists(), f"{volume}: {source} does not exist"
+
+
+def test_compose__exporter_target_matches_prometheus_config() -> None:
+    config = yaml.safe_load((ROOT / "ops" / "prometheus.yml").read_text(encoding="utf-8"))
+    (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "toolfence"]
+    targets = [t for static in job["static_configs"] for t in static["targets"]]
+
+    assert targets == ["exporter:9464"]
+    assert "9464:9464" in services()["exporter"]["ports"]
