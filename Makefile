@@ -19,6 +19,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
 
+bench: $(STAMP)
+	$(BIN)/pip install --quiet -e '.[test,bench]'
+	$(BIN)/python -m bench.run
+
 lint: $(STAMP)
 	$(BIN)/ruff check executor outbox reconciler ledger tests bench
 	$(BIN)/mypy executor outbox reconciler ledger

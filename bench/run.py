@@ -1,0 +1,571 @@
+"""`make bench`: toolfence against raw Celery, the CAS floor and DBOS, in one sitting.
+
+Every scenario runs in this one script on the same PostgreSQL and Redis, with the
+same number of worker processes (2, prefork, concurrency 1), and is reported as
+a ratio against the baselines measured minutes apart. Nothing here is a timed
+assertion: the numbers are printed and written to bench/RESULTS.md.
+
+    python -m bench.run [--ops 2000] [--quick] [--skip-dbos] [--skip-scale]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import redis
+from sqlalchemy import Engine, event, func, select, text
+
+ROOT = Path(__file__).resolve().parent.parent
+PG_ADMIN = os.environ.get("BENCH_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
+REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+DB_NAME = "toolfence_bench"
+DBOS_DB_NAME = "toolfence_bench_dbos"
+WORKERS = 2
+
+
+def pg_url(dbname: str) -> str:
+    return PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1) + f"/{dbname}"
+
+
+def recreate_database(name: str) -> None:
+    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.execute(f'CREATE DATABASE "{name}"')
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+@dataclass
+class Result:
+    name: str
+    operations: int
+    seconds: float
+    latencies_ms: list[float] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def per_second(self) -> float:
+        return self.operations / self.seconds if self.seconds else float("nan")
+
+    @property
+    def p50(self) -> float:
+        return percentile(self.latencies_ms, 0.5)
+
+    @property
+    def p99(self) -> float:
+        return percentile(self.latencies_ms, 0.99)
+
+
+# ----------------------------------------------------------------------- processes
+
+
+@contextmanager
+def processes(commands: list[list[str]], env: dict[str, str], ready: str, log_dir: Path) -> Iterator[None]:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    procs = []
+    full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
+    for i, command in enumerate(commands):
+        log = (log_dir / f"proc-{i}.log").open("wb")
+        procs.append(
+            (subprocess.Popen(command, env=full_env, stdout=log, stderr=subprocess.STDOUT,
+                              start_new_session=True, cwd=ROOT), log_dir / f"proc-{i}.log")
+        )
+    try:
+        deadline = time.monotonic() + 60
+        for proc, log_path in procs:
+            if not ready:
+                continue
+            while ready not in log_path.read_text(errors="replace"):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"{' '.join(commands[0])} failed to start: {log_path.read_text()[-2000:]}")
+                time.sleep(0.1)
+        yield
+    finally:
+        for proc, _ in procs:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for proc, _ in procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+
+
+def celery_workers(module: str, env: dict[str, str], log_dir: Path) -> Any:
+    commands = [
+        [sys.executable, "-m", "celery", "-A", module, "worker", "--concurrency", "1", "-P", "prefork",
+         "-Q", env["TOOLFENCE_QUEUE"], "-n", f"bench{i}-{uuid.uuid4().hex[:6]}@%h", "--loglevel", "INFO",
+         "--without-gossip", "--without-mingle", "--without-heartbeat"]
+        for i in range(WORKERS)
+    ]
+    return processes(commands, env, "ready.", log_dir)
+
+
+def base_env(queue: str) -> dict[str, str]:
+    return {
+        "TOOLFENCE_DATABASE_URL": pg_url(DB_NAME),
+        "TOOLFENCE_BROKER_URL": REDIS_URL,
+        "TOOLFENCE_QUEUE": queue,
+        "BENCH_REDIS_URL": REDIS_URL,
+        "TOOLFENCE_LEASE_SECONDS": "10",
+        "TOOLFENCE_RELAY_POLL_SECONDS": "0.01",
+    }
+
+
+def apply_env(env: dict[str, str]) -> None:
+    os.environ.update(env)
+
+
+# ----------------------------------------------------------------------- baselines
+
+
+def bench_raw_celery(n: int, log_dir: Path) -> Result:
+    queue = f"bench-noop-{uuid.uuid4().hex[:6]}"
+    env = base_env(queue)
+    apply_env(env)
+    run_id = uuid.uuid4().hex
+    counter = redis.Redis.from_url(REDIS_URL)
+    from bench.tasks import app
+
+    with celery_workers("bench.tasks:app", env, log_dir / "noop"):
+        started = time.perf_counter()
+        for _ in range(n):
+            app.send_task("bench.noop", args=[run_id], queue=queue)
+        while int(counter.get(f"bench:{run_id}") or 0) < n:
+            time.sleep(0.005)
+        elapsed = time.perf_counter() - started
+    return Result("raw Celery (no-op task)", n, elapsed)
+
+
+def register_plain_operations(engine: Engine, n: int, prefix: str) -> list[tuple[str, str]]:
+    """n queued operations of a do-nothing shape, registered straight through the store."""
+    from executor import store
+
+    ops = []
+    with engine.begin() as conn:
+        for i in range(n):
+            operation_id = f"{prefix}-{i}"
+            intent = f"{i:064x}"[-64:]
+            store.register(conn, store.NewOperation(
+                operation_id=operation_id, request_id=operation_id, call_id="c", position=0,
+                tool_name="bench.floor", schema_version=1, mode="write", intent_hash=intent,
+                arguments={}, context={}, needs_approval=False, impact=None,
+            ))
+            ops.append((operation_id, intent))
+    return ops
+
+
+def bench_floor(n: int, engine: Engine, log_dir: Path) -> Result:
+    queue = f"bench-floor-{uuid.uuid4().hex[:6]}"
+    env = base_env(queue)
+    apply_env(env)
+    from bench.tasks import app
+    from executor.db import operations
+
+    prefix = f"floor-{uuid.uuid4().hex[:6]}"
+    ops = register_plain_operations(engine, n, prefix)
+    with celery_workers("bench.tasks:app", env, log_dir / "floor"):
+        started = time.perf_counter()
+        for operation_id, intent in ops:
+            app.send_task("bench.floor", args=[operation_id, intent], queue=queue)
+        wait_terminal(engine, operations.c.operation_id.like(f"{prefix}-%"), n)
+        elapsed = time.perf_counter() - started
+    return Result("floor (reserve CAS + complete CAS)", n, elapsed)
+
+
+def wait_terminal(engine: Engine, condition: Any, n: int, timeout: float = 600) -> None:
+    from executor.db import operations
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with engine.connect() as conn:
+            done = conn.execute(
+                select(func.count()).select_from(operations).where(
+                    condition, operations.c.state.in_(["succeeded", "failed_terminal"])
+                )
+            ).scalar_one()
+        if done >= n:
+            return
+        time.sleep(0.02)
+    raise TimeoutError(f"only {done} of {n} operations finished")
+
+
+def bench_dbos(n: int, log_dir: Path) -> Result:
+    recreate_database(DBOS_DB_NAME)
+    url = pg_url(DBOS_DB_NAME)
+    env = {"BENCH_DBOS_URL": url, "BENCH_DBOS_POLL": "0.01", "BENCH_DBOS_CONCURRENCY": "1"}
+    commands = [[sys.executable, str(ROOT / "bench" / "dbos_worker.py")] for _ in range(WORKERS)]
+    from dbos import DBOSClient
+
+    with processes(commands, env, "dbos worker ready", log_dir / "dbos"):
+        client = DBOSClient(system_database_url=url)
+        started = time.perf_counter()
+        for i in range(n):
+            client.enqueue({"queue_name": "bench", "workflow_name": "bench_workflow"}, i)
+        with psycopg.connect(url.replace("+psycopg", "")) as conn:
+            while True:
+                done = conn.execute(
+                    "SELECT count(*) FROM dbos.workflow_status WHERE status = 'SUCCESS'"
+                ).fetchone()[0]
+                if done >= n:
+                    break
+                time.sleep(0.02)
+        elapsed = time.perf_counter() - started
+        client.destroy()
+    return Result("DBOS (queued workflow, one step)", n, elapsed, note="polling 10 ms")
+
+
+# ----------------------------------------------------------------------- toolfence
+
+
+def ledger_setup(url: str) -> None:
+    from ledger.service import Ledger
+
+    book = Ledger(url)
+    book.create_schema()
+    with book.engine.begin() as conn:
+        conn.execute(text("DELETE FROM ledger_accounts"))
+    book.open_account("bench-a", "bench", 10**12)
+    book.open_account("bench-b", "bench", 0)
+    book.engine.dispose()
+
+
+def transfer_call(i: int) -> Any:
+    from executor.types import ProposedCall
+
+    return ProposedCall(
+        call_id=f"c{i}", tool_name="ledger.transfer",
+        arguments=json.dumps({"source_account": "bench-a", "target_account": "bench-b", "amount_cents": 1}),
+    )
+
+
+def enqueue_one(engine: Engine, request_id: str, i: int) -> None:
+    from executor.types import ServerContext
+    from ledger.tools import registry
+    from outbox.producer import enqueue
+
+    ctx = ServerContext(principal="bench", tenant="bench", roles=frozenset({"member"}), request_id=request_id)
+    with engine.begin() as conn:
+        enqueue(conn, [transfer_call(i)], ctx, registry)
+
+
+@contextmanager
+def toolfence_fleet(log_dir: Path) -> Iterator[str]:
+    from executor.fleet import Fleet
+
+    queue = f"bench-tf-{uuid.uuid4().hex[:6]}"
+    env = base_env(queue)
+    apply_env(env)
+    fleet = Fleet(env=env, log_dir=log_dir, workers=WORKERS, concurrency=1, reconcile_every=None)
+    try:
+        fleet.start()
+        yield queue
+    finally:
+        fleet.stop()
+
+
+def latencies_for(engine: Engine, prefix: str) -> tuple[list[float], float, int]:
+    from executor.db import operations
+
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(operations.c.created_at, operations.c.finished_at).where(
+                operations.c.request_id.like(f"{prefix}-%"), operations.c.state == "succeeded"
+            )
+        ).all()
+    lat = [(f - c) * 1000 for c, f in rows]
+    span = max(f for _, f in rows) - min(c for c, _ in rows)
+    return lat, span, len(rows)
+
+
+def bench_toolfence_saturation(n: int, engine: Engine, log_dir: Path, label: str) -> Result:
+    from executor.db import operations
+
+    prefix = f"sat-{uuid.uuid4().hex[:6]}"
+    with toolfence_fleet(log_dir):
+        for i in range(n):
+            enqueue_one(engine, f"{prefix}-{i}", i)
+        wait_terminal(engine, operations.c.request_id.like(f"{prefix}-%"), n)
+    lat, span, count = latencies_for(engine, prefix)
+    return Result(label, count, span, lat)
+
+
+def bench_toolfence_fixed(rate: float, seconds: float, engine: Engine, log_dir: Path) -> Result:
+    from executor.db import operations
+
+    prefix = f"fixed-{uuid.uuid4().hex[:6]}"
+    n = int(rate * seconds)
+    with toolfence_fleet(log_dir):
+        time.sleep(1.0)
+        start = time.perf_counter()
+        for i in range(n):
+            target = start + i / rate
+            delay = target - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            enqueue_one(engine, f"{prefix}-{i}", i)
+        wait_terminal(engine, operations.c.request_id.like(f"{prefix}-%"), n)
+    lat, span, count = latencies_for(engine, prefix)
+    return Result(f"toolfence end to end, {rate:.0f} ops/s offered", count, span, lat)
+
+
+# ----------------------------------------------------------------------- scale
+
+
+def fill_operations(total: int) -> None:
+    """Bring toolfence_operations to `total` rows with terminal history (fast, in SQL)."""
+    with psycopg.connect(pg_url(DB_NAME).replace("+psycopg", ""), autocommit=True) as conn:
+        have = conn.execute("SELECT count(*) FROM toolfence_operations").fetchone()[0]
+        missing = total - have
+        if missing <= 0:
+            return
+        conn.execute(
+            """
+            INSERT INTO toolfence_operations (operation_id, request_id, call_id, position, tool_name,
+                schema_version, mode, state, generation, intent_hash, arguments, context, attempts,
+                available_at, created_at, updated_at, finished_at, result)
+            SELECT 'fill-' || g || '-' || %s, 'fill-' || g, 'c', 0, 'ledger.transfer', 1, 'write',
+                CASE WHEN g %% 10 = 0 THEN 'failed_terminal' ELSE 'succeeded' END, 1,
+                md5(g::text) || md5(g::text), '{}', '{}', 1,
+                extract(epoch from now()) - g, extract(epoch from now()) - g,
+                extract(epoch from now()) - g, extract(epoch from now()) - g + 0.01, '{}'
+            FROM generate_series(1, %s) AS g
+            """,
+            (uuid.uuid4().hex[:6], missing),
+        )
+        conn.execute("ANALYZE toolfence_operations")
+
+
+def sweep_time(engine: Engine, stale: int = 10) -> float:
+    from executor import store
+    from executor.settings import Settings
+    from ledger.tools import registry
+    from reconciler.sweep import Reconciler
+
+    prefix = f"stale-{uuid.uuid4().hex[:6]}"
+    ops = register_plain_operations(engine, stale, prefix)
+    with engine.begin() as conn:
+        for operation_id, _ in ops:
+            store.reserve(conn, operation_id, "dead-owner", -1.0)  # already expired
+    reconciler = Reconciler(Settings.from_env(), engine, registry)
+    reconciler.sweep()  # warm up plans and connections on other work first
+    best = float("inf")
+    for _ in range(3):
+        with engine.begin() as conn:
+            for operation_id, _ in ops:
+                conn.execute(text(
+                    "UPDATE toolfence_operations SET state='started', lease_expires_at=1, "
+                    "owner_token='dead' WHERE operation_id=:o"), {"o": operation_id})
+        started = time.perf_counter()
+        reconciler.sweep()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+# ----------------------------------------------------------------------- round trips
+
+
+def count_round_trips(engine: Engine, n: int = 50) -> dict[str, float]:
+    """Statements and commits per operation, counted in-process on the real code paths."""
+    from executor.celery_app import load_registry
+    from executor.runner import OperationRunner
+    from executor.settings import Settings
+    from outbox.relay import Relay
+
+    counts = {"statements": 0, "commits": 0}
+
+    def on_execute(*_: Any) -> None:
+        counts["statements"] += 1
+
+    def on_commit(*_: Any) -> None:
+        counts["commits"] += 1
+
+    event.listen(engine, "before_cursor_execute", on_execute)
+    event.listen(engine, "commit", on_commit)
+    prefix = f"rt-{uuid.uuid4().hex[:6]}"
+    out: dict[str, float] = {}
+    try:
+        counts.update(statements=0, commits=0)
+        for i in range(n):
+            enqueue_one(engine, f"{prefix}-{i}", i)
+        out["enqueue statements/op"] = counts["statements"] / n
+        out["enqueue commits/op"] = counts["commits"] / n
+        published: list[str] = []
+        relay = Relay(Settings.from_env(), engine, published.append)
+        counts.update(statements=0, commits=0)
+        while relay.run_once():
+            pass
+        out["relay statements/op"] = counts["statements"] / max(1, len(published))
+        out["relay commits/op"] = counts["commits"] / max(1, len(published))
+        settings = Settings.from_env()
+        runner = OperationRunner(settings, load_registry(settings.tools_module), engine)
+        counts.update(statements=0, commits=0)
+        mine = [p for p in published if p]
+        for operation_id in mine:
+            runner.handle(operation_id)
+        # The ledger uses its own engine; these are toolfence's own round trips.
+        out["worker statements/op (toolfence only)"] = counts["statements"] / max(1, len(mine))
+        out["worker commits/op (toolfence only)"] = counts["commits"] / max(1, len(mine))
+    finally:
+        event.remove(engine, "before_cursor_execute", on_execute)
+        event.remove(engine, "commit", on_commit)
+    return out
+
+
+# ----------------------------------------------------------------------- report
+
+
+def machine() -> dict[str, str]:
+    def run(cmd: list[str]) -> str:
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout.strip()
+        except Exception:
+            return "?"
+
+    cpu = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = "?"
+    try:
+        mem_kb = int(Path("/proc/meminfo").read_text().split()[1])
+        mem = f"{mem_kb / 1024 / 1024:.1f} GiB"
+    except (OSError, ValueError):
+        pass
+    import celery
+
+    return {
+        "cpu": f"{os.cpu_count()} × {cpu}",
+        "memory": mem,
+        "python": platform.python_version(),
+        "celery": celery.__version__,
+        "postgresql": run(["psql", "--version"]),
+        "redis": run(["redis-server", "--version"]).split(" sha")[0],
+    }
+
+
+def render(results: list[Result], ratios: dict[str, float], extras: dict[str, Any]) -> str:
+    lines = ["| scenario | ops | seconds | ops/s | p50 ms | p99 ms | note |", "|---|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append(
+            f"| {r.name} | {r.operations} | {r.seconds:.2f} | {r.per_second:.1f} | "
+            f"{r.p50:.1f} | {r.p99:.1f} | {r.note} |"
+        )
+    lines += ["", "| ratio | value |", "|---|---|"]
+    lines += [f"| {k} | {v:.2f} |" for k, v in ratios.items()]
+    lines += ["", "| measure | value |", "|---|---|"]
+    lines += [f"| {k} | {v:.2f} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in extras.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--ops", type=int, default=2000)
+    parser.add_argument("--rate", type=float, default=50.0)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+    parser.add_argument("--skip-dbos", action="store_true")
+    parser.add_argument("--skip-scale", action="store_true")
+    parser.add_argument("--write", default=str(ROOT / "bench" / "RESULTS.md"))
+    args = parser.parse_args(argv)
+    n = 200 if args.quick else args.ops
+    seconds = 5.0 if args.quick else args.seconds
+    log_dir = Path(os.environ.get("BENCH_LOG_DIR", "/tmp/toolfence-bench"))
+
+    recreate_database(DB_NAME)
+    from executor.db import make_engine
+    from executor.migrate import migrate
+
+    migrate(pg_url(DB_NAME))
+    ledger_setup(pg_url(DB_NAME))
+    apply_env(base_env("bench-setup"))
+    engine = make_engine(pg_url(DB_NAME))
+
+    results: list[Result] = []
+    noop = bench_raw_celery(n, log_dir)
+    results.append(noop)
+    print(f"raw celery: {noop.per_second:.1f}/s", flush=True)
+    floor = bench_floor(n, engine, log_dir)
+    results.append(floor)
+    print(f"floor: {floor.per_second:.1f}/s", flush=True)
+    sat = bench_toolfence_saturation(n, engine, log_dir / "tf-sat", "toolfence end to end, saturation")
+    results.append(sat)
+    print(f"toolfence saturation: {sat.per_second:.1f}/s", flush=True)
+    fixed = bench_toolfence_fixed(args.rate, seconds, engine, log_dir / "tf-fixed")
+    results.append(fixed)
+    print(f"toolfence fixed: p50 {fixed.p50:.1f} ms p99 {fixed.p99:.1f} ms", flush=True)
+    dbos: Result | None = None
+    if not args.skip_dbos:
+        dbos = bench_dbos(n, log_dir)
+        results.append(dbos)
+        print(f"dbos: {dbos.per_second:.1f}/s", flush=True)
+
+    ratios = {
+        "toolfence / floor (throughput)": sat.per_second / floor.per_second,
+        "toolfence / raw Celery (throughput)": sat.per_second / noop.per_second,
+    }
+    if dbos:
+        ratios["toolfence / DBOS (throughput)"] = sat.per_second / dbos.per_second
+    extras: dict[str, Any] = dict(count_round_trips(engine))
+    if not args.skip_scale:
+        small, large = (2_000, 50_000) if args.quick else (10_000, 1_000_000)
+        fill_operations(small)
+        sweep_small = sweep_time(engine)
+        scale_small = bench_toolfence_saturation(n // 2, engine, log_dir / "tf-small", f"toolfence at {small:,} rows")
+        fill_operations(large)
+        sweep_large = sweep_time(engine)
+        scale_large = bench_toolfence_saturation(n // 2, engine, log_dir / "tf-large", f"toolfence at {large:,} rows")
+        results += [scale_small, scale_large]
+        ratios[f"throughput at {large:,} / at {small:,} rows"] = scale_large.per_second / scale_small.per_second
+        extras[f"reconciler sweep, 10 stale in {small:,} rows (ms)"] = sweep_small * 1000
+        extras[f"reconciler sweep, 10 stale in {large:,} rows (ms)"] = sweep_large * 1000
+        ratios[f"sweep time {large:,} / {small:,} rows"] = sweep_large / sweep_small
+    table = render(results, ratios, extras)
+    print(table)
+    info = machine()
+    report = [
+        "# Benchmark results",
+        "",
+        "Written by `make bench` (`python -m bench.run`). One script, one sitting, same PostgreSQL and Redis;",
+        f"{WORKERS} worker processes (prefork, concurrency 1) for every queue-based scenario.",
+        "",
+        "Machine: " + "; ".join(f"{k}: {v}" for k, v in info.items()),
+        "",
+        table,
+        "",
+    ]
+    if not args.quick:
+        Path(args.write).write_text("\n".join(report))
+    engine.dispose()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
