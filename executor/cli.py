@@ -22,7 +22,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from executor import store
-from executor.db import DatabaseUrlError, approvals, get_engine, operations
+from executor.db import DatabaseUrlError, approvals, get_engine, operations, receipts
 from executor.migrate import SchemaNotReady, migrate, require_schema
 from executor.settings import Settings, SettingsError
 from executor.states import State
@@ -195,7 +195,7 @@ def cmd_show(args: argparse.Namespace) -> int:
             raise UserError(f"no operation {args.operation_id!r}")
         trail = store.audit_trail(conn, args.operation_id)
         receipt_rows = conn.execute(
-            select(store.receipts).where(store.receipts.c.operation_id == args.operation_id)
+            select(receipts).where(receipts.c.operation_id == args.operation_id)
         ).all()
     _print_json(
         {
@@ -343,9 +343,11 @@ def cmd_resolve(args: argparse.Namespace) -> int:
         if not won:
             raise UserError(f"operation {args.operation_id} is not reconciliation_pending")
         if to_state is State.SUCCEEDED and args.reference:
+            resolved = store.get_operation(conn, args.operation_id)
+            assert resolved is not None
             store.record_receipt(
-                conn, args.operation_id, store.get_operation(conn, args.operation_id).generation,
-                args.reference, accepted=True, source="operator",
+                conn, args.operation_id, resolved.generation, args.reference,
+                accepted=True, source="operator",
             )
     print(f"resolved {args.operation_id} as {to_state.value}")
     return 0
@@ -363,7 +365,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from executor.demo import run_demo
 
-    return run_demo(calls=args.calls, workers=args.workers, lease_seconds=args.lease)
+    return int(run_demo(calls=args.calls, workers=args.workers, lease_seconds=args.lease))
 
 
 # ---------------------------------------------------------------------- plumbing

@@ -19,8 +19,8 @@ from sqlalchemy.orm import Session
 
 from executor import metrics, store
 from executor.admission import Admitted, Limits, Rejected, admit
+from executor.db import approvals, operations, read_only
 from executor.db import calls as calls_table
-from executor.db import operations, read_only
 from executor.states import State
 from executor.tools import Mode, Registry
 from executor.types import (
@@ -187,13 +187,15 @@ def _register(
             approval_ttl_seconds=tool.approval.ttl_seconds,
         ),
     )
-    record = {
-        "request_id": context.request_id, "call_id": call.call_id, "position": position,
-        "tool_name": call.tool_name,
-    }
+    def record(*, operation_id: str | None, gate: str | None, result: dict[str, Any] | None) -> None:
+        store.record_call(
+            conn, request_id=context.request_id, call_id=call.call_id, position=position,
+            tool_name=call.tool_name, operation_id=operation_id, gate=gate, result=result,
+        )
+
     status: CallStatus
     if isinstance(outcome, store.Created):
-        store.record_call(conn, **record, operation_id=operation_id, gate=None, result=None)
+        record(operation_id=operation_id, gate=None, result=None)
         if outcome.state is State.QUEUED and not earlier_write_admitted:
             # Later calls wait for an earlier write; its completion publishes them.
             store.add_outbox_row(conn, operation_id)
@@ -208,7 +210,7 @@ def _register(
     if isinstance(outcome, store.Reused):
         metrics.IDEMPOTENCY.labels(tool.name, "reused").inc()
         metrics.PROPOSALS.labels(tool.name, "registration", "reused").inc()
-        store.record_call(conn, **record, operation_id=operation_id, gate="registration", result=None)
+        record(operation_id=operation_id, gate="registration", result=None)
         row = store.get_operation(conn, operation_id)
         assert row is not None
         status = operation_status(call.call_id, call.tool_name, row)
@@ -235,9 +237,7 @@ def _register(
                 message="this operation id was already used for a different call",
             ),
         )
-    store.record_call(
-        conn, **record, operation_id=None, gate="registration", result=result.model_dump(mode="json")
-    )
+    record(operation_id=None, gate="registration", result=result.model_dump(mode="json"))
     return CallHandle(call.call_id, call.tool_name, None, result), False
 
 
@@ -281,13 +281,16 @@ def results(session: Session | Connection | Engine, request_id: str) -> list[Cal
         select(calls_table).where(calls_table.c.request_id == request_id).order_by(calls_table.c.position)
     ).all()
     ops = store.operations_in(conn, [r.operation_id for r in rows if r.operation_id and not r.result])
-    approval_ids = dict(
-        conn.execute(
-            select(store.approvals.c.operation_id, store.approvals.c.approval_id).where(
-                store.approvals.c.operation_id.in_(list(ops))
-            )
-        ).all()
-    ) if ops else {}
+    approval_ids: dict[str, str] = {}
+    if ops:
+        approval_ids = {
+            operation_id: approval_id
+            for operation_id, approval_id in conn.execute(
+                select(approvals.c.operation_id, approvals.c.approval_id).where(
+                    approvals.c.operation_id.in_(list(ops))
+                )
+            ).all()
+        }
     statuses: list[CallStatus] = []
     for r in rows:
         if r.result:
@@ -304,7 +307,8 @@ def results(session: Session | Connection | Engine, request_id: str) -> list[Cal
 def _parse_status(data: dict[str, Any]) -> CallStatus:
     from pydantic import TypeAdapter
 
-    return TypeAdapter(CallStatus).validate_python(data)  # type: ignore[no-any-return]
+    status: CallStatus = TypeAdapter(CallStatus).validate_python(data)
+    return status
 
 
 def settled(status: CallStatus) -> bool:
