@@ -1,0 +1,159 @@
+"""Anthropic Messages: `tool_use` content blocks in, ONE user message of `tool_result` blocks out.
+
+Envelope (what `Message.model_dump(mode="json")` and the HTTP API give):
+`content[i] = {"type": "tool_use", "id": "toolu_…", "name", "input": {…}}` and
+`stop_reason`. Arguments arrive as an object, not text, and are passed on as
+that object.
+
+Whole envelope refused (`AdapterError`): `content` missing, a `tool_use` stop
+with no `tool_use` block, a block that is not the shape above
+(`malformed_call_list`, including `input` that is not an object: the API
+always sends one), a toolset member call (`unsupported_call_type`: toolfence
+declares no toolsets), an empty or repeated id. Server-run blocks
+(`server_tool_use`, their results, thinking, text) are skipped.
+
+Left to the admission gates, per call: tool names (`unknown_tool`) and the
+arguments. A response cut off by `max_tokens` (or the context window) while
+writing its last `tool_use` block holds partial input that may still validate;
+that one call's arguments are passed as the truncated JSON text they are (the
+object's JSON without its closing brace) so the parse gate rejects it with
+`invalid_arguments_json` instead of running it with half its arguments.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from executor.adapters.common import (
+    AdapterError,
+    AdapterErrorCode,
+    CallOutcome,
+    NameRule,
+    check_call_id,
+    check_tool_name,
+    check_unique_ids,
+    declared_tools,
+    decode_tool_name,
+    is_failure,
+    order_results,
+    parameters_schema,
+    result_text,
+)
+from executor.tools import Registry
+from executor.types import ProposedCall
+
+SURFACE = "anthropic"
+# Tool names must match ^[a-zA-Z0-9_-]{1,64}$ (Anthropic's tool-use docs; newer
+# models accept 128, 64 is what every model accepts).
+NAME_RULE = NameRule(pattern=r"[A-Za-z0-9_-]+", max_length=64)
+
+_TRUNCATING_STOPS = frozenset({"max_tokens", "model_context_window_exceeded"})
+
+
+def _refuse(code: AdapterErrorCode, message: str, call_id: str | None = None) -> AdapterError:
+    return AdapterError(code, message, surface=SURFACE, call_id=call_id)
+
+
+def read_proposals(
+    response: Mapping[str, Any], *, known_names: Iterable[str] = ()
+) -> list[ProposedCall]:
+    """The `tool_use` blocks of `content`, in content order.
+
+    `known_names` (the registry's names) is needed only to decode tool names
+    that were too long for the provider and were declared in hashed form.
+    """
+    known_names = tuple(known_names)  # a generator would run dry after one decode
+    if not isinstance(response, Mapping):
+        raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, "the response is not an object")
+    content = response.get("content")
+    if not isinstance(content, list):
+        raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, "the message has no content list")
+    stop_reason = response.get("stop_reason")
+    proposals: list[ProposedCall] = []
+    for index, block in enumerate(content):
+        where = f"content[{index}]"
+        if not isinstance(block, Mapping):
+            raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, f"{where} is not an object")
+        if block.get("type") != "tool_use":
+            continue
+        cut_off = stop_reason in _TRUNCATING_STOPS and index == len(content) - 1
+        proposals.append(_read_call(block, where, cut_off=cut_off, known_names=known_names))
+    if not proposals and stop_reason == "tool_use":
+        raise _refuse(
+            AdapterErrorCode.TOOL_CALLS_WITHOUT_CALLS,
+            "stop_reason is tool_use but the message has no tool_use block",
+        )
+    check_unique_ids(proposals, surface=SURFACE)
+    return proposals
+
+
+def _read_call(
+    block: Mapping[str, Any], where: str, *, cut_off: bool, known_names: Iterable[str]
+) -> ProposedCall:
+    call_id = check_call_id(block.get("id"), surface=SURFACE, where=where)
+    if block.get("toolset_name"):
+        raise _refuse(
+            AdapterErrorCode.UNSUPPORTED_CALL_TYPE,
+            f"{where} calls a toolset member, which toolfence does not declare",
+            call_id,
+        )
+    wire_name = check_tool_name(block.get("name"), surface=SURFACE, where=where)
+    arguments = block.get("input")
+    if not isinstance(arguments, Mapping):
+        raise _refuse(
+            AdapterErrorCode.MALFORMED_CALL_LIST, f"{where} input is not an object", call_id
+        )
+    proposed: str | dict[str, Any] = dict(arguments)
+    if cut_off:
+        proposed = json.dumps(arguments, ensure_ascii=False)[:-1]
+    return ProposedCall(
+        call_id=call_id,
+        tool_name=decode_tool_name(wire_name, NAME_RULE, known_names),
+        arguments=proposed,
+    )
+
+
+def write_results(
+    proposals: Sequence[ProposedCall], results: Sequence[CallOutcome]
+) -> list[dict[str, Any]]:
+    """`[{"role": "user", "content": [tool_result, …]}]`: one message holding a
+    `{"type": "tool_result", "tool_use_id", "is_error", "content"}` block per
+    call, in proposal order (the API wants all results of a turn in the one
+    user message that follows it). Empty when there were no calls: a user
+    message with no content is invalid.
+
+    Content is JSON text: the output (labelled when untrusted) or
+    `{"error": {code, message, details}}` with `is_error: true`.
+    """
+    ordered = order_results(proposals, results, surface=SURFACE)
+    if not ordered:
+        return []
+    blocks = [
+        {
+            "type": "tool_result",
+            "tool_use_id": result.call_id,
+            "is_error": is_failure(result),
+            "content": result_text(result, surface=SURFACE),
+        }
+        for result in ordered
+    ]
+    return [{"role": "user", "content": blocks}]
+
+
+def export_tools(registry: Registry) -> list[dict[str, Any]]:
+    """`tools` entries: `{"name", "description", "input_schema"}`.
+
+    The schema goes as pydantic wrote it (JSON Schema 2020-12, which the API
+    takes). Anthropic's own `strict` tool mode is not requested: it has its own
+    schema subset, and the admission gate validates every call regardless.
+    """
+    return [
+        {
+            "name": wire_name,
+            "description": tool.description,
+            "input_schema": parameters_schema(tool),
+        }
+        for wire_name, tool in declared_tools(registry, NAME_RULE, surface=SURFACE)
+    ]

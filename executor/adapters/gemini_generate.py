@@ -1,0 +1,216 @@
+"""Gemini GenerateContent: `functionCall` parts in, one `user` content of `functionResponse` parts out.
+
+Envelope (the HTTP API writes camelCase, the SDK's `model_dump` snake_case; both
+are read, and a part carrying both spellings of one field is refused):
+`candidates[0].content.parts[i].functionCall = {"id"?, "name", "args"?}` and
+`candidates[0].finishReason`. Arguments arrive as an object and are passed on
+as that object (absent `args` is an empty object).
+
+Call ids: the model may omit `id`. toolfence then synthesises a deterministic
+one, `SYNTHETIC_ID_PREFIX + "<ordinal>-<digest>"`, from the call's position,
+wire name and arguments, so reading the same response twice gives the same
+ids. The write-back carries the model's `id` only when the model gave one
+(a synthetic id means nothing to the API; Gemini then pairs responses with
+calls by order and name) and always carries the `name` the model called.
+A model-given id that starts with the synthetic prefix is refused
+(`reserved_call_id`): it could not be told apart from a synthetic one.
+
+Whole envelope refused (`AdapterError`): more than one candidate
+(`multiple_choices`; the caller picks one), a `MALFORMED_FUNCTION_CALL` or
+`UNEXPECTED_TOOL_CALL` finish with no call (`tool_calls_without_calls`), a
+`functionCall` that is not the shape above (`malformed_call_list`), an empty
+or repeated id. No candidates (a blocked prompt) is a response with no calls.
+Left to the admission gates, per call: tool names (`unknown_tool`) and the
+arguments. A `functionCall` part arrives whole (its `args` are an object, not
+streamed text), so unlike Anthropic a `MAX_TOKENS` finish does not mark the
+last call as cut off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from executor.adapters.common import (
+    AdapterError,
+    AdapterErrorCode,
+    CallOutcome,
+    NameRule,
+    check_call_id,
+    check_tool_name,
+    check_unique_ids,
+    declared_tools,
+    decode_tool_name,
+    encode_tool_name,
+    error_payload,
+    get_field,
+    order_results,
+    output_payload,
+    parameters_schema,
+    quote,
+)
+from executor.tools import Registry
+from executor.types import ProposedCall, Succeeded
+
+SURFACE = "gemini"
+# FunctionDeclaration.name: starts with a letter or an underscore; letters,
+# digits, underscores, dots, colons and dashes. The SDK documents 128
+# characters; 64 is what Vertex AI documented and every model accepts.
+NAME_RULE = NameRule(pattern=r"[A-Za-z_][A-Za-z0-9_.:-]*", max_length=64)
+
+SYNTHETIC_ID_PREFIX = "toolfence-gemini-call-"
+
+# Finish reasons meaning "the model tried to call a function" with no call to show.
+_CALL_FAILURE_FINISHES = frozenset({"MALFORMED_FUNCTION_CALL", "UNEXPECTED_TOOL_CALL"})
+
+
+def _refuse(code: AdapterErrorCode, message: str, call_id: str | None = None) -> AdapterError:
+    return AdapterError(code, message, surface=SURFACE, call_id=call_id)
+
+
+def _get(obj: Mapping[str, Any], snake: str, camel: str, where: str) -> Any:
+    return get_field(obj, snake, camel, surface=SURFACE, where=where)
+
+
+def synthetic_call_id(ordinal: int, wire_name: str, arguments: Mapping[str, Any]) -> str:
+    """A stable id for a call the model gave none: same response, same id."""
+    material = json.dumps(
+        [ordinal, wire_name, arguments], sort_keys=True, ensure_ascii=False, default=repr
+    )
+    return f"{SYNTHETIC_ID_PREFIX}{ordinal}-{hashlib.sha256(material.encode()).hexdigest()[:12]}"
+
+
+def is_synthetic_call_id(call_id: str) -> bool:
+    return call_id.startswith(SYNTHETIC_ID_PREFIX)
+
+
+def read_proposals(
+    response: Mapping[str, Any], *, known_names: Iterable[str] = ()
+) -> list[ProposedCall]:
+    """The `functionCall` parts of the only candidate, in part order.
+
+    `known_names` (the registry's names) is needed only to decode tool names
+    that were too long for the provider and were declared in hashed form.
+    """
+    known_names = tuple(known_names)  # a generator would run dry after one decode
+    if not isinstance(response, Mapping):
+        raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, "the response is not an object")
+    candidates = response.get("candidates")
+    if candidates is None or candidates == []:
+        return []
+    if not isinstance(candidates, list):
+        raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, "candidates is not a list")
+    if len(candidates) > 1:
+        raise _refuse(
+            AdapterErrorCode.MULTIPLE_CHOICES,
+            f"{len(candidates)} candidates; pass a response holding only the one to continue",
+        )
+    candidate = candidates[0]
+    if not isinstance(candidate, Mapping):
+        raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, "the candidate is not an object")
+    finish_reason = _get(candidate, "finish_reason", "finishReason", "the candidate")
+    content = candidate.get("content")
+    parts: Any = None
+    if content is not None:
+        if not isinstance(content, Mapping):
+            raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, "the content is not an object")
+        parts = content.get("parts")
+    if parts is None:
+        parts = []
+    if not isinstance(parts, list):
+        raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, "parts is not a list")
+    proposals: list[ProposedCall] = []
+    for index, part in enumerate(parts):
+        where = f"parts[{index}]"
+        if not isinstance(part, Mapping):
+            raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, f"{where} is not an object")
+        raw_call = _get(part, "function_call", "functionCall", where)
+        if raw_call is None:
+            continue
+        proposals.append(
+            _read_call(raw_call, len(proposals), where, known_names=known_names)
+        )
+    if not proposals and finish_reason in _CALL_FAILURE_FINISHES:
+        raise _refuse(
+            AdapterErrorCode.TOOL_CALLS_WITHOUT_CALLS,
+            f"finishReason is {finish_reason} and no functionCall part survived",
+        )
+    check_unique_ids(proposals, surface=SURFACE)
+    return proposals
+
+
+def _read_call(
+    raw: Any, ordinal: int, where: str, *, known_names: Iterable[str]
+) -> ProposedCall:
+    if not isinstance(raw, Mapping):
+        raise _refuse(AdapterErrorCode.MALFORMED_CALL_LIST, f"{where} functionCall is not an object")
+    wire_name = check_tool_name(raw.get("name"), surface=SURFACE, where=where)
+    arguments = raw.get("args")
+    if arguments is None:
+        arguments = {}
+    if not isinstance(arguments, Mapping):
+        raise _refuse(AdapterErrorCode.MALFORMED_CALL_LIST, f"{where} args is not an object")
+    given_id = raw.get("id")
+    if given_id is None:
+        call_id = synthetic_call_id(ordinal, wire_name, arguments)
+    else:
+        call_id = check_call_id(given_id, surface=SURFACE, where=where)
+        if is_synthetic_call_id(call_id):
+            raise _refuse(
+                AdapterErrorCode.RESERVED_CALL_ID,
+                f"{where} id {quote(call_id)} uses toolfence's synthetic-id prefix",
+                call_id,
+            )
+    return ProposedCall(
+        call_id=call_id,
+        tool_name=decode_tool_name(wire_name, NAME_RULE, known_names),
+        arguments=dict(arguments),
+    )
+
+
+def write_results(
+    proposals: Sequence[ProposedCall], results: Sequence[CallOutcome]
+) -> list[dict[str, Any]]:
+    """`[{"role": "user", "parts": [{"functionResponse": {"id"?, "name",
+    "response"}}, …]}]`: one content, one part per call, in proposal order.
+    Empty when there were no calls.
+
+    `response` is `{"output": …}` on success (labelled when untrusted) and
+    `{"error": {code, message, details}}` on failure, the two keys the API
+    documents for a function's output and its error.
+    """
+    ordered = order_results(proposals, results, surface=SURFACE)
+    if not ordered:
+        return []
+    parts: list[dict[str, Any]] = []
+    for call, result in zip(proposals, ordered, strict=True):
+        function_response: dict[str, Any] = {}
+        if not is_synthetic_call_id(call.call_id):
+            function_response["id"] = call.call_id
+        function_response["name"] = encode_tool_name(call.tool_name, NAME_RULE)
+        if isinstance(result, Succeeded):
+            function_response["response"] = {"output": output_payload(result, surface=SURFACE)}
+        else:
+            function_response["response"] = error_payload(result.error)
+        parts.append({"functionResponse": function_response})
+    return [{"role": "user", "parts": parts}]
+
+
+def export_tools(registry: Registry) -> list[dict[str, Any]]:
+    """`tools`: `[{"functionDeclarations": [{name, description, parametersJsonSchema}]}]`,
+    one Tool holding every function (empty list when there are none).
+
+    `parametersJsonSchema` takes the JSON Schema as pydantic wrote it; the
+    older `parameters` field wants an OpenAPI subset that would need converting.
+    """
+    declarations = [
+        {
+            "name": wire_name,
+            "description": tool.description,
+            "parametersJsonSchema": parameters_schema(tool),
+        }
+        for wire_name, tool in declared_tools(registry, NAME_RULE, surface=SURFACE)
+    ]
+    return [{"functionDeclarations": declarations}] if declarations else []

@@ -1,0 +1,143 @@
+"""Gemini Interactions: `function_call` steps in, `function_result` steps out.
+
+Envelope (the `Interaction` resource, snake_case in both the HTTP API and the
+SDK's `google.genai.interactions.Interaction`): `status` and
+`steps[i] = {"type": "function_call", "id", "name", "arguments": {…}}`.
+An interaction's steps can already hold `function_result` steps (inputs sent
+with it); a call is proposed only when no result for its id follows it.
+Arguments arrive as an object and are passed on as that object.
+
+Whole envelope refused (`AdapterError`): `steps` not a list, status
+`requires_action` with no unanswered call (`tool_calls_without_calls`), a call
+step not of the shape above (`malformed_call_list`), an empty or repeated id.
+Server-run steps (search, code execution, MCP server tools, thoughts,
+model output) are skipped. Left to the admission gates, per call: tool names
+(`unknown_tool`) and the arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from executor.adapters.common import (
+    AdapterError,
+    AdapterErrorCode,
+    CallOutcome,
+    NameRule,
+    check_call_id,
+    check_tool_name,
+    check_unique_ids,
+    declared_tools,
+    decode_tool_name,
+    encode_tool_name,
+    is_failure,
+    order_results,
+    parameters_schema,
+    result_text,
+)
+from executor.tools import Registry
+from executor.types import ProposedCall
+
+SURFACE = "gemini-interactions"
+# The Interactions SDK documents no name rule; its functions reach the same
+# models as GenerateContent, so the same rule applies.
+NAME_RULE = NameRule(pattern=r"[A-Za-z_][A-Za-z0-9_.:-]*", max_length=64)
+
+
+def _refuse(code: AdapterErrorCode, message: str, call_id: str | None = None) -> AdapterError:
+    return AdapterError(code, message, surface=SURFACE, call_id=call_id)
+
+
+def read_proposals(
+    response: Mapping[str, Any], *, known_names: Iterable[str] = ()
+) -> list[ProposedCall]:
+    """The unanswered `function_call` steps, in step order.
+
+    `known_names` (the registry's names) is needed only to decode tool names
+    that were too long for the provider and were declared in hashed form.
+    """
+    known_names = tuple(known_names)  # a generator would run dry after one decode
+    if not isinstance(response, Mapping):
+        raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, "the interaction is not an object")
+    steps = response.get("steps")
+    if steps is None:
+        steps = []
+    if not isinstance(steps, list):
+        raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, "steps is not a list")
+    calls: list[ProposedCall] = []
+    called: set[str] = set()
+    answered: set[str] = set()
+    for index, step in enumerate(steps):
+        where = f"steps[{index}]"
+        if not isinstance(step, Mapping):
+            raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, f"{where} is not an object")
+        kind = step.get("type")
+        if kind == "function_call":
+            call = _read_call(step, where, known_names=known_names)
+            calls.append(call)
+            called.add(call.call_id)
+        elif kind == "function_result":
+            call_id = step.get("call_id")
+            # Only a result *after* its call answers it.
+            if isinstance(call_id, str) and call_id in called:
+                answered.add(call_id)
+    check_unique_ids(calls, surface=SURFACE)
+    pending = [call for call in calls if call.call_id not in answered]
+    if not pending and response.get("status") == "requires_action":
+        raise _refuse(
+            AdapterErrorCode.TOOL_CALLS_WITHOUT_CALLS,
+            "status is requires_action but no function_call step awaits a result",
+        )
+    return pending
+
+
+def _read_call(step: Mapping[str, Any], where: str, *, known_names: Iterable[str]) -> ProposedCall:
+    call_id = check_call_id(step.get("id"), surface=SURFACE, where=where)
+    wire_name = check_tool_name(step.get("name"), surface=SURFACE, where=where)
+    arguments = step.get("arguments")
+    if not isinstance(arguments, Mapping):
+        raise _refuse(
+            AdapterErrorCode.MALFORMED_CALL_LIST, f"{where} arguments are not an object", call_id
+        )
+    return ProposedCall(
+        call_id=call_id,
+        tool_name=decode_tool_name(wire_name, NAME_RULE, known_names),
+        arguments=dict(arguments),
+    )
+
+
+def write_results(
+    proposals: Sequence[ProposedCall], results: Sequence[CallOutcome]
+) -> list[dict[str, Any]]:
+    """`{"type": "function_result", "call_id", "name", "result", "is_error"}` steps,
+    one per call in proposal order; send them as `input` with
+    `previous_interaction_id` set to the interaction that made the calls.
+
+    `result` is JSON text: the output (labelled when untrusted) or
+    `{"error": {code, message, details}}` with `is_error: true`.
+    """
+    ordered = order_results(proposals, results, surface=SURFACE)
+    return [
+        {
+            "type": "function_result",
+            "call_id": call.call_id,
+            "name": encode_tool_name(call.tool_name, NAME_RULE),
+            "result": result_text(result, surface=SURFACE),
+            "is_error": is_failure(result),
+        }
+        for call, result in zip(proposals, ordered, strict=True)
+    ]
+
+
+def export_tools(registry: Registry) -> list[dict[str, Any]]:
+    """`tools` entries: `{"type": "function", "name", "description", "parameters"}`."""
+    return [
+        {
+            "type": "function",
+            "name": wire_name,
+            "description": tool.description,
+            "parameters": parameters_schema(tool),
+        }
+        for wire_name, tool in declared_tools(registry, NAME_RULE, surface=SURFACE)
+    ]

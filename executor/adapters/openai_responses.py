@@ -1,0 +1,161 @@
+"""OpenAI Responses: `function_call` output items in, `function_call_output` items out.
+
+Envelope (what `Response.model_dump(mode="json")` and the HTTP API give):
+`output[i] = {"type": "function_call", "id": "fc_…", "call_id": "call_…",
+"name", "arguments": "<JSON text>", "status"}`. The correlation key is
+`call_id`; `id` is the item's own id and is never used for matching.
+
+Whole envelope refused (`AdapterError`) when calls cannot be correlated or
+answered: `output` missing, a `function_call` item that is not the shape above
+(`malformed_call_list`), an empty or repeated `call_id`, and items the client
+would have to answer but toolfence never declared (`unsupported_call_type`:
+custom tools, computer use, shells, apply-patch, MCP approval requests,
+client-side tool search, namespaced functions). Server-run items (web search,
+file search, code interpreter, MCP calls, reasoning, messages, …) are skipped.
+Left to the admission gates, per call: the arguments text, verbatim
+(`invalid_arguments_json`), and tool names (`unknown_tool`). This surface has no
+"tool calls" stop signal, so there is no `tool_calls_without_calls` case.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from executor.adapters.common import (
+    AdapterError,
+    AdapterErrorCode,
+    CallOutcome,
+    NameRule,
+    check_call_id,
+    check_tool_name,
+    check_unique_ids,
+    declared_tools,
+    decode_tool_name,
+    order_results,
+    parameters_schema,
+    result_text,
+    strict_parameters_schema,
+)
+from executor.tools import Registry
+from executor.types import ProposedCall
+
+SURFACE = "openai-responses"
+# Same function-name rule as Chat Completions (64 characters, [A-Za-z0-9_-]).
+NAME_RULE = NameRule(pattern=r"[A-Za-z0-9_-]+", max_length=64)
+
+# Output items the client must answer and toolfence cannot: it never declares
+# these tools, so their presence means the request was not made through it.
+_CLIENT_ANSWERED_ITEMS = frozenset(
+    {
+        "custom_tool_call",
+        "computer_call",
+        "local_shell_call",
+        "shell_call",
+        "apply_patch_call",
+        "mcp_approval_request",
+    }
+)
+
+
+def _refuse(code: AdapterErrorCode, message: str, call_id: str | None = None) -> AdapterError:
+    return AdapterError(code, message, surface=SURFACE, call_id=call_id)
+
+
+def read_proposals(
+    response: Mapping[str, Any], *, known_names: Iterable[str] = ()
+) -> list[ProposedCall]:
+    """The `function_call` items of `output`, in output order.
+
+    `known_names` (the registry's names) is needed only to decode tool names
+    that were too long for the provider and were declared in hashed form.
+    """
+    known_names = tuple(known_names)  # a generator would run dry after one decode
+    if not isinstance(response, Mapping):
+        raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, "the response is not an object")
+    output = response.get("output")
+    if not isinstance(output, list):
+        raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, "the response has no output list")
+    proposals: list[ProposedCall] = []
+    for index, item in enumerate(output):
+        where = f"output[{index}]"
+        if not isinstance(item, Mapping):
+            raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, f"{where} is not an object")
+        kind = item.get("type")
+        if kind in _CLIENT_ANSWERED_ITEMS or (
+            kind == "tool_search_call" and item.get("execution") == "client"
+        ):
+            raise _refuse(
+                AdapterErrorCode.UNSUPPORTED_CALL_TYPE,
+                f"{where} is a {kind} item, which toolfence does not declare or answer",
+            )
+        if kind == "function_call":
+            proposals.append(_read_call(item, where, known_names=known_names))
+    check_unique_ids(proposals, surface=SURFACE)
+    return proposals
+
+
+def _read_call(item: Mapping[str, Any], where: str, *, known_names: Iterable[str]) -> ProposedCall:
+    call_id = check_call_id(item.get("call_id"), surface=SURFACE, where=where)
+    if item.get("namespace"):
+        # toolfence declares no namespaces; reading `name` alone could land a
+        # namespaced tool on an unrelated toolfence tool of the same name.
+        raise _refuse(
+            AdapterErrorCode.UNSUPPORTED_CALL_TYPE,
+            f"{where} calls a namespaced function, which toolfence does not declare",
+            call_id,
+        )
+    wire_name = check_tool_name(item.get("name"), surface=SURFACE, where=where)
+    arguments = item.get("arguments")
+    if not isinstance(arguments, str):
+        raise _refuse(
+            AdapterErrorCode.MALFORMED_CALL_LIST, f"{where} arguments are not a string", call_id
+        )
+    return ProposedCall(
+        call_id=call_id,
+        tool_name=decode_tool_name(wire_name, NAME_RULE, known_names),
+        arguments=arguments,
+    )
+
+
+def write_results(
+    proposals: Sequence[ProposedCall], results: Sequence[CallOutcome]
+) -> list[dict[str, Any]]:
+    """One `{"type": "function_call_output", "call_id", "output"}` input item per
+    call, in proposal order; send them as `input` (with `previous_response_id`,
+    or after the response's output items).
+
+    Output is JSON text: the output (labelled when untrusted) or
+    `{"error": {code, message, details}}`.
+    """
+    ordered = order_results(proposals, results, surface=SURFACE)
+    return [
+        {
+            "type": "function_call_output",
+            "call_id": result.call_id,
+            "output": result_text(result, surface=SURFACE),
+        }
+        for result in ordered
+    ]
+
+
+def export_tools(registry: Registry) -> list[dict[str, Any]]:
+    """`tools` entries: `{"type": "function", name, description, parameters, strict}`.
+
+    Strict when the input schema converts faithfully, as for Chat Completions
+    (see `common.strict_parameters_schema` for when and why it falls back).
+    """
+    declarations: list[dict[str, Any]] = []
+    for wire_name, tool in declared_tools(registry, NAME_RULE, surface=SURFACE):
+        schema = parameters_schema(tool)
+        strict_schema, _reason = strict_parameters_schema(schema)
+        declarations.append(
+            {
+                "type": "function",
+                "name": wire_name,
+                "description": tool.description,
+                "parameters": strict_schema if strict_schema is not None else schema,
+                "strict": strict_schema is not None,
+            }
+        )
+    return declarations
