@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +44,13 @@ def broker_options(settings: Settings) -> dict[str, Any]:
         folder = Path(settings.broker_url[len("filesystem://") :])
         (folder / "queue").mkdir(parents=True, exist_ok=True)
         (folder / "processed").mkdir(parents=True, exist_ok=True)
+        (folder / "control").mkdir(parents=True, exist_ok=True)
         return {
             "data_folder_in": str(folder / "queue"),
             "data_folder_out": str(folder / "queue"),
             "processed_folder": str(folder / "processed"),
+            # Broadcast/pidbox files: without this kombu writes ./control in the cwd.
+            "control_folder": str(folder / "control"),
             "store_processed": False,
             "polling_interval": 0.02,
         }
@@ -112,8 +116,12 @@ def worker_app(settings: Settings | None = None) -> Celery:
     app = make_celery(_settings)
 
     @app.task(name=TASK_NAME, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
-    def execute(self: Any, operation_id: Any) -> str:
-        return _get_runner().handle(operation_id).label
+    def execute(self: Any, *args: Any, **kwargs: Any) -> str:
+        # Exactly one operation id, positional or by name. Any other shape is a bad
+        # message for the runner to count and acknowledge, not a task error (a
+        # TypeError from the call would be acknowledged but never counted).
+        given = [*args, *kwargs.values()] if set(kwargs) <= {"operation_id"} else []
+        return _get_runner().handle(given[0] if len(given) == 1 else None).label
 
     return app
 
@@ -138,6 +146,10 @@ def _count_unknown(**_: Any) -> None:
 
 @signals.worker_process_shutdown.connect
 def _mark_dead(pid: int | None = None, **_: Any) -> None:
+    mcp = sys.modules.get("executor.mcp")
+    if mcp is not None:
+        # MCP server subprocesses belong to this process: stop them with it.
+        mcp.shutdown_connections()
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess
 

@@ -168,8 +168,10 @@ class OperationRunner:
                     # A live owner, or a `lookup`/`unsafe` write whose lease expired: the
                     # reconciler decides those, never a second worker.
                     return Outcome("owned_elsewhere", state.value)
-                if reservation is not None:
-                    self.faults.fire("reserve_commit", row.tool_name)
+            if reservation is not None:
+                # After the `with` block: the reservation has committed, so `ambiguous`
+                # here is a real ambiguous commit (fired inside the block, it rolled back).
+                self.faults.fire("reserve_commit", row.tool_name)
         except (OperationalError, DBAPIError, AmbiguousCommit):
             # Did the reservation commit? Our owner token is unique to this attempt.
             reservation = self._recover_reservation(row.operation_id, owner_token)
@@ -228,9 +230,11 @@ class OperationRunner:
                     row.intent_hash, succeeded=succeeded, result=result, receipt=receipt,
                     error_code=error_code, error=error, duration_ms=duration_ms,
                 )
-                if won:
-                    self.faults.fire("complete_commit", row.tool_name)
-                return won
+            if won:
+                # After the commit, as for `reserve_commit`: the completion is durable and
+                # `ambiguous` tells us otherwise.
+                self.faults.fire("complete_commit", row.tool_name)
+            return won
 
         to_state = "succeeded" if succeeded else "failed_terminal"
         won = self._with_ambiguity(attempt, row.operation_id, reservation, to_state)
@@ -312,6 +316,7 @@ class OperationRunner:
             deadline=time.time() + tool.timeout_seconds,
             server=context,
             attempt=reservation.attempts,
+            call_id=row.call_id,
             still_owner=heartbeat.owned,
             on_receipt=on_receipt,
         )
@@ -396,6 +401,14 @@ class OperationRunner:
         exc: Exception,
     ) -> Outcome:
         """Classify a failure: retryable within budget, unknown outcome, or terminal."""
+        if (
+            isinstance(exc, ToolFailure)
+            and exc.outcome_unknown
+            and tool.mode is Mode.WRITE
+            and not tool.takeover_allowed
+        ):
+            # The downstream may have acted: never simply rerun a lookup/unsafe write.
+            return self._unknown_outcome(row, tool, reservation, ctx)
         if isinstance(exc, ToolFailure):
             code, retryable, message = exc.code, exc.retryable, exc.message
             details = [d.model_dump() for d in exc.details]

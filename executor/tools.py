@@ -56,6 +56,9 @@ class ToolFailure(Exception):
         self.message = message
         self.retryable = retryable
         self.details = details
+        # True when the request may have reached the downstream and acted (a timeout
+        # after sending): a write that is not takeover-safe must then be reconciled.
+        self.outcome_unknown = False
 
 
 class RetryableError(ToolFailure):
@@ -194,6 +197,7 @@ class RunContext:
     deadline: float
     server: ServerContext
     attempt: int
+    call_id: str = ""
     still_owner: Callable[[], bool] = field(default=lambda: True)
     on_receipt: Callable[[str, bool], None] = field(default=lambda receipt, accepted: None)
 

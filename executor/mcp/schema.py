@@ -83,9 +83,9 @@ def schema_version_of(schema: Mapping[str, Any]) -> int:
 
     The intent hash includes the schema version, so an operation id reused
     across a schema change is an `idempotency_conflict`, not a silent match.
-    48 bits keep it inside the interoperable JSON integer range.
+    31 bits: the store keeps `schema_version` in a 32-bit signed INTEGER column.
     """
-    return int(schema_fingerprint(schema)[:12], 16)
+    return int(schema_fingerprint(schema)[:8], 16) & 0x7FFF_FFFF
 
 
 def _validator_class(schema: Mapping[str, Any]) -> type[Validator]:

@@ -289,7 +289,7 @@ class McpServerConnection:
     ) -> None:
         """Owns one server process from spawn to stop, in this one task."""
         transport = ObservedStdioTransport(
-            self.spec.stdio_parameters(), observer, self.spec.errlog or sys.stderr
+            self.spec.stdio_parameters(), observer, self.spec.errlog or _real_stderr()
         )
         try:
             async with Client(
@@ -473,3 +473,16 @@ def list_server_tools(spec: McpServerSpec) -> list[mcp_types.Tool]:
 def shutdown_connections() -> None:
     """Stop every MCP server this process started (workers call this on shutdown)."""
     _CONNECTIONS.shutdown()
+
+
+def _real_stderr() -> TextIO:
+    """A stderr with a file descriptor for the server subprocess.
+
+    Inside a Celery worker `sys.stderr` is a LoggingProxy without `fileno()`,
+    which the subprocess cannot inherit; the process's original stderr can be.
+    """
+    try:
+        sys.stderr.fileno()
+        return sys.stderr
+    except (AttributeError, OSError, ValueError):
+        return sys.__stderr__ if sys.__stderr__ is not None else open(os.devnull, "w")  # noqa: SIM115
