@@ -113,13 +113,19 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     from outbox.producer import InvalidBatch, enqueue
 
     payload = _read_json_file(args.file)
+    registry = load_registry(settings.tools_module)
     if args.provider:
-        from executor.adapters import SURFACES
+        from executor.adapters import SURFACES, AdapterError
 
         adapter = SURFACES.get(args.provider)
         if adapter is None:
             raise UserError(f"unknown provider surface {args.provider!r}: one of {', '.join(SURFACES)}")
-        calls = adapter.read_proposals(payload)
+        if not isinstance(payload, dict):
+            raise UserError(f"{args.file} is not a {args.provider} response object")
+        try:
+            calls = adapter.read_proposals(payload, known_names=registry.names())
+        except AdapterError as exc:
+            raise UserError(f"{exc.code}: {exc}") from None
     else:
         calls = _neutral_calls(payload)
     context = ServerContext(
@@ -128,7 +134,6 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         roles=frozenset(r for r in args.roles.split(",") if r),
         request_id=args.request_id or f"req_{uuid.uuid4().hex[:16]}",
     )
-    registry = load_registry(settings.tools_module)
     try:
         with engine.begin() as conn:
             handle = enqueue(conn, calls, context, registry)
@@ -179,7 +184,9 @@ def cmd_results(args: argparse.Namespace) -> int:
 
         adapter = SURFACES.get(args.provider)
         if adapter is None:
-            raise UserError(f"unknown provider surface {args.provider!r}")
+            raise UserError(f"unknown provider surface {args.provider!r}: one of {', '.join(SURFACES)}")
+        # The calls table keeps each proposal's id and tool name; a call still pending is
+        # answered with the code that says why (approval_required, …), as `final` decides.
         proposals = [ProposedCall(call_id=s.call_id, tool_name=s.tool_name, arguments="{}") for s in statuses]
         _print_json(adapter.write_results(proposals, [final(s) for s in statuses]))
         return 0
