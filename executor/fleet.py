@@ -68,13 +68,17 @@ class Fleet:
     concurrency: int = 1
     reconcile_every: float | None = 1.0
     relays: int = 1
+    # Extra environment per role ("worker", "relay", "reconciler"), over `env`: the
+    # chaos campaign routes workers through its proxy and names each role's
+    # database sessions (`application_name`) so it can terminate them by role.
+    role_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     members: list[Member] = field(default_factory=list)
 
     def _spawn(self, role: str, index: int, args: list[str]) -> Member:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{role}-{index}.log"
         log = log_path.open("ab")
-        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **self.env, **self.role_env.get(role, {}), "PYTHONUNBUFFERED": "1"}
         process = subprocess.Popen(
             [sys.executable, "-m", "executor.cli", *args],
             env=env,
