@@ -13,20 +13,25 @@ import os
 import signal
 import sys
 import threading
+import traceback
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select
-from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from sqlalchemy import make_url, select
+from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError, SQLAlchemyError
 
 from executor import store
 from executor.db import DatabaseUrlError, approvals, get_engine, operations, receipts
 from executor.migrate import SchemaNotReady, migrate, require_schema
 from executor.settings import Settings, SettingsError
 from executor.states import State
+from executor.tools import Registry
 from executor.types import ProposedCall, ServerContext
+
+if TYPE_CHECKING:
+    from executor.adapters import Surface
 
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
@@ -41,10 +46,53 @@ def _settings() -> Settings:
 
 
 def _engine(settings: Settings, *, check_schema: bool = True) -> Any:
+    if check_schema:
+        _require_sqlite_file(settings.database_url)
     engine = get_engine(settings.database_url)
     if check_schema:
         require_schema(engine, settings.database_url)
     return engine
+
+
+def _require_sqlite_file(url: str) -> None:
+    """A SQLite file that does not exist yet needs `migrate`, not "cannot reach the database"
+    (SQLite cannot open a file in a missing directory, and would create an empty one)."""
+    if not url.startswith("sqlite"):
+        return
+    database = make_url(url).database or ""
+    if database in ("", ":memory:") or database.startswith("file:"):
+        return
+    if not Path(database).exists():
+        raise SchemaNotReady(f"no database at {database}: run `toolfence migrate`")
+
+
+def _registry(settings: Settings) -> Registry:
+    """The tool registry named by TOOLFENCE_TOOLS; a module that will not load is one line."""
+    from executor.celery_app import load_registry
+
+    try:
+        return load_registry(settings.tools_module)
+    except Exception as exc:
+        # Whatever the tools module raised (missing module or attribute, not a
+        # Registry, an error at import): the user's configuration to fix.
+        raise UserError(
+            f"cannot load tools from TOOLFENCE_TOOLS={settings.tools_module!r}: "
+            f"{type(exc).__name__}: {_first_line(exc)}"
+        ) from exc
+
+
+def _surface(name: str) -> Surface:
+    from executor.adapters import SURFACES
+
+    surface = SURFACES.get(name)
+    if surface is None:
+        raise UserError(f"unknown provider surface {name!r}: one of {', '.join(SURFACES)}")
+    return surface
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 def _print_json(value: Any) -> None:
@@ -64,6 +112,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     settings = _settings()
     _engine(settings)
+    _registry(settings)  # fail here, not in the first task, when the tools do not load
     from executor.celery_app import worker_app
 
     app = worker_app(settings)
@@ -89,13 +138,33 @@ def cmd_relay(args: argparse.Namespace) -> int:
     engine = _engine(settings)
     from outbox.relay import Relay, celery_publisher
 
-    publish, close = celery_publisher(settings)
-    relay = Relay(settings, engine, publish)
     if args.once:
-        count = relay.run_once()
+        # One pass for a person or cron: an unreachable broker is an error to see,
+        # not rows quietly left for a later pass.
+        _check_broker(settings)
+    publish, close = celery_publisher(settings)
+    if args.once:
+        failures: list[Exception] = []
+
+        def publish_noting_failures(operation_id: str) -> None:
+            try:
+                publish(operation_id)
+            except Exception as exc:
+                failures.append(exc)
+                raise
+
+        try:
+            count = Relay(settings, engine, publish_noting_failures).run_once()
+        finally:
+            close()
+        if failures:
+            raise UserError(
+                f"published {count}, {len(failures)} failed and stay queued for the next pass: "
+                f"{type(failures[0]).__name__}: {_first_line(failures[0])}"
+            )
         print(f"published {count}")
-        close()
         return 0
+    relay = Relay(settings, engine, publish)
     stop = threading.Event()
     _stop_on_signals(stop)
     logging.getLogger("toolfence.relay").info("relay started")
@@ -108,24 +177,25 @@ def cmd_relay(args: argparse.Namespace) -> int:
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
     settings = _settings()
+    surface = _surface(args.provider) if args.provider else None
     engine = _engine(settings)
-    from executor.celery_app import load_registry
     from outbox.producer import InvalidBatch, enqueue
 
     payload = _read_json_file(args.file)
-    registry = load_registry(settings.tools_module)
-    if args.provider:
-        from executor.adapters import SURFACES, AdapterError
+    registry = _registry(settings)
+    if surface is not None:
+        from executor.adapters import AdapterError, AdapterErrorCode
 
-        adapter = SURFACES.get(args.provider)
-        if adapter is None:
-            raise UserError(f"unknown provider surface {args.provider!r}: one of {', '.join(SURFACES)}")
+        refused = f"cannot read {args.file} ({surface.name} response)"
         if not isinstance(payload, dict):
-            raise UserError(f"{args.file} is not a {args.provider} response object")
+            raise UserError(
+                f"{refused}: {AdapterErrorCode.MALFORMED_ENVELOPE.value}: "
+                f"the file holds a JSON {_json_kind(payload)}, not an object"
+            )
         try:
-            calls = adapter.read_proposals(payload, known_names=registry.names())
+            calls = surface.read_proposals(payload, known_names=registry.names())
         except AdapterError as exc:
-            raise UserError(f"{exc.code}: {exc}") from None
+            raise UserError(f"{refused}: {exc.code.value}: {exc.message}") from None
     else:
         calls = _neutral_calls(payload)
     context = ServerContext(
@@ -161,13 +231,27 @@ def _neutral_calls(payload: Any) -> list[ProposedCall]:
             raise UserError(f"call #{index} needs call_id, tool_name and arguments")
         try:
             calls.append(ProposedCall.model_validate(item))
-        except Exception:
-            raise UserError(f"call #{index} is not a proposed call") from None
+        except ValueError:
+            raise UserError(
+                f"call #{index}: call_id and tool_name must be strings, "
+                "arguments a JSON string or an object"
+            ) from None
     return calls
+
+
+def _json_kind(value: Any) -> str:
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    return "number"
 
 
 def cmd_results(args: argparse.Namespace) -> int:
     settings = _settings()
+    surface = _surface(args.provider) if args.provider else None
     engine = _engine(settings)
     from outbox.producer import final, request_exists, results, wait_for_results
 
@@ -179,16 +263,20 @@ def cmd_results(args: argparse.Namespace) -> int:
         if args.wait
         else results(engine, args.request_id)
     )
-    if args.provider:
-        from executor.adapters import SURFACES
+    if surface is not None:
+        from executor.adapters import AdapterError
 
-        adapter = SURFACES.get(args.provider)
-        if adapter is None:
-            raise UserError(f"unknown provider surface {args.provider!r}: one of {', '.join(SURFACES)}")
         # The calls table keeps each proposal's id and tool name; a call still pending is
         # answered with the code that says why (approval_required, …), as `final` decides.
         proposals = [ProposedCall(call_id=s.call_id, tool_name=s.tool_name, arguments="{}") for s in statuses]
-        _print_json(adapter.write_results(proposals, [final(s) for s in statuses]))
+        try:
+            written = surface.write_results(proposals, [final(s) for s in statuses])
+        except AdapterError as exc:
+            raise UserError(
+                f"cannot write request {args.request_id!r} ({surface.name} results): "
+                f"{exc.code.value}: {exc.message}"
+            ) from None
+        _print_json(written)
         return 0
     _print_json([s.model_dump(mode="json") for s in statuses])
     return 0
@@ -287,6 +375,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     engine = _engine(settings)
     from reconciler.sweep import Reconciler
 
+    _registry(settings)  # one clear line if the tools do not load
     reconciler = Reconciler.from_settings(settings, engine)
     if not args.every:
         report = reconciler.sweep()
@@ -362,7 +451,8 @@ def cmd_resolve(args: argparse.Namespace) -> int:
 
 def cmd_metrics(args: argparse.Namespace) -> int:
     settings = _settings()
-    _engine(settings)
+    # No schema check here: the exporter must start (and report the outage through
+    # toolfence_exporter_database_up) exactly when the database is unreachable.
     from executor.exporter import serve
 
     serve(settings, args.port, args.host)
@@ -386,6 +476,23 @@ def _stop_on_signals(stop: threading.Event) -> None:
     signal.signal(signal.SIGINT, handler)
 
 
+def _check_broker(settings: Settings) -> None:
+    from executor.celery_app import make_celery
+
+    app = make_celery(settings)
+    try:
+        with app.connection_for_write() as connection:
+            connection.ensure_connection(max_retries=1, interval_start=0, interval_step=0.5, timeout=5)
+    except Exception as exc:
+        # kombu's OperationalError for a refused connection, KeyError for an unknown
+        # transport, ImportError for a transport whose library is missing.
+        raise UserError(
+            f"cannot reach the broker at {_safe_url(settings.broker_url)}: {_first_line(exc)}"
+        ) from None
+    finally:
+        app.close()
+
+
 def _read_json_file(path: str) -> Any:
     try:
         text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
@@ -407,6 +514,14 @@ def _safe_url(url: str) -> str:
         user = creds.split(":", 1)[0]
         return f"{scheme}://{user}:***@{host}" if ":" in creds else f"{scheme}://{user}@{host}"
     return url
+
+
+class _NoHostnameWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("No hostname was supplied")
+
+
+_NO_HOSTNAME_WARNING = _NoHostnameWarning()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -492,20 +607,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # The embedded broker URL (filesystem://) has no host by design; kombu warns anyway.
+    logging.getLogger("kombu.connection").addFilter(_NO_HOSTNAME_WARNING)  # once: same instance
     try:
         return int(args.func(args))
     except UserError as exc:
-        print(f"toolfence: {exc}", file=sys.stderr)
-        return EXIT_FAILURE
+        return _fail(str(exc), EXIT_FAILURE, args.verbose)
     except (SettingsError, DatabaseUrlError, SchemaNotReady) as exc:
-        print(f"toolfence: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return _fail(str(exc), EXIT_USAGE, args.verbose)
+    except ArgumentError as exc:
+        return _fail(f"invalid database URL: {_first_line(exc)}", EXIT_USAGE, args.verbose)
     except OperationalError as exc:
-        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else "connection failed"
-        print(f"toolfence: cannot reach the database: {reason}", file=sys.stderr)
-        return EXIT_FAILURE
+        reason = _first_line(exc.orig) if exc.orig else "connection failed"
+        return _fail(f"cannot reach the database: {reason}", EXIT_FAILURE, args.verbose)
+    except DBAPIError as exc:
+        # Not a connection failure: a file that is not a database, a schema someone
+        # else changed. The driver's first line says which; -v shows the rest.
+        reason = _first_line(exc.orig) if exc.orig else _first_line(exc)
+        return _fail(f"database error: {reason}", EXIT_FAILURE, args.verbose)
+    except OSError as exc:
+        # A path that cannot be created or written (TOOLFENCE_HOME, a SQLite file).
+        where = f": {exc.filename}" if exc.filename else ""
+        return _fail(f"{exc.strerror or _first_line(exc)}{where}", EXIT_FAILURE, args.verbose)
     except KeyboardInterrupt:
         return 130
+
+
+def _fail(message: str, exit_code: int, verbose: bool) -> int:
+    """One line on stderr; with -v, the traceback too (for a bug report)."""
+    if verbose:
+        traceback.print_exc()
+    print(f"toolfence: {message}", file=sys.stderr)
+    return exit_code
 
 
 if __name__ == "__main__":
