@@ -8,7 +8,9 @@ the way a downstream must be for each effect contract:
   the same transaction as the effect (effect `fenced`); it also dedupes on the
   key, so a new generation that finds the effect already applied returns the
   existing receipt instead of applying it again;
-- `create_invoice` does neither but can answer "did operation K happen?" (`lookup`);
+- `create_invoice` does neither but can answer "did operation K happen?" (`lookup`),
+  and its answer stays true: asking closes the door on the attempt asked about
+  (see `find_invoice`);
 - `send_notice` promises nothing (`unsafe`).
 
 Every accepted effect is recorded in `ledger_effects` with operation id and
@@ -22,6 +24,7 @@ import os
 import secrets
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -310,9 +313,29 @@ class Ledger:
         self, *, reference: str, operation_id: str, generation: int, account_id: str,
         amount_cents: int,
     ) -> str:
-        """No dedupe: calling twice makes two invoices. `find_invoice` answers lookups."""
+        """No dedupe: calling twice makes two invoices. `find_invoice` answers lookups.
+
+        It refuses an attempt whose generation a lookup already answered for (or that
+        a newer attempt overtook): without that, a paused owner's write landing after
+        the reconciler heard "not done" and requeued would make a second invoice.
+        """
         self._pause()
         with self.engine.begin() as conn:
+            closed_below = self._lock_reference(conn, reference, generation)
+            if generation < closed_below:
+                conn.execute(
+                    insert(fenced_writes).values(
+                        operation_id=operation_id, idempotency_key=reference, token=generation,
+                        highest_token=closed_below, at=db_now(),
+                    )
+                )
+                conn.commit()  # keep the record of the refusal, then tell the caller
+                raise StaleFencingToken(reference, generation, closed_below)
+            if generation > closed_below:
+                conn.execute(
+                    update(fences).where(fences.c.idempotency_key == reference)
+                    .values(highest_token=generation)
+                )
             if conn.execute(
                 select(accounts.c.account_id).where(accounts.c.account_id == account_id)
             ).first() is None:
@@ -331,15 +354,49 @@ class Ledger:
             )
             return invoice_id
 
-    def find_invoice(self, reference: str) -> str | None:
+    def _lock_reference(self, conn: Any, reference: str, generation: int) -> int:
+        """Lock the reference's fence row (created at `generation` if new); its token.
+
+        Every invoice write and every fencing lookup of one reference serialise on
+        this row, so a lookup either sees the invoice or shuts its writer out.
+        """
+        insert_ignore(conn, fences, {"idempotency_key": reference, "highest_token": generation},
+                      ["idempotency_key"])
+        return int(
+            conn.execute(
+                select(fences.c.highest_token)
+                .where(fences.c.idempotency_key == reference)
+                .with_for_update()
+            ).scalar_one()
+        )
+
+    def find_invoice(self, reference: str, fencing_token: int | None = None) -> str | None:
+        """The invoice made for `reference`, if any.
+
+        With `fencing_token` (the generation whose outcome is asked about), the answer
+        is made final: the reference is closed to that generation and older ones, in
+        the same transaction as the read, so a write of theirs still in flight (a
+        paused worker, a partitioned one) is refused instead of landing after a "not
+        done" and duplicating the invoice. The next attempt has a higher generation.
+        """
+        query = (
+            select(invoices.c.invoice_id)
+            .where(invoices.c.reference == reference)
+            .order_by(invoices.c.invoice_id)
+            .limit(1)
+        )
         try:
-            with self.reader.connect() as conn:
-                return conn.execute(
-                    select(invoices.c.invoice_id)
-                    .where(invoices.c.reference == reference)
-                    .order_by(invoices.c.invoice_id)
-                    .limit(1)
-                ).scalar_one_or_none()
+            if fencing_token is None:
+                with self.reader.connect() as conn:
+                    return conn.execute(query).scalar_one_or_none()
+            with self.engine.begin() as conn:
+                closed_below = self._lock_reference(conn, reference, fencing_token + 1)
+                if closed_below <= fencing_token:
+                    conn.execute(
+                        update(fences).where(fences.c.idempotency_key == reference)
+                        .values(highest_token=fencing_token + 1)
+                    )
+                return conn.execute(query).scalar_one_or_none()
         except Exception as exc:  # the downstream could not answer
             raise RetryableError("ledger unavailable for lookup") from exc
 

@@ -156,7 +156,8 @@ def _invoice(args: InvoiceArgs, ctx: RunContext) -> Written:
 
 
 def _invoice_lookup(args: InvoiceArgs, ctx: RunContext) -> LookupResult:
-    invoice_id = default_ledger().find_invoice(ctx.idempotency_key)
+    # The fencing token closes the door on the attempt asked about (see find_invoice).
+    invoice_id = default_ledger().find_invoice(ctx.idempotency_key, ctx.fencing_token)
     if invoice_id is None:
         return LookupResult(LookupAnswer.NOT_DONE)
     return LookupResult(LookupAnswer.DONE, Written(Receipt(receipt=invoice_id), invoice_id))
