@@ -35,6 +35,7 @@ from sqlalchemy import (
     func,
     insert,
     literal,
+    or_,
     select,
     update,
 )
@@ -42,7 +43,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from executor.clock import DATABASE_CLOCK, Clock
 from executor.db import approvals, audit_events, calls, operations, outbox, receipts
-from executor.states import TERMINAL, State
+from executor.states import SETTLED, TERMINAL, State
 from executor.types import ErrorCode
 
 
@@ -289,8 +290,8 @@ def record_call(
 # --------------------------------------------------------------------- ownership
 
 
-def _predecessors_settled(alias_outer: Any) -> Any:
-    """No earlier write of the same request is still non-terminal."""
+def _predecessors_settled(alias_outer: Any, settled: frozenset[State] = TERMINAL) -> Any:
+    """No earlier write of the same request is still outside `settled` (default: terminal)."""
     earlier = operations.alias("earlier")
     return ~exists(
         select(literal(1))
@@ -299,13 +300,18 @@ def _predecessors_settled(alias_outer: Any) -> Any:
             earlier.c.request_id == alias_outer.c.request_id,
             earlier.c.position < alias_outer.c.position,
             earlier.c.mode == "write",
-            earlier.c.state.not_in([s.value for s in TERMINAL]),
+            earlier.c.state.not_in([s.value for s in settled]),
         )
     )
 
 
 def predecessor_failed(conn: Connection, operation_id: str) -> bool:
-    """For a write: did an earlier write of its request end other than `succeeded`?"""
+    """For a write: did an earlier write of its request end other than `succeeded`?
+
+    `reconciliation_pending` counts: the earlier write did not succeed, and waiting
+    for a person would leave this one queued forever (I2). It ends
+    `predecessor_failed` and the model decides what next, as for a failure.
+    """
     op = conn.execute(
         select(operations.c.request_id, operations.c.position, operations.c.mode).where(
             operations.c.operation_id == operation_id
@@ -320,7 +326,9 @@ def predecessor_failed(conn: Connection, operation_id: str) -> bool:
             operations.c.request_id == op.request_id,
             operations.c.position < op.position,
             operations.c.mode == "write",
-            operations.c.state == State.FAILED_TERMINAL.value,
+            operations.c.state.in_(
+                [State.FAILED_TERMINAL.value, State.RECONCILIATION_PENDING.value]
+            ),
         )
     ).scalar_one()
     return bool(failed)
@@ -336,7 +344,9 @@ def reserve(
     """queued → started: CAS that takes generation+1, an owner token and a lease.
 
     Wins only when the operation is due (`available_at` passed) and every earlier
-    write of its request is terminal.
+    write of its request is terminal — or, for a read, settled: a read after a
+    `reconciliation_pending` write runs and sees the state as it is, while a write
+    after one never runs (the worker ends it `predecessor_failed`).
     """
     now = clock.now()
     row = conn.execute(
@@ -345,7 +355,10 @@ def reserve(
             operations.c.operation_id == operation_id,
             operations.c.state == State.QUEUED.value,
             operations.c.available_at <= now,
-            _predecessors_settled(operations),
+            or_(
+                _predecessors_settled(operations),
+                and_(operations.c.mode == "read", _predecessors_settled(operations, SETTLED)),
+            ),
         )
         .values(
             state=State.STARTED.value,
@@ -632,6 +645,8 @@ def mark_unknown(
     if row is None:
         return False
     _audit(conn, row, State.STARTED, State.RECONCILIATION_PENDING, reason, clock)
+    # Its queued successors were waiting for it: wake them (see `predecessor_failed`).
+    _release_successors(conn, operation_id, clock)
     return True
 
 
