@@ -271,6 +271,27 @@ class OperationRunner:
                 # Still ours and not applied: try the CAS again.
         return False
 
+    def _record_receipt(self, operation_id: str, generation: int, receipt: str) -> None:
+        """Record the receipt, retrying through a short database outage.
+
+        The effect has happened: giving up here (an exception into Celery) would
+        leave the operation `started` until its lease expired, and an `unsafe`
+        write would go to a person although the receipt was in hand. A receipt
+        recorded twice is harmless: I1 counts distinct receipts.
+        """
+        for retry in range(5):
+            try:
+                with self.engine.begin() as conn:
+                    store.record_receipt(
+                        conn, operation_id, generation, receipt, accepted=True, source="worker",
+                    )
+                return
+            except (OperationalError, DBAPIError):
+                if retry == 4:
+                    raise
+                log.warning("could not record receipt of %s yet; retrying", operation_id)
+                time.sleep(0.2 * (retry + 1))
+
     def _observe_terminal(self, row: Any, outcome: str) -> None:
         metrics.OPERATIONS_TERMINAL.labels(row.tool_name, outcome).inc()
         metrics.ENQUEUE_TO_TERMINAL_SECONDS.labels(row.tool_name).observe(
@@ -295,7 +316,13 @@ class OperationRunner:
                 error={"message": "permission denied at execution time"},
             )
         args = tool.input_model.model_validate(arguments)
-        invalidated = self._approval_invalidated(row, tool, args, context)
+        try:
+            invalidated = self._approval_invalidated(row, tool, args, context)
+        except (OperationalError, DBAPIError):
+            # The handler has not run: whatever the effect contract, trying again is
+            # safe. Left `started`, the operation would wait for its lease to expire,
+            # and an `unsafe` write would go to a person for nothing.
+            return self._release_unstarted(row, tool, reservation)
         if invalidated:
             return self._finish(
                 row, reservation, succeeded=False, error_code=ErrorCode.APPROVAL_INVALIDATED,
@@ -338,6 +365,27 @@ class OperationRunner:
             metrics.EXECUTION_SECONDS.labels(tool.name).observe(time.perf_counter() - started)
         return self._on_value(row, tool, reservation, value, (time.perf_counter() - started) * 1000)
 
+    def _release_unstarted(
+        self, row: Any, tool: Tool[Any], reservation: store.Reservation
+    ) -> Outcome:
+        """Give back an operation whose handler never ran (retry_wait, short backoff)."""
+        error = {"message": "the database was unreachable before the tool ran", "details": []}
+
+        def attempt() -> bool:
+            with self.engine.begin() as conn:
+                return store.release_to_retry(
+                    conn, row.operation_id, reservation.generation, reservation.owner_token,
+                    delay_seconds=_backoff(tool, reservation.attempts),
+                    error_code=ErrorCode.UPSTREAM_UNAVAILABLE, error=error,
+                )
+
+        if not self._with_ambiguity(attempt, row.operation_id, reservation, State.RETRY_WAIT.value):
+            # Unreachable throughout (or no longer ours): the lease expires and the
+            # reconciler decides, as after a crash.
+            return Outcome("stale_complete")
+        metrics.RETRIES.labels(tool.name, ErrorCode.UPSTREAM_UNAVAILABLE.value).inc()
+        return Outcome("retry_wait", State.RETRY_WAIT.value)
+
     def _approval_invalidated(
         self, row: Any, tool: Tool[Any], args: BaseModel, context: ServerContext
     ) -> bool:
@@ -362,11 +410,7 @@ class OperationRunner:
                     error={"message": "a write must return its downstream receipt"},
                 )
             receipt = value.receipt
-            with self.engine.begin() as conn:
-                store.record_receipt(
-                    conn, row.operation_id, reservation.generation, receipt,
-                    accepted=True, source="worker",
-                )
+            self._record_receipt(row.operation_id, reservation.generation, receipt)
             metrics.SIDE_EFFECTS.labels(tool.name, ",".join(sorted(tool.effects))).inc()
             value = value.output
             self.faults.fire("after_effect", tool.name)
@@ -418,6 +462,13 @@ class OperationRunner:
             code, retryable, message, details = (
                 ErrorCode.UPSTREAM_UNAVAILABLE, True, "the downstream is unavailable", [],
             )
+        elif tool.mode is Mode.READ and isinstance(exc, (DBAPIError, ConnectionError, OSError)):
+            # A read may always be retried (DESIGN.md); a lost connection is no reason
+            # to end it `failed_terminal`. (A write's connection error is an unknown
+            # outcome, below.)
+            code, retryable, message, details = (
+                ErrorCode.UPSTREAM_UNAVAILABLE, True, "the downstream is unavailable", [],
+            )
         else:
             log.exception("tool %s raised", tool.name)
             code, retryable, message, details = (
@@ -435,11 +486,17 @@ class OperationRunner:
                 error={"message": f"gave up after {reservation.attempts} attempts ({code.value})"},
             )
         delay = _backoff(tool, reservation.attempts)
-        with self.engine.begin() as conn:
-            won = store.release_to_retry(
-                conn, row.operation_id, reservation.generation, reservation.owner_token,
-                delay_seconds=delay, error_code=code, error=error,
-            )
+
+        def attempt() -> bool:
+            with self.engine.begin() as conn:
+                return store.release_to_retry(
+                    conn, row.operation_id, reservation.generation, reservation.owner_token,
+                    delay_seconds=delay, error_code=code, error=error,
+                )
+
+        # Through a short outage, as completion does: otherwise the operation waits for
+        # its lease to expire (and the reconciler) although we know what to do with it.
+        won = self._with_ambiguity(attempt, row.operation_id, reservation, State.RETRY_WAIT.value)
         if not won:
             metrics.STALE_WRITES_FENCED.labels("complete").inc()
             return Outcome("stale_complete")
@@ -469,11 +526,16 @@ class OperationRunner:
                     row, tool, reservation, ctx,
                     ToolFailure(ErrorCode.EXECUTION_FAILED, "the tool failed", retryable=True),
                 )
-        with self.engine.begin() as conn:
-            won = store.mark_unknown(
-                conn, row.operation_id, reservation.generation,
-                owner_token=reservation.owner_token, reason="outcome_unknown",
-            )
+        def attempt() -> bool:
+            with self.engine.begin() as conn:
+                return store.mark_unknown(
+                    conn, row.operation_id, reservation.generation,
+                    owner_token=reservation.owner_token, reason="outcome_unknown",
+                )
+
+        won = self._with_ambiguity(
+            attempt, row.operation_id, reservation, State.RECONCILIATION_PENDING.value
+        )
         if won:
             metrics.OPERATIONS_TERMINAL.labels(tool.name, "reconciliation_pending").inc()
         return Outcome("reconciliation_pending", State.RECONCILIATION_PENDING.value)
