@@ -1,0 +1,193 @@
+"""The transactional outbox on a real fleet: nothing escapes a rolled-back
+transaction, and a relay that crashes or runs twice never makes an operation run
+twice (DESIGN.md "Outbox", "Relay").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from fleet_tools import registry
+from fleetkit import (
+    accepted_receipts,
+    all_in,
+    audit,
+    call,
+    context,
+    enqueue_committed,
+    handler_invocations,
+    metric,
+    metric_by_label,
+    metric_of_process,
+    outcome,
+    queue_length,
+    states,
+    table_count,
+    terminal_events,
+    wait_until,
+)
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
+
+from executor.db import calls as calls_table
+from executor.db import make_engine, operations, outbox
+from executor.fleet import Fleet
+from executor.settings import Settings
+from ledger.service import Ledger
+from outbox.producer import enqueue, wait_for_results
+
+MESSAGES = "toolfence_worker_messages_total"
+PUBLISHED = "toolfence_relay_published_total"
+
+
+def _writes_of_every_contract(prefix: str, count: int) -> list[tuple[str, list]]:
+    """`count` one-call requests cycling through the four effect contracts."""
+    kinds = [
+        ("ledger.credit", {"account_id": "acme-2", "amount_cents": 100}),
+        ("ledger.transfer", {"source_account": "acme-1", "target_account": "acme-2", "amount_cents": 10}),
+        ("ledger.create_invoice", {"account_id": "acme-2", "amount_cents": 250}),
+        ("ledger.send_notice", {"account_id": "acme-2", "text": "hello"}),
+    ]
+    requests = []
+    for i in range(count):
+        tool, arguments = kinds[i % len(kinds)]
+        requests.append((f"{prefix}-{i}", [call(f"c{i}", tool, **arguments)]))
+    return requests
+
+
+def _enqueue_requests(engine: Engine, requests: list[tuple[str, list]]) -> list[str]:
+    """All requests in one producer transaction; returns their operation ids."""
+    operation_ids = []
+    with engine.begin() as conn:
+        for request_id, calls in requests:
+            handle = enqueue(conn, calls, context(request_id), registry)
+            operation_ids.extend(handle.operation_ids.values())
+    return operation_ids
+
+
+def _assert_each_ran_once(engine: Engine, ledger: Ledger, operation_ids: list[str]) -> None:
+    effects = ledger.effect_rows_per_operation()
+    assert {op: effects.get(op) for op in operation_ids} == {op: 1 for op in operation_ids}
+    assert accepted_receipts(engine) == {op: 1 for op in operation_ids}
+    invoked = handler_invocations(engine)
+    assert {op: invoked.get(op) for op in operation_ids} == {op: 1 for op in operation_ids}
+    for op in operation_ids:
+        trail = audit(engine, op)
+        assert [e.decision_code for e in trail if e.to_state == "started"] == ["reserved"], trail
+        assert [(e.to_state, e.generation) for e in terminal_events(trail)] == [("succeeded", 1)]
+
+
+def test_rolled_back_producer_transaction__enqueues_nothing__nothing_runs(
+    settings: Settings, ledger: Ledger, make_fleet: Callable[..., Fleet]
+) -> None:
+    # Given a running fleet
+    make_fleet(workers=1, concurrency=1, reconcile_every=None).start()
+    engine = make_engine(settings.database_url)
+    doomed = [
+        call("w", "ledger.credit", account_id="acme-2", amount_cents=5_000),
+        call("r", "ledger.get_balance", account_id="acme-2"),
+    ]
+
+    # When one producer rolls back its ORM session after enqueueing, and another's
+    # business transaction raises after enqueueing
+    with Session(engine) as session:
+        enqueue(session, doomed, context("req-session-rolled-back"), registry)
+        session.rollback()
+    with pytest.raises(RuntimeError), engine.begin() as conn:
+        enqueue(conn, doomed, context("req-raised"), registry)
+        raise RuntimeError("the business transaction failed after enqueue")
+    # ... and then a third producer commits one call: the fleet has had its chance
+    committed = enqueue_committed(
+        engine, [call("ok", "ledger.credit", account_id="acme-2", amount_cents=7)], context("req-ok")
+    )
+    statuses = wait_for_results(engine, "req-ok", timeout=60)
+    assert [outcome(s) for s in statuses] == [("succeeded", None)]
+
+    # Then the rolled-back requests left no operation, call or outbox row
+    assert table_count(engine, operations) == 1
+    assert table_count(engine, calls_table) == 1
+    assert table_count(engine, outbox) == 1
+    # ... nothing of theirs was published or delivered: one row, one message
+    wait_until(lambda: metric(settings.metrics_dir, MESSAGES) >= 1, timeout=10, what="the message count")
+    assert metric(settings.metrics_dir, PUBLISHED) == 1
+    assert metric_by_label(settings.metrics_dir, MESSAGES, "outcome") == {"succeeded": 1}
+    # ... and nothing of theirs ran: one handler invocation, one effect, the committed one
+    assert handler_invocations(engine) == {committed.operation_ids["ok"]: 1}
+    assert ledger.effect_rows_per_operation() == {committed.operation_ids["ok"]: 1}
+    assert ledger.balance("acme-2") == 7
+
+
+def test_relay_killed_between_publish_and_mark__republished__each_operation_completes_once(
+    settings: Settings, ledger: Ledger, make_fleet: Callable[..., Fleet]
+) -> None:
+    # Given committed writes of every effect contract
+    engine = make_engine(settings.database_url)
+    operation_ids = _enqueue_requests(engine, _writes_of_every_contract("req-relay-crash", 8))
+    # ... and a relay that is killed right after publishing its batch, before marking it
+    crashing = make_fleet(
+        workers=0, relays=1, reconcile_every=None,
+        env={"TOOLFENCE_FAULT_POINTS": "relay_after_publish=kill"},
+    ).start()
+    relay = crashing.members[0]
+    wait_until(lambda: not relay.alive(), timeout=60, what="the relay to be killed")
+    assert relay.process.returncode == -9
+    # ... so every operation's message is on the broker, and every row still unpublished
+    assert queue_length(settings.broker_url, settings.queue_name) == len(operation_ids)
+    assert table_count(engine, outbox, outbox.c.published_at.is_(None)) == len(operation_ids)
+
+    # When a clean relay and two workers start
+    make_fleet(workers=2, concurrency=2, reconcile_every=None).start()
+
+    # Then each operation is published again, delivered twice, and completes once
+    wait_until(
+        lambda: all_in(engine, operation_ids, {"succeeded"}), timeout=60,
+        what="every operation to succeed", show=lambda: states(engine, operation_ids),
+    )
+    assert table_count(engine, outbox, outbox.c.published_at.is_(None)) == 0
+    wait_until(
+        lambda: metric(settings.metrics_dir, MESSAGES) == 2 * len(operation_ids), timeout=15,
+        what="both deliveries of every operation to be handled",
+        show=lambda: metric_by_label(settings.metrics_dir, MESSAGES, "outcome"),
+    )
+    assert metric(settings.metrics_dir, MESSAGES, outcome="succeeded") == len(operation_ids)
+    _assert_each_ran_once(engine, ledger, operation_ids)
+
+
+def test_two_relays_at_once__each_row_published_once__each_operation_completes_once(
+    settings: Settings, ledger: Ledger, make_fleet: Callable[..., Fleet]
+) -> None:
+    # Given two relays claiming small batches (each batch held a little longer than
+    # publishing takes, so that both are busy at the same time) and four slots
+    fleet = make_fleet(
+        workers=2, concurrency=2, relays=2, reconcile_every=None,
+        env={
+            "TOOLFENCE_RELAY_BATCH_SIZE": "10",
+            "TOOLFENCE_FAULT_POINTS": "relay_after_publish=sleep0.1",
+        },
+    ).start()
+    engine = make_engine(settings.database_url)
+
+    # When 200 one-call requests are committed at once
+    operation_ids = _enqueue_requests(engine, _writes_of_every_contract("req-two-relays", 200))
+
+    # Then every operation completes once
+    wait_until(
+        lambda: all_in(engine, operation_ids, {"succeeded"}), timeout=120,
+        what="every operation to succeed", show=lambda: states(engine, operation_ids),
+    )
+    _assert_each_ran_once(engine, ledger, operation_ids)
+    # ... every row was published exactly once, and both relays took a share
+    assert table_count(engine, outbox, outbox.c.published_at.is_(None)) == 0
+    assert metric(settings.metrics_dir, PUBLISHED) == len(operation_ids)
+    shares = [
+        metric_of_process(settings.metrics_dir, relay.pid, PUBLISHED) for relay in fleet.by_role("relay")
+    ]
+    assert len(shares) == 2 and all(share > 0 for share in shares), shares
+    # ... and the workers got exactly one message per operation
+    wait_until(
+        lambda: metric(settings.metrics_dir, MESSAGES) >= len(operation_ids), timeout=15,
+        what="every message to be handled",
+        show=lambda: metric_by_label(settings.metrics_dir, MESSAGES, "outcome"),
+    )
+    assert metric(settings.metrics_dir, MESSAGES) == len(operation_ids)
