@@ -801,16 +801,29 @@ def stale_queued(
     )
 
 
-def republish_queued(conn: Connection, operation_id: str, clock: Clock = DATABASE_CLOCK) -> bool:
-    """Refresh `queued_at` (CAS on still queued) and add an outbox row."""
+def republish_queued(
+    conn: Connection,
+    operation_id: str,
+    clock: Clock = DATABASE_CLOCK,
+    *,
+    older_than_seconds: float | None = None,
+) -> bool:
+    """Refresh `queued_at` (CAS on still queued) and add an outbox row.
+
+    With `older_than_seconds`, the CAS also requires the operation to be still that
+    stale, so of two reconcilers that read it as stale only the first republishes.
+    """
     now = clock.now()
+    conditions = [
+        operations.c.operation_id == operation_id,
+        operations.c.state == State.QUEUED.value,
+    ]
+    if older_than_seconds is not None:
+        conditions.append(operations.c.queued_at < now - older_than_seconds)
     won = (
         conn.execute(
             update(operations)
-            .where(
-                operations.c.operation_id == operation_id,
-                operations.c.state == State.QUEUED.value,
-            )
+            .where(*conditions)
             .values(queued_at=now)
         ).rowcount
         == 1

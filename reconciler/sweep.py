@@ -6,8 +6,9 @@ It resolves what a dead worker, a lost message or a silent approver left behind:
   reads, `idempotent` and `fenced` writes go back to `queued` (the next
   reservation takes a new generation, which fences the dead owner); `lookup`
   writes ask the downstream whether the effect happened (done → succeeded,
-  not done → queued, cannot tell → `reconciliation_pending`); `unsafe` writes go
-  to `reconciliation_pending` and are never retried automatically.
+  not done → queued, cannot tell or the lookup fails → `reconciliation_pending`);
+  `unsafe` writes go to `reconciliation_pending` and are never retried
+  automatically. One sweep drains them batch by batch, however many there are.
 - `queued` operations waiting longer than a threshold are republished through
   the outbox (a broker restart without persistence loses queued messages).
 - `retry_wait` operations whose backoff passed are requeued.
@@ -24,10 +25,12 @@ import json
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Engine
+from pydantic import BaseModel, ValidationError
+from sqlalchemy import Connection, Engine
 
 from executor import metrics, store
 from executor.celery_app import load_registry
@@ -37,6 +40,29 @@ from executor.tools import Effect, LookupAnswer, Registry, RunContext, Tool
 from executor.types import ServerContext
 
 log = logging.getLogger("toolfence.reconciler")
+
+
+@dataclass(frozen=True)
+class _Done:
+    """The downstream says the effect happened: the result to record, and its receipt."""
+
+    result: dict[str, Any]
+    receipt: str
+
+
+@dataclass(frozen=True)
+class _NotDone:
+    """The downstream says the effect did not happen: running it again is safe."""
+
+
+@dataclass(frozen=True)
+class _CannotTell:
+    """No usable answer: a person decides. `reason` is a stable code for the audit trail."""
+
+    reason: str
+
+
+_Answer = _Done | _NotDone | _CannotTell
 
 
 @dataclass
@@ -80,105 +106,178 @@ class Reconciler:
     # ------------------------------------------------------------------ started
 
     def _stale_started(self, report: SweepReport) -> None:
-        needs_lookup: list[store.StaleOperation] = []
-        # Claim a batch (SKIP LOCKED on PostgreSQL, so a second reconciler takes
-        # other rows) and settle every operation that needs no downstream call in
-        # the same short transaction. Lookups happen after it commits.
+        """Batch after batch until nothing stale is left: one cron run drains a backlog.
+
+        Each batch leaves the stale set (every claimed operation is settled by a
+        CAS, ours or a concurrent reconciler's), so the loop ends; the `seen` set
+        also ends it should an operation come back in the same generation.
+        """
+        seen: set[tuple[str, int]] = set()
+        while True:
+            claimed, needs_lookup = self._settle_batch(report, seen)
+            for op, tool in needs_lookup:
+                self._resolve_by_lookup(op, tool, report)
+            if not claimed:
+                return
+
+    def _settle_batch(
+        self, report: SweepReport, seen: set[tuple[str, int]]
+    ) -> tuple[int, list[tuple[store.StaleOperation, Tool[Any]]]]:
+        """Claim a batch and settle what needs no downstream call, in one short transaction.
+
+        SKIP LOCKED on PostgreSQL, so a second reconciler claims other rows. Lookups
+        are returned to run after the commit: no transaction is held open across a
+        downstream call. Returns how many operations were new to this sweep.
+        """
+        needs_lookup: list[tuple[store.StaleOperation, Tool[Any]]] = []
+        claimed = 0
         with self.engine.begin() as conn:
             stale = store.stale_started(conn, self.settings.reconcile_batch_size, skip_locked=True)
             for op in stale:
+                if (op.operation_id, op.generation) in seen:
+                    continue
+                seen.add((op.operation_id, op.generation))
+                claimed += 1
                 tool = self.registry.get(op.tool_name)
                 if tool is None:
-                    if store.mark_unknown(conn, op.operation_id, op.generation, owner_token=None,
-                                          reason="tool_no_longer_declared"):
-                        report.count("marked_pending")
-                        metrics.OPERATIONS_TERMINAL.labels("unknown", "reconciliation_pending").inc()
+                    self._mark_pending(conn, op, "unknown", "tool_no_longer_declared", report)
                 elif tool.takeover_allowed:
                     if store.requeue_stale(conn, op.operation_id, op.generation):
                         report.count("requeued_stale")
                 elif Effect.LOOKUP in tool.effects and tool.lookup is not None:
-                    needs_lookup.append(op)
-                elif store.mark_unknown(conn, op.operation_id, op.generation, owner_token=None,
-                                        reason="outcome_unknown_after_lost_lease"):
-                    report.count("marked_pending")
-                    metrics.OPERATIONS_TERMINAL.labels(tool.name, "reconciliation_pending").inc()
-        for op in needs_lookup:
-            tool = self.registry.get(op.tool_name)
-            assert tool is not None
-            self._resolve_by_lookup(op, tool, report)
+                    needs_lookup.append((op, tool))
+                else:
+                    # `unsafe`: the effect may have happened; only a person may decide.
+                    self._mark_pending(
+                        conn, op, tool.name, "outcome_unknown_after_lost_lease", report
+                    )
+        return claimed, needs_lookup
 
-    def _resolve_by_lookup(self, op: store.StaleOperation, tool: Tool[Any], report: SweepReport) -> None:
+    def _mark_pending(
+        self, conn: Connection, op: store.StaleOperation, tool_label: str, reason: str,
+        report: SweepReport,
+    ) -> None:
+        if store.mark_unknown(conn, op.operation_id, op.generation, owner_token=None, reason=reason):
+            report.count("marked_pending")
+            metrics.OPERATIONS_TERMINAL.labels(tool_label, "reconciliation_pending").inc()
+
+    def _resolve_by_lookup(
+        self, op: store.StaleOperation, tool: Tool[Any], report: SweepReport
+    ) -> None:
         with self.reader.connect() as conn:
             row = store.get_operation(conn, op.operation_id)
         if row is None or row.state != "started" or row.generation != op.generation:
             return  # someone else settled it meanwhile
-        context = ServerContext.from_json(json.loads(row.context))
-        args = tool.input_model.model_validate(json.loads(row.arguments))
-        ctx = RunContext(
-            operation_id=row.operation_id,
-            idempotency_key=f"toolfence:{row.operation_id}",
-            fencing_token=row.generation,
-            deadline=time.time() + tool.timeout_seconds,
-            server=context,
-            attempt=row.attempts,
-            still_owner=lambda: False,  # the reconciler only asks; it never writes downstream
-        )
-        assert tool.lookup is not None
-        try:
-            answer = tool.lookup(args, ctx)
-        except Exception:
-            log.warning("lookup for %s failed", op.operation_id, exc_info=True)
-            answer = None
+        answer = self._ask(row, tool)
         with self.engine.begin() as conn:
-            if answer is not None and answer.answer is LookupAnswer.DONE and answer.written:
-                output = tool.output_model.model_validate(
-                    answer.written.output.model_dump(mode="json")
-                    if hasattr(answer.written.output, "model_dump") else answer.written.output
-                ).model_dump(mode="json")
-                view = tool.project(tool.output_model.model_validate(output)) if tool.project else output
+            if isinstance(answer, _Done):
                 if store.record_lookup_result(
-                    conn, op.operation_id, op.generation, receipt=answer.written.receipt,
-                    result={"output": output, "model_view": view, "untrusted": tool.untrusted_output},
+                    conn, op.operation_id, op.generation, receipt=answer.receipt,
+                    result=answer.result,
                 ):
                     store.record_receipt(
-                        conn, op.operation_id, op.generation, answer.written.receipt,
+                        conn, op.operation_id, op.generation, answer.receipt,
                         accepted=True, source="reconciler",
                     )
                     report.count("lookup_succeeded")
                     metrics.OPERATIONS_TERMINAL.labels(tool.name, "succeeded").inc()
-            elif answer is not None and answer.answer is LookupAnswer.NOT_DONE:
+            elif isinstance(answer, _NotDone):
                 if store.requeue_stale(conn, op.operation_id, op.generation):
                     report.count("lookup_requeued")
-            elif store.mark_unknown(conn, op.operation_id, op.generation, owner_token=None,
-                                    reason="lookup_could_not_answer"):
-                report.count("marked_pending")
-                metrics.OPERATIONS_TERMINAL.labels(tool.name, "reconciliation_pending").inc()
+            else:
+                self._mark_pending(conn, op, tool.name, answer.reason, report)
+
+    def _ask(self, row: Any, tool: Tool[Any]) -> _Answer:
+        """The downstream's answer for one operation, or the reason it gave none.
+
+        Anything that goes wrong here (arguments that no longer fit the tool's
+        model, a lookup that raises, an answer that does not fit the output model)
+        is "cannot tell": the operation goes to a person rather than stopping the
+        sweep, where it would stop every later sweep too.
+        """
+        assert tool.lookup is not None
+        try:
+            args = tool.input_model.model_validate(json.loads(row.arguments))
+            ctx = RunContext(
+                operation_id=row.operation_id,
+                idempotency_key=f"toolfence:{row.operation_id}",
+                fencing_token=row.generation,
+                deadline=time.time() + tool.timeout_seconds,
+                server=ServerContext.from_json(json.loads(row.context)),
+                attempt=row.attempts,
+                call_id=row.call_id,
+                still_owner=lambda: False,  # the reconciler only asks; it never writes downstream
+            )
+            answer = tool.lookup(args, ctx)
+            if answer.answer is LookupAnswer.NOT_DONE:
+                return _NotDone()
+            if answer.answer is not LookupAnswer.DONE or answer.written is None:
+                return _CannotTell("lookup_could_not_answer")
+            value = answer.written.output
+            output = tool.output_model.model_validate(
+                value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+            )
+            full = output.model_dump(mode="json")
+            view = tool.project(output) if tool.project else full
+        except Exception as exc:
+            # No traceback for a validation error: its text quotes the stored arguments.
+            log.warning(
+                "lookup for %s gave no usable answer: %s", row.operation_id, type(exc).__name__,
+                exc_info=not isinstance(exc, ValidationError),
+            )
+            return _CannotTell("lookup_failed")
+        result = {"output": full, "model_view": view, "untrusted": tool.untrusted_output}
+        return _Done(result, answer.written.receipt)
 
     # ------------------------------------------------------------------ the rest
 
+    def _drain(
+        self,
+        report: SweepReport,
+        action: str,
+        find: Callable[[Connection, int], list[str]],
+        settle: Callable[[Connection, str], bool],
+    ) -> None:
+        """Find a batch, settle each in its own transaction (a CAS), until none is left.
+
+        Every found item leaves the found set, settled by us or by a concurrent
+        reconciler or worker; a batch with nothing new in it ends the loop anyway.
+        """
+        seen: set[str] = set()
+        while True:
+            with self.reader.connect() as conn:
+                found = [item for item in find(conn, self.settings.reconcile_batch_size)
+                         if item not in seen]
+            if not found:
+                return
+            for item in found:
+                seen.add(item)
+                with self.engine.begin() as conn:
+                    if settle(conn, item):
+                        report.count(action)
+
     def _due_retries(self, report: SweepReport) -> None:
-        with self.reader.connect() as conn:
-            due = store.due_retries(conn, self.settings.reconcile_batch_size)
-        for operation_id in due:
-            with self.engine.begin() as conn:
-                if store.promote_due_retry(conn, operation_id):
-                    report.count("promoted_retry")
+        self._drain(report, "promoted_retry", store.due_retries, store.promote_due_retry)
 
     def _stale_queued(self, report: SweepReport) -> None:
-        with self.reader.connect() as conn:
-            waiting = store.stale_queued(
-                conn, self.settings.reconcile_queued_after_seconds, self.settings.reconcile_batch_size
-            )
-        for operation_id in waiting:
-            with self.engine.begin() as conn:
-                if store.republish_queued(conn, operation_id):
-                    report.count("republished_queued")
+        threshold = self.settings.reconcile_queued_after_seconds
+        self._drain(
+            report,
+            "republished_queued",
+            lambda conn, limit: store.stale_queued(conn, threshold, limit),
+            # Still stale at the CAS: a concurrent reconciler that republished it
+            # first refreshed `queued_at`, and this one then changes nothing.
+            lambda conn, operation_id: store.republish_queued(
+                conn, operation_id, older_than_seconds=threshold
+            ),
+        )
 
     def _expired_approvals(self, report: SweepReport) -> None:
-        with self.reader.connect() as conn:
-            expired = store.expired_approvals(conn, self.settings.reconcile_batch_size)
-        for approval_id in expired:
-            with self.engine.begin() as conn:
-                if store.deny(conn, approval_id, approver="reconciler", reason="expired", expired=True):
-                    report.count("approval_expired")
-
+        self._drain(
+            report,
+            "approval_expired",
+            store.expired_approvals,
+            lambda conn, approval_id: store.deny(
+                conn, approval_id, approver="reconciler", reason="expired", expired=True
+            ),
+        )
