@@ -14,13 +14,15 @@ the error.
 from __future__ import annotations
 
 import json
+import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from executor.canonical import NotCanonicalizable, intent_hash
+from executor.canonical import NotCanonicalizable, canonical_json, intent_hash
 from executor.tools import Registry, Tool, ToolFailure
 from executor.types import ErrorCode, ErrorDetail, FailedTerminal, ProposedCall, ServerContext
 
@@ -129,18 +131,35 @@ def _value_depth_exceeds(value: Any, limit: int) -> bool:
     return False
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+class _NonFinite(ValueError):
+    pass
+
+
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for key, value in pairs:
         if key in result:
             # Two parsers may keep different copies: refuse rather than guess.
-            raise ValueError("duplicate key")
+            raise _DuplicateKey("duplicate key")
         result[key] = value
     return result
 
 
 def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(literal: str) -> float:
+    # `1e400` is valid JSON syntax but Python reads it as inf, which no canonical
+    # form (and no downstream) can represent: refuse it like NaN.
+    value = float(literal)
+    if not math.isfinite(value):
+        raise _NonFinite(literal)
+    return value
 
 
 def gate_parse(call: ProposedCall, limits: Limits) -> dict[str, Any]:
@@ -154,12 +173,18 @@ def gate_parse(call: ProposedCall, limits: Limits) -> dict[str, Any]:
             )
         try:
             size = len(json.dumps(raw, allow_nan=False).encode())
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, RecursionError):
             raise _reject(call, "parse", code, "arguments are not JSON values") from None
         if size > limits.max_argument_bytes:
             raise _reject(
                 call, "parse", code, "arguments are too large",
                 (ErrorDetail(path="", code="too_large", expected=f"<= {limits.max_argument_bytes} bytes"),),
+            )
+        if _contains_lone_surrogate(raw):
+            # The text path refuses these; a mapping must not be a way around it.
+            raise _reject(
+                call, "parse", code, "arguments are not UTF-8",
+                (ErrorDetail(path="", code="not_utf8", expected="UTF-8 JSON text"),),
             )
         return dict(raw)
     if isinstance(raw, bytes):
@@ -192,8 +217,21 @@ def gate_parse(call: ProposedCall, limits: Limits) -> dict[str, Any]:
         )
     try:
         value = json.loads(
-            text, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants
+            text,
+            object_pairs_hook=_no_duplicate_keys,
+            parse_constant=_no_constants,
+            parse_float=_finite_float,
         )
+    except _DuplicateKey:
+        raise _reject(
+            call, "parse", code, "arguments repeat a key",
+            (ErrorDetail(path="", code="duplicate_key", expected="each key once"),),
+        ) from None
+    except _NonFinite:
+        raise _reject(
+            call, "parse", code, "arguments contain a number too large to represent",
+            (ErrorDetail(path="", code="non_finite", expected="a finite number"),),
+        ) from None
     except (ValueError, RecursionError):
         raise _reject(
             call, "parse", code, "arguments are not valid JSON",
@@ -229,10 +267,10 @@ def _contains_lone_surrogate(value: Any) -> bool:
                 item.encode("utf-8")
             except UnicodeEncodeError:
                 return True
-        elif isinstance(item, dict):
+        elif isinstance(item, Mapping):
             stack.extend(item.keys())
             stack.extend(item.values())
-        elif isinstance(item, list):
+        elif isinstance(item, list | tuple):
             stack.extend(item)
     return False
 
@@ -243,34 +281,75 @@ def _contains_lone_surrogate(value: Any) -> bool:
 _VALUE_ERROR_TYPES = {"value_error", "assertion_error"}
 
 
+def _echoes_input(text: str, rejected_input: Any) -> bool:
+    """Does `text` quote the rejected value?
+
+    Strings (where secrets live) anywhere in the text; numbers only as a whole
+    token, so "100" is not found in "greater than or equal to 1000".
+    """
+    if isinstance(rejected_input, bytes):
+        rejected_input = rejected_input.decode(errors="replace")
+    if isinstance(rejected_input, str):
+        return len(rejected_input) >= 3 and rejected_input in text
+    if isinstance(rejected_input, int | float) and not isinstance(rejected_input, bool):
+        token = re.escape(str(rejected_input))
+        return re.search(rf"(?<![\w.]){token}(?![\w.])", text) is not None
+    return False
+
+
+def _expected(err: Any) -> str | None:
+    ctx = err.get("ctx") or {}
+    if err["type"] in _VALUE_ERROR_TYPES:
+        return None
+    if "expected" in ctx:
+        return str(ctx["expected"])
+    if "expected_tags" in ctx:
+        # union_tag_invalid: its message quotes the rejected tag.
+        return str(ctx["expected_tags"])
+    message = str(err["msg"])
+    if "error" in ctx:
+        # Parser errors ("…, invalid character found `x` at 3") can quote the input.
+        message = message.replace(str(ctx["error"]), "").rstrip(" ,:")
+    return message
+
+
 def schema_details(exc: ValidationError) -> tuple[ErrorDetail, ...]:
     """Safe details from a pydantic error: where, which kind, what was expected.
 
-    The input (`err["input"]`) is deliberately dropped, and so is the message of
-    custom validators, which may quote it.
+    The input (`err["input"]`) is deliberately dropped, and so is any message that
+    could quote it: custom validators' text, a discriminated union's "input tag
+    'x'", a parser's error text, and whatever else contains the rejected value.
     """
     details = []
-    for err in exc.errors(include_url=False, include_input=False):
+    for err in exc.errors(include_url=False, include_input=True):
         path = ".".join(str(part) for part in err["loc"])
-        ctx = err.get("ctx") or {}
-        if err["type"] in _VALUE_ERROR_TYPES:
+        expected = _expected(err)
+        if expected is not None and _echoes_input(expected, err.get("input")):
             expected = None
-        elif "expected" in ctx:
-            expected = str(ctx["expected"])
-        else:
-            expected = err["msg"]
         details.append(ErrorDetail(path=path, code=err["type"], expected=expected))
     return tuple(details)
 
 
 def gate_schema(call: ProposedCall, tool: Tool[Any], value: dict[str, Any]) -> BaseModel:
     try:
-        return tool.input_model.model_validate(value, strict=False)
+        args: BaseModel = tool.input_model.model_validate(value, strict=False)
     except ValidationError as exc:
         raise _reject(
             call, "schema", ErrorCode.INVALID_ARGUMENTS, "arguments do not match the schema",
             schema_details(exc),
         ) from None
+    try:
+        # The intent hash needs a canonical form; a value without one (an integer
+        # beyond 2**53 - 1) is a schema problem, refused before any hook of the tool
+        # (access rule, check, approval: they may do I/O) is consulted for it.
+        canonical_json(args.model_dump(mode="json"))
+    except NotCanonicalizable:
+        raise _reject(
+            call, "schema", ErrorCode.INVALID_ARGUMENTS,
+            "arguments contain a number outside the interoperable JSON range",
+            (ErrorDetail(path="", code="not_canonical", expected="|integer| < 2**53"),),
+        ) from None
+    return args
 
 
 # ---------------------------------------------------------------- gate 4: authorization
@@ -369,7 +448,7 @@ def admit(
             raise _reject(
                 call, "schema", ErrorCode.INVALID_ARGUMENTS,
                 "arguments contain a number outside the interoperable JSON range",
-                (ErrorDetail(path="", code="not_canonical", expected="|integer| <= 2**53"),),
+                (ErrorDetail(path="", code="not_canonical", expected="|integer| < 2**53"),),
             ) from None
         return Admitted(
             call=call,

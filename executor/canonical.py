@@ -21,7 +21,7 @@ class NotCanonicalizable(ValueError):
 def canonical_json(value: Any) -> bytes:
     try:
         return rfc8785.dumps(value)
-    except (rfc8785.CanonicalizationError, TypeError, ValueError) as exc:
+    except (rfc8785.CanonicalizationError, TypeError, ValueError, RecursionError) as exc:
         raise NotCanonicalizable(str(exc)) from exc
 
 

@@ -22,6 +22,7 @@ whether it won, and appends an audit event in the same transaction.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -123,6 +124,9 @@ _OPERATION_AUDIT_COLUMNS = (
     operations.c.generation,
     operations.c.intent_hash,
 )
+
+
+_DECISION_CODE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 
 
 def new_owner_token() -> str:
@@ -644,7 +648,14 @@ def mark_unknown(
     ).one_or_none()
     if row is None:
         return False
-    _audit(conn, row, State.STARTED, State.RECONCILIATION_PENDING, reason, clock)
+    # The audit keeps stable codes: a free-text reason (a sentence, an exception's
+    # text quoting arguments) stays on the operation's `error`, not in the
+    # append-only trail, whose `decision_code` column is 64 characters.
+    decision = (
+        reason if _DECISION_CODE.fullmatch(reason) else ErrorCode.RECONCILIATION_PENDING.value
+    )
+    actor = None if owner_token is not None else "reconciler"
+    _audit(conn, row, State.STARTED, State.RECONCILIATION_PENDING, decision, clock, actor=actor)
     # Its queued successors were waiting for it: wake them (see `predecessor_failed`).
     _release_successors(conn, operation_id, clock)
     return True
