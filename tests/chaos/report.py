@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from collections import Counter, defaultdict
@@ -37,6 +38,8 @@ def _describe(kind: str) -> str:
 
 
 def _git_commit() -> str:
+    if os.environ.get("TOOLFENCE_CHAOS_COMMIT"):  # a run from an exported snapshot has no .git
+        return os.environ["TOOLFENCE_CHAOS_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               check=False).stdout.strip() or "?"
