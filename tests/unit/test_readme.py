@@ -1,0 +1,258 @@
+"""The README stays true: its commands and code run, its excerpts match the code,
+and every setting, metric, alert and command it names exists.
+
+Fenced blocks and the HTML comment on the line right before each:
+
+- ```bash / ```sh / ```console: run for real, in document order, in one
+  temporary directory on the embedded default (SQLite + filesystem broker),
+  unless marked `<!-- needs: <tags> (why) -->`. Only the tags in KNOWN_NEEDS
+  may excuse a block: a server, docker, or a process that runs until stopped.
+- ```python: either `<!-- run -->` (run, in the same directory and order) or
+  `<!-- excerpt: <path> -->` (must appear verbatim in that file). A python
+  block with neither fails the test.
+
+No server is needed; the demo itself is covered by tests/fleet/test_demo.py.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+VENV_BIN = Path(sys.executable).parent
+SHELLS = {"bash", "sh", "console"}
+KNOWN_NEEDS = {"postgres", "redis", "rabbitmq", "docker", "long-running"}
+BLOCK_TIMEOUT_SECONDS = 120
+
+
+@dataclass(frozen=True)
+class Block:
+    language: str
+    code: str
+    line: int  # 1-based line of the opening fence
+    marker: str | None  # the HTML comment right before the fence, without <!-- -->
+
+    @property
+    def needs(self) -> set[str] | None:
+        if self.marker is None or not self.marker.startswith("needs:"):
+            return None
+        return set(self.marker[len("needs:"):].split("(", 1)[0].split())
+
+    @property
+    def excerpt_of(self) -> Path | None:
+        if self.marker is None or not self.marker.startswith("excerpt:"):
+            return None
+        return ROOT / self.marker[len("excerpt:"):].strip()
+
+    @property
+    def runnable(self) -> bool:
+        if self.language in SHELLS:
+            return self.needs is None
+        return self.language == "python" and self.marker == "run"
+
+    def __str__(self) -> str:
+        return f"README.md:{self.line} ({self.language})"
+
+
+@cache
+def readme() -> str:
+    return README.read_text(encoding="utf-8")
+
+
+def parse_blocks(text: str) -> list[Block]:
+    lines = text.splitlines()
+    found: list[Block] = []
+    index = 0
+    while index < len(lines):
+        opening = re.fullmatch(r"```(\w*)\s*", lines[index])
+        if not opening:
+            index += 1
+            continue
+        end = index + 1
+        while end < len(lines) and lines[end].rstrip() != "```":
+            end += 1
+        previous = index - 1
+        while previous >= 0 and not lines[previous].strip():
+            previous -= 1
+        comment = re.fullmatch(r"<!--\s*(.*?)\s*-->", lines[previous].strip()) if previous >= 0 else None
+        found.append(
+            Block(
+                language=opening.group(1),
+                code="\n".join(lines[index + 1 : end]) + "\n",
+                line=index + 1,
+                marker=comment.group(1) if comment else None,
+            )
+        )
+        index = end + 1
+    return found
+
+
+def blocks() -> list[Block]:
+    return parse_blocks(readme())
+
+
+def shell_commands(block: Block) -> str:
+    """A console block's `$ ` lines; a bash/sh block as it is."""
+    if block.language != "console":
+        return block.code
+    return "\n".join(line[2:] for line in block.code.splitlines() if line.startswith("$ ")) + "\n"
+
+
+def _environment(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TOOLFENCE_", "PROMETHEUS_"))}
+    env["TOOLFENCE_HOME"] = str(home)
+    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def _run(block: Block, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    if block.language == "python":
+        argv = [sys.executable, "-c", block.code]
+    else:
+        argv = ["bash", "-euo", "pipefail", "-c", shell_commands(block)]
+    process = subprocess.Popen(
+        argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )
+    try:
+        output, _ = process.communicate(timeout=BLOCK_TIMEOUT_SECONDS)
+    except subprocess.TimeoutExpired:
+        output = "(timed out)"
+    finally:
+        # Anything the block left running in the background dies with it.
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        process.wait()
+    return subprocess.CompletedProcess(argv, process.returncode, output, None)
+
+
+# ------------------------------------------------------------------ structure
+
+
+def test_parse_blocks__marker_is_the_comment_right_before_the_fence() -> None:
+    text = "intro\n<!-- needs: docker (why) -->\n\n```bash\nls\n```\n```python\nx = 1\n```\n"
+    parsed = parse_blocks(text)
+    assert [(b.language, b.line, b.marker) for b in parsed] == [
+        ("bash", 4, "needs: docker (why)"),
+        ("python", 7, None),
+    ]
+    assert parsed[0].needs == {"docker"} and not parsed[0].runnable
+    assert parsed[1].code == "x = 1\n" and not parsed[1].runnable
+
+
+def test_readme__every_block_is_run_excerpted_or_excused_for_a_known_reason() -> None:
+    for block in blocks():
+        if block.language in SHELLS and block.needs is not None:
+            assert block.needs and block.needs <= KNOWN_NEEDS, f"{block}: unknown needs {block.needs}"
+        if block.language == "python":
+            assert block.marker == "run" or block.excerpt_of is not None, (
+                f"{block}: a python block is marked <!-- run --> or <!-- excerpt: path -->"
+            )
+    runnable = [b for b in blocks() if b.runnable]
+    # Enough really runs that this test cannot pass by excusing everything.
+    assert sum(b.language in SHELLS for b in runnable) >= 2
+    assert sum(b.language == "python" for b in runnable) >= 2
+
+
+def test_readme__excerpts_match_the_code_verbatim() -> None:
+    excerpts = [b for b in blocks() if b.excerpt_of is not None]
+    assert excerpts
+    for block in excerpts:
+        path = block.excerpt_of
+        assert path is not None and path.is_file(), f"{block}: no file {path}"
+        assert block.code in path.read_text(encoding="utf-8"), (
+            f"{block} no longer matches {path.relative_to(ROOT)}: update the README"
+        )
+
+
+# ------------------------------------------------------------------ running it
+
+
+def test_readme__commands_and_code_run_on_the_embedded_default(tmp_path: Path) -> None:
+    # Given an empty directory and no server configured
+    env = _environment(tmp_path / ".toolfence")
+    # When every runnable block runs, in the order a reader would run them
+    for block in [b for b in blocks() if b.runnable]:
+        completed = _run(block, tmp_path, env)
+        # Then each one succeeds
+        assert completed.returncode == 0, f"{block} failed:\n{block.code}\n--- output\n{completed.stdout}"
+    # and the state they built is the one the README describes
+    assert (tmp_path / ".toolfence" / "toolfence.db").exists()
+
+
+# ------------------------------------------------------------------ names it uses
+
+
+def _code_text(*parts: str) -> str:
+    return "\n".join(
+        path.read_text(encoding="utf-8", errors="replace")
+        for part in parts
+        for path in sorted((ROOT / part).rglob("*"))
+        if path.is_file() and path.suffix in {".py", ".sh", ".yml", ".yaml", ".cron", ".service", ".timer"}
+    )
+
+
+def test_readme__documents_every_setting_the_code_reads() -> None:
+    code = _code_text("executor", "outbox", "reconciler", "ledger", "ops")
+    names = {n for n in re.findall(r"\bTOOLFENCE_[A-Z0-9_]+", code) if not n.endswith("_")}
+    names.add("PROMETHEUS_MULTIPROC_DIR")
+    missing = sorted(n for n in names if f"`{n}`" not in readme())
+    assert not missing, f"settings the code reads that the README does not document: {missing}"
+
+
+def _metric_base(name: str) -> str:
+    return re.sub(r"_(total|bucket|count|sum)$", "", name)
+
+
+def test_readme__every_metric_it_names_is_defined_in_the_code() -> None:
+    from executor import db
+
+    code = (ROOT / "executor" / "metrics.py").read_text() + (ROOT / "executor" / "exporter.py").read_text()
+    defined = {_metric_base(n) for n in re.findall(r'"(toolfence_[a-z0-9_]+)"', code)}
+    tables = set(db.metadata.tables) | {"toolfence_alembic_version"}
+    named = {n for n in re.findall(r"\btoolfence_[a-z0-9_]+", readme()) if n not in tables}
+    unknown = sorted(n for n in named if _metric_base(n) not in defined)
+    assert named and not unknown, f"metrics the README names that the code does not define: {unknown}"
+
+
+def test_readme__every_alert_it_names_is_in_the_rules() -> None:
+    rules = (ROOT / "ops" / "alerts.yml").read_text()
+    named = set(re.findall(r"\b(Toolfence[A-Z]\w+)", readme()))
+    assert named and all(f"alert: {n}" in rules for n in named), sorted(
+        n for n in named if f"alert: {n}" not in rules
+    )
+
+
+def test_readme__every_cli_command_it_names_exists() -> None:
+    from executor.cli import build_parser
+
+    parser = build_parser()
+    subcommands = next(a for a in parser._actions if a.dest == "command").choices  # noqa: SLF001
+    assert subcommands is not None
+    shell_text = "\n".join(
+        re.sub(r"(^|\s)#.*$", "", line)  # a comment may say "toolfence vs …"
+        for b in blocks() if b.language in SHELLS
+        for line in shell_commands(b).splitlines()
+    )
+    spans = "\n".join(re.findall(r"`(toolfence [^`]+)`", readme()))
+    used = set(re.findall(r"(?:^|[\s(/])toolfence ([a-z][a-z-]*)", shell_text + "\n" + spans, re.M))
+    assert used and used <= set(subcommands), f"unknown subcommands: {sorted(used - set(subcommands))}"
+
+
+@pytest.mark.parametrize("target", ["demo", "test"])
+def test_readme__the_two_commands_are_make_targets(target: str) -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(rf"^{target}:", makefile, re.M)
+    assert f"make {target}" in readme()
