@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,10 +40,17 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.dialects import postgresql, sqlite
 
 from executor.clock import DATABASE_CLOCK, Clock
-from executor.db import approvals, audit_events, calls, operations, outbox, receipts
+from executor.db import (
+    approvals,
+    audit_events,
+    calls,
+    insert_ignore,
+    operations,
+    outbox,
+    receipts,
+)
 from executor.states import SETTLED, TERMINAL, State
 from executor.types import ErrorCode
 
@@ -167,21 +174,6 @@ def _audit(
     )
 
 
-def _insert_ignore(conn: Connection, table: Any, values: dict[str, Any], key: Sequence[str]) -> bool:
-    """INSERT … ON CONFLICT DO NOTHING on either dialect; True when a row was inserted."""
-    dialect = conn.dialect.name
-    ins: Any
-    if dialect == "postgresql":
-        ins = postgresql.insert(table).values(**values).on_conflict_do_nothing(index_elements=key)
-    elif dialect == "sqlite":
-        ins = sqlite.insert(table).values(**values).on_conflict_do_nothing(index_elements=key)
-    else:  # pragma: no cover - the URL check refuses other dialects
-        raise StoreError(f"unsupported dialect {dialect}")
-    # RETURNING rather than rowcount: drivers disagree on rowcount for DO NOTHING.
-    key_column = table.c[key[0]]
-    return conn.execute(ins.returning(key_column)).first() is not None
-
-
 # --------------------------------------------------------------------- register
 
 
@@ -189,7 +181,7 @@ def register(conn: Connection, new: NewOperation, clock: Clock = DATABASE_CLOCK)
     """Create the operation, or report what the idempotency table says about its id."""
     state = State.PENDING_APPROVAL if new.needs_approval else State.QUEUED
     now = conn.execute(select(clock.now())).scalar_one()
-    inserted = _insert_ignore(
+    inserted = insert_ignore(
         conn,
         operations,
         {
@@ -805,6 +797,10 @@ def stale_queued(
             .where(
                 operations.c.state == State.QUEUED.value,
                 operations.c.queued_at < clock.now() - older_than_seconds,
+                # One still waiting for an earlier write has no message by design. One
+                # behind a `reconciliation_pending` write is due: a worker ends it (a
+                # write, `predecessor_failed`) or runs it (a read).
+                _predecessors_settled(operations, SETTLED),
             )
             .order_by(operations.c.queued_at)
             .limit(limit)
