@@ -362,10 +362,10 @@ class Campaign:
                 elapsed = time.monotonic() - stopped_at
                 try:
                     with engine.connect() as conn:
-                        last = conn.execute(
+                        last = list(conn.execute(
                             select(operations.c.operation_id, operations.c.tool_name, operations.c.state)
                             .where(operations.c.state.not_in(SETTLED_VALUES))
-                        ).all()
+                        ))
                 except Exception:
                     last = [("?", "?", "database unreachable")]
                 if elapsed >= bound and unsettled_at_bound is None:
@@ -417,7 +417,7 @@ class Campaign:
                             "tool_name": status.tool_name, "status": status.status,
                         }
                         if status.status == "pending":
-                            final["state"] = status.state  # type: ignore[union-attr]
+                            final["state"] = status.state
                         finals.append(final)
                 history.add_many("db.final_results", finals)
                 conn.execute(text("SELECT 1"))

@@ -182,9 +182,10 @@ class ProxyControl:
         args = [sys.executable, "-m", "tests.chaos.proxy"]
         for name, (host, port) in upstreams.items():
             args += ["--route", f"{name}={host}:{port}"]
-        self._log = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
+        self._log = open(log_path, "ab") if log_path else None  # noqa: SIM115
         self.process = subprocess.Popen(
-            args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True, bufsize=1,
+            args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=self._log if self._log is not None else subprocess.DEVNULL, text=True, bufsize=1,
         )
         assert self.process.stdout is not None
         self.ports: dict[str, int] = json.loads(self.process.stdout.readline())
@@ -221,7 +222,7 @@ class ProxyControl:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(5)
-        if self._log is not subprocess.DEVNULL:
+        if self._log is not None:
             self._log.close()
 
 

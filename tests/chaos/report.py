@@ -30,6 +30,52 @@ DESCRIPTIONS = {
 }
 
 
+# What earlier runs of this campaign found, and what was done about each (kept with
+# the report so that regenerating it does not lose them).
+FINDINGS = """\
+## What the campaign found
+
+Fixed (each with a commit and an entry in docs/decisions.md):
+
+1. **Duplicate invoice from a paused owner (I1).** A worker SIGSTOPped between
+   `ensure_owner()` and its `create_invoice` outlived its lease; the reconciler's
+   lookup answered "not done" and requeued; the next generation created the
+   invoice, and the continued worker created a second one. The reference
+   ledger's lookup now closes the door on the generation it answers for
+   (`ledger/service.py`: `find_invoice(reference, fencing_token)` raises the
+   reference's fence in the same transaction; `create_invoice` refuses older
+   generations under the same row lock, recorded in `ledger_fenced`).
+2. **Calls stuck `queued` for ever behind a `reconciliation_pending` write (I2).**
+   Later writes waited for a terminal predecessor and nothing woke them
+   (`executor/store.py`): now `predecessor_failed` counts a pending predecessor,
+   a read's reservation needs settled (not terminal) predecessors, and
+   `mark_unknown` wakes the successors.
+3. **Ambiguous-commit fault points rolled back instead of committing**
+   (`executor/runner.py`): `reserve_commit`/`complete_commit` fired inside the
+   transaction, so "ambiguous" was an abort; they now fire after the commit.
+4. **Database errors escaping the worker** (`executor/runner.py`): before the
+   handler (approval check), while recording a receipt, releasing to retry or
+   marking an unknown outcome, an error went into Celery and left the
+   operation `started` until its lease expired — an `unsafe` write then went to
+   a person although nothing (or a known receipt) had happened. Now released
+   to retry, retried, or checked for ambiguity as `complete` already was; a
+   read whose connection failed is retryable rather than `failed_terminal`.
+
+Seen and left alone (reported):
+
+- Celery/kombu 5.7 with Redis: a worker's main process can exit with status 0
+  ("Unrecoverable error: AttributeError: 'NoneType' object has no attribute
+  'hostname'") when the broker connection resets while a late ack is sent. The
+  campaign's supervisor replaces it, as `restart: unless-stopped` does in
+  docker-compose; a supervisor with `Restart=on-failure` would not.
+- A transient database error inside a tool's access rule at run time ends the
+  call `permission_denied` (hooks fail closed, `executor/admission.py`).
+- A lookup that raises in the reconciler sends the operation to
+  `reconciliation_pending` (`lookup_failed`) rather than asking again on the
+  next sweep (`reconciler/sweep.py`).
+"""
+
+
 def _describe(kind: str) -> str:
     if kind.startswith("net_"):
         _, mode, factor = kind.split("_")
@@ -186,6 +232,7 @@ def write_markdown(report: dict[str, Any], path: Path, run_dir: Path) -> None:
             continue
         lines.append(f"- {name}: asked {requirement['asked']}, got {requirement['got']} "
                      f"({'ok' if requirement['ok'] else 'NOT MET'})")
+    lines += ["", FINDINGS.rstrip()]
     rows = timeline(run_dir / "history.jsonl")
     if rows:
         lines += [
