@@ -91,6 +91,11 @@ def make_celery(settings: Settings) -> Celery:
         worker_consumer="executor.celery_app:CountingConsumer",
         worker_cancel_long_running_tasks_on_connection_loss=True,
     )
+    if settings.broker_url.startswith("filesystem://"):
+        # Atomic message files: the stock transport lets a consumer read a half-written one.
+        app.conf.broker_transport = "executor.fs_transport:Transport"
+        # No broadcast mailbox on files: nothing would read it, and it is one more table.
+        app.conf.worker_enable_remote_control = False
     return app
 
 

@@ -177,11 +177,26 @@ class OperationRunner:
             reservation = self._recover_reservation(row.operation_id, owner_token)
             if reservation is None:
                 raise
+        if reservation is None and state is State.STARTED and tool is not None:
+            reservation = self._take_over_when_expired(row.operation_id, owner_token)
         if reservation is None:
             return Outcome("not_ready", state.value)
         if reservation.took_over:
             metrics.LEASE_TAKEOVERS.labels(row.tool_name).inc()
         return reservation
+
+    def _take_over_when_expired(self, operation_id: str, owner_token: str) -> store.Reservation | None:
+        """A redelivered message (its worker died) usually arrives while the dead
+        owner's lease still runs. Waiting out a lease this short, then taking over,
+        finishes the operation now instead of at the reconciler's next sweep; if the
+        owner is alive it renews meanwhile and the take-over simply loses."""
+        with self.reader.connect() as conn:
+            remaining = store.lease_remaining(conn, operation_id)
+        if remaining is None or not 0 < remaining <= self.settings.lease_seconds:
+            return None
+        time.sleep(remaining + 0.05)
+        with self.engine.begin() as conn:
+            return store.take_over(conn, operation_id, owner_token, self.settings.lease_seconds)
 
     def _recover_reservation(self, operation_id: str, owner_token: str) -> store.Reservation | None:
         for attempt in range(5):

@@ -286,17 +286,33 @@ def record_call(
 # --------------------------------------------------------------------- ownership
 
 
-def _predecessors_settled(alias_outer: Any, settled: frozenset[State] = TERMINAL) -> Any:
-    """No earlier write of the same request is still outside `settled` (default: terminal)."""
+def _waiting_on_earlier(outer: Any, *, write_after_write: frozenset[State] = TERMINAL) -> Any:
+    """SQL: the operation must still wait for an earlier call of its request.
+
+    Proposal order, as DESIGN.md states it: reads of a request run in parallel with
+    each other; a read waits for every earlier write, and a write waits for every
+    earlier call — an earlier read too, so a read placed before a write never sees
+    it. An earlier call stops blocking once settled (terminal or
+    `reconciliation_pending`), except that for write-after-write the caller says
+    which states count (`reserve`: terminal only; the worker ends a write behind a
+    `reconciliation_pending` write as `predecessor_failed`).
+    """
     earlier = operations.alias("earlier")
-    return ~exists(
+    return exists(
         select(literal(1))
         .select_from(earlier)
         .where(
-            earlier.c.request_id == alias_outer.c.request_id,
-            earlier.c.position < alias_outer.c.position,
-            earlier.c.mode == "write",
-            earlier.c.state.not_in([s.value for s in settled]),
+            earlier.c.request_id == outer.c.request_id,
+            earlier.c.position < outer.c.position,
+            or_(earlier.c.mode == "write", outer.c.mode == "write"),
+            or_(
+                earlier.c.state.not_in([s.value for s in SETTLED]),
+                and_(
+                    earlier.c.mode == "write",
+                    outer.c.mode == "write",
+                    earlier.c.state.not_in([s.value for s in write_after_write]),
+                ),
+            ),
         )
     )
 
@@ -351,10 +367,7 @@ def reserve(
             operations.c.operation_id == operation_id,
             operations.c.state == State.QUEUED.value,
             operations.c.available_at <= now,
-            or_(
-                _predecessors_settled(operations),
-                and_(operations.c.mode == "read", _predecessors_settled(operations, SETTLED)),
-            ),
+            ~_waiting_on_earlier(operations),
         )
         .values(
             state=State.STARTED.value,
@@ -443,6 +456,16 @@ def renew(
     ).scalar_one_or_none()
 
 
+def lease_remaining(conn: Connection, operation_id: str, clock: Clock = DATABASE_CLOCK) -> float | None:
+    """Seconds until a `started` operation's lease expires, on the database clock."""
+    return conn.execute(
+        select(operations.c.lease_expires_at - clock.now()).where(
+            operations.c.operation_id == operation_id,
+            operations.c.state == State.STARTED.value,
+        )
+    ).scalar_one_or_none()
+
+
 def still_owner(
     conn: Connection,
     operation_id: str,
@@ -465,23 +488,24 @@ def still_owner(
 
 
 def _release_successors(conn: Connection, operation_id: str, clock: Clock) -> None:
-    """An operation became terminal: wake queued successors of the same request.
+    """An operation settled: wake the queued successors of its request that no longer wait.
 
-    They were waiting on it (their reservation CAS requires earlier writes to be
-    terminal); a fresh message lets a worker try again now. Duplicates are harmless.
+    They had no message while they waited (see `_waiting_on_earlier`); a fresh one
+    lets a worker run them now, or end a write `predecessor_failed`.
     """
     op = conn.execute(
-        select(operations.c.request_id, operations.c.position, operations.c.mode).where(
+        select(operations.c.request_id, operations.c.position).where(
             operations.c.operation_id == operation_id
         )
     ).one_or_none()
-    if op is None or op.mode != "write":
+    if op is None:
         return
     successors = conn.execute(
         select(operations.c.operation_id).where(
             operations.c.request_id == op.request_id,
             operations.c.position > op.position,
             operations.c.state == State.QUEUED.value,
+            ~_waiting_on_earlier(operations, write_after_write=SETTLED),
         )
     ).scalars()
     for successor in successors:
@@ -800,7 +824,7 @@ def stale_queued(
                 # One still waiting for an earlier write has no message by design. One
                 # behind a `reconciliation_pending` write is due: a worker ends it (a
                 # write, `predecessor_failed`) or runs it (a read).
-                _predecessors_settled(operations, SETTLED),
+                ~_waiting_on_earlier(operations, write_after_write=SETTLED),
             )
             .order_by(operations.c.queued_at)
             .limit(limit)

@@ -105,7 +105,8 @@ def enqueue(
     request_id = context.request_id
     handles: list[CallHandle] = []
     write_blocked = False  # an earlier write of this request did not/cannot succeed
-    earlier_write_admitted = False  # an earlier write is waiting to run (ordering)
+    earlier_write_admitted = False  # an earlier write will run first (reads wait for it)
+    earlier_call_admitted = False  # an earlier call will run first (writes wait for it)
 
     for position, call in enumerate(calls):
         operation_id = (operation_ids or {}).get(call.call_id) or default_operation_id(
@@ -140,13 +141,14 @@ def enqueue(
             )
             handles.append(CallHandle(call.call_id, call.tool_name, None, result))
             continue
-        handle, ok = _register(conn, decision, operation_id, position, context, earlier_write_admitted)
+        waits = earlier_call_admitted if is_write else earlier_write_admitted
+        handle, ok = _register(conn, decision, operation_id, position, context, waits)
         handles.append(handle)
-        if is_write:
-            if ok:
-                earlier_write_admitted = True
-            else:
-                write_blocked = True
+        if handle.operation_id is not None and isinstance(handle.status, Pending):
+            earlier_call_admitted = True
+            earlier_write_admitted = earlier_write_admitted or is_write
+        if is_write and not ok:
+            write_blocked = True
 
     if conn.dialect.name == "postgresql":
         # Delivered at commit, and only if the caller commits: wakes the relay early.
@@ -165,7 +167,7 @@ def _register(
     operation_id: str,
     position: int,
     context: ServerContext,
-    earlier_write_admitted: bool,
+    waits_for_earlier: bool,
 ) -> tuple[CallHandle, bool]:
     """Register one admitted call. Returns its handle and whether a write may follow it."""
     call, tool = admitted.call, admitted.tool
@@ -196,8 +198,8 @@ def _register(
     status: CallStatus
     if isinstance(outcome, store.Created):
         record(operation_id=operation_id, gate=None, result=None)
-        if outcome.state is State.QUEUED and not earlier_write_admitted:
-            # Later calls wait for an earlier write; its completion publishes them.
+        if outcome.state is State.QUEUED and not waits_for_earlier:
+            # A call that waits for an earlier one gets its message when that one settles.
             store.add_outbox_row(conn, operation_id)
         decision = "pending_approval" if outcome.state is State.PENDING_APPROVAL else "admitted"
         metrics.PROPOSALS.labels(tool.name, "registration", decision).inc()

@@ -719,24 +719,33 @@ def test_reserve__later_write_waits_for_earlier_write_to_be_terminal(s: Store) -
     read_3 = s.register_queued(position=3, mode="read")
     other_request = s.register_queued(request_id="req-2", position=5)
 
-    # Then the first write need not wait for the read before it, nor for other requests
-    assert s.reserve(read_0, "w0", LEASE) is not None
+    # Then the first write waits for the read before it (which must not see it),
+    # but not for other requests
+    started_read = s.reserve(read_0, "w0", LEASE)
+    assert started_read is not None
+    with s.unchanged(write_1):
+        assert s.reserve(write_1, "w1", LEASE) is None
+    assert s.reserve(other_request, "w9", LEASE) is not None
+    # When the read completes, the write gets a fresh message and may run
+    assert s.complete(read_0, 1, "w0", intent("refund ord-1 200"), succeeded=True)
+    assert s.outbox_rows(write_1) == 1
     first = s.reserve(write_1, "w1", LEASE)
     assert first is not None
-    assert s.reserve(other_request, "w9", LEASE) is not None
     # And the second write and the trailing read wait for the first write
     with s.unchanged(write_2), s.unchanged(read_3):
         assert s.reserve(write_2, "w2", LEASE) is None
         assert s.reserve(read_3, "w3", LEASE) is None
 
-    # When the first write completes, its queued successors get a fresh message
+    # When the first write completes, the successor it unblocks gets a fresh message;
+    # the read behind the second write does not (it still waits)
     assert s.complete(write_1, 1, "w1", intent("refund ord-1 200"), succeeded=True)
-    assert s.outbox_rows(write_2) == 1 and s.outbox_rows(read_3) == 1
+    assert s.outbox_rows(write_2) == 1 and s.outbox_rows(read_3) == 0
     # Then the second write may run, and the read still waits for it
     second = s.reserve(write_2, "w2", LEASE)
     assert second is not None
     assert s.reserve(read_3, "w3", LEASE) is None
     assert s.complete(write_2, 1, "w2", intent("refund ord-1 200"), succeeded=False)
+    assert s.outbox_rows(read_3) == 1
     assert s.reserve(read_3, "w3", LEASE) is not None
 
 
