@@ -39,7 +39,8 @@ def provider_call(call_id: str | None) -> Iterator[None]:
 
 def current_provider_call_id(ctx: Any) -> str | None:
     explicit = getattr(ctx, "call_id", None)
-    return explicit if isinstance(explicit, str) else _provider_call_id.get()
+    # RunContext.call_id is "" when the caller did not know it: use the block's then.
+    return explicit if isinstance(explicit, str) and explicit else _provider_call_id.get()
 
 
 @dataclass(frozen=True)
