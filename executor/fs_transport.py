@@ -16,13 +16,14 @@ import uuid
 from time import monotonic
 from typing import Any
 
+from kombu.exceptions import ChannelError
 from kombu.transport import filesystem
 from kombu.utils.encoding import str_to_bytes
 from kombu.utils.json import dumps
 
 
 class Channel(filesystem.Channel):  # type: ignore[misc]
-    def _put(self, queue: str, payload: Any, **kwargs: Any) -> None:
+    def _put(self, queue: str, payload: Any, **kwargs: Any) -> None:  # type: ignore[override]
         name = f"{int(round(monotonic() * 1000))}_{uuid.uuid4()}.{queue}.msg"
         final = os.path.join(self.data_folder_out, name)
         # A leading dot: `_get` matches `<prefix>.<queue>.msg` and never sees it.
@@ -32,7 +33,7 @@ class Channel(filesystem.Channel):  # type: ignore[misc]
                 handle.write(str_to_bytes(dumps(payload)))
             os.replace(temporary, final)
         except OSError as exc:
-            raise filesystem.ChannelError(f"Cannot add file {name!r} to directory") from exc
+            raise ChannelError(f"Cannot add file {name!r} to directory") from exc
 
     def _queue_bind(self, exchange: str, routing_key: str, pattern: str, queue: str) -> None:
         table = self._exchange_file(exchange)

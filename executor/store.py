@@ -146,7 +146,7 @@ def _dumps(value: Any) -> str:
 
 def _audit(
     conn: Connection,
-    row: Row[Any],
+    row: Any,
     from_state: State | None,
     to_state: State,
     decision_code: str,

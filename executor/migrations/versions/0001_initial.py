@@ -6,6 +6,8 @@ Revises:
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 from alembic import op
 
@@ -18,7 +20,7 @@ ACTIVE = ("pending_approval", "queued", "started", "retry_wait", "reconciliation
 ID = sa.BigInteger().with_variant(sa.Integer, "sqlite")
 
 
-def _partial(where: str) -> dict[str, object]:
+def _partial(where: str) -> dict[str, Any]:
     clause = sa.text(where)
     return {"postgresql_where": clause, "sqlite_where": clause}
 
