@@ -83,6 +83,12 @@ def _describe(kind: str) -> str:
     return DESCRIPTIONS.get(kind, "")
 
 
+def _finished(run_dir: Path) -> str:
+    history = run_dir / "history.jsonl"
+    when = history.stat().st_mtime if history.exists() else time.time()
+    return time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(when))
+
+
 def _git_commit() -> str:
     if os.environ.get("TOOLFENCE_CHAOS_COMMIT"):  # a run from an exported snapshot has no .git
         return os.environ["TOOLFENCE_CHAOS_COMMIT"]
@@ -125,8 +131,10 @@ def write_markdown(report: dict[str, Any], path: Path, run_dir: Path) -> None:
         "# Chaos campaign",
         "",
         f"{verdict}: `{cfg['label']}` run of {report['seconds']['chaos']:.0f} s of faults, "
-        f"finished {time.strftime('%Y-%m-%d %H:%M %Z')} on commit `{_git_commit()}` "
-        f"(plus the working tree's uncommitted changes of other engineers, if any).",
+        f"finished {_finished(run_dir)}, on "
+        + (f"an exported snapshot of commit `{os.environ['TOOLFENCE_CHAOS_COMMIT']}`."
+           if os.environ.get("TOOLFENCE_CHAOS_COMMIT")
+           else f"the working tree at commit `{_git_commit()}`."),
         "",
         "Reproduce: `python -m tests.chaos.campaign --minutes "
         f"{cfg['chaos_seconds'] / 60:g} --seed {cfg['seed']} --report bench/CHAOS.md` "
@@ -187,9 +195,13 @@ def write_markdown(report: dict[str, Any], path: Path, run_dir: Path) -> None:
         f"{quiet.get('bound_seconds')} s)",
         f"- throughput under faults {report['throughput_ops_per_second']} operations/s; call latency "
         f"(enqueue to settled, per request) {report['latency_seconds']}",
+        f"- effects a non-fencing downstream accepted from an older generation after a newer one "
+        f"was reserved (deduplicated or never retried, so not duplicates): "
+        f"{counts['late_unfenced_effects'] or 0}",
         f"- client waits given up after 20 s (the operation carried on): {counts['result_timeouts']}; "
         f"ambiguous enqueue commits resolved by reading back: {counts['ambiguous_enqueues']}",
-        f"- fleet processes that died without the harness killing them: "
+        "- fleet processes that died without the harness killing them (replaced; a worker that "
+        "starts while the database is unreachable exits 1 by design): "
         f"{counts['unexpected_member_exits']}"
         + "".join(f"\n  - {reason}: {n}" for reason, n in report.get("member_exits", {}).items()),
         "",
