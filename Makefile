@@ -19,6 +19,12 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
 
+chaos: $(STAMP)
+	$(BIN)/python -m pytest -q -m chaos tests/chaos
+
+chaos-long: $(STAMP)
+	$(BIN)/python -m tests.chaos.campaign --minutes 30 --report bench/CHAOS.md
+
 bench: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[test,bench]'
 	$(BIN)/python -m bench.run
