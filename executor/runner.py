@@ -148,7 +148,8 @@ class OperationRunner:
         owner_token = f"{os.getpid()}-{secrets.token_hex(12)}"
         lease = self.settings.lease_seconds
         state = State(row.state)
-        if state is State.QUEUED and row.mode == "write":
+        if state is State.QUEUED and row.mode == "write" and row.position > 0:
+            # The first call of a request has no predecessor: skip the check's transaction.
             with self.engine.begin() as conn:
                 if store.predecessor_failed(conn, row.operation_id):
                     won = store.fail_unstarted(
@@ -238,6 +239,8 @@ class OperationRunner:
         duration_ms: float | None = None,
     ) -> Outcome:
         """complete (CAS). A stale owner's completion changes nothing and is counted."""
+        side_effects: list[int] = []
+
         def attempt() -> bool:
             with self.engine.begin() as conn:
                 won = store.complete(
@@ -245,6 +248,9 @@ class OperationRunner:
                     row.intent_hash, succeeded=succeeded, result=result, receipt=receipt,
                     error_code=error_code, error=error, duration_ms=duration_ms,
                 )
+                if won and row.mode == Mode.WRITE.value:
+                    # Counted in the completing transaction: no extra round trip.
+                    side_effects.append(store.distinct_accepted_receipts(conn, row.operation_id))
             if won:
                 # After the commit, as for `reserve_commit`: the completion is durable and
                 # `ambiguous` tells us otherwise.
@@ -257,7 +263,7 @@ class OperationRunner:
             metrics.STALE_WRITES_FENCED.labels("complete").inc()
             return Outcome("stale_complete")
         outcome = "succeeded" if succeeded else "failed_terminal"
-        self._observe_terminal(row, outcome)
+        self._observe_terminal(row, outcome, side_effects[-1] if side_effects else None)
         return Outcome(outcome, outcome)
 
     def _with_ambiguity(
@@ -297,6 +303,11 @@ class OperationRunner:
         for retry in range(5):
             try:
                 with self.engine.begin() as conn:
+                    if conn.dialect.name == "postgresql":
+                        # No fsync wait for this observation: WAL is flushed in order, so the
+                        # completion's synchronous commit, which follows, makes it durable too
+                        # (and a crash before that loses only a record the ledger still has).
+                        conn.exec_driver_sql("SET LOCAL synchronous_commit TO OFF")
                     store.record_receipt(
                         conn, operation_id, generation, receipt, accepted=True, source="worker",
                     )
@@ -307,15 +318,16 @@ class OperationRunner:
                 log.warning("could not record receipt of %s yet; retrying", operation_id)
                 time.sleep(0.2 * (retry + 1))
 
-    def _observe_terminal(self, row: Any, outcome: str) -> None:
+    def _observe_terminal(self, row: Any, outcome: str, side_effects: int | None = None) -> None:
         metrics.OPERATIONS_TERMINAL.labels(row.tool_name, outcome).inc()
         metrics.ENQUEUE_TO_TERMINAL_SECONDS.labels(row.tool_name).observe(
             max(0.0, time.time() - row.created_at)
         )
         if row.mode == Mode.WRITE.value:
-            with self.reader.connect() as conn:
-                count = store.distinct_accepted_receipts(conn, row.operation_id)
-            metrics.SIDE_EFFECTS_PER_OPERATION.labels(row.tool_name).observe(count)
+            if side_effects is None:
+                with self.reader.connect() as conn:
+                    side_effects = store.distinct_accepted_receipts(conn, row.operation_id)
+            metrics.SIDE_EFFECTS_PER_OPERATION.labels(row.tool_name).observe(side_effects)
 
     def _execute_owned(
         self, row: Any, tool: Tool[Any] | None, reservation: store.Reservation, heartbeat: _Heartbeat
@@ -404,6 +416,8 @@ class OperationRunner:
     def _approval_invalidated(
         self, row: Any, tool: Tool[Any], args: BaseModel, context: ServerContext
     ) -> bool:
+        if row.impact is None:
+            return False  # admission stores an impact exactly when it asks for approval
         with self.reader.connect() as conn:
             approval = store.approval_for_operation(conn, row.operation_id)
         if approval is None:

@@ -493,17 +493,20 @@ def _release_successors(conn: Connection, operation_id: str, clock: Clock) -> No
     They had no message while they waited (see `_waiting_on_earlier`); a fresh one
     lets a worker run them now, or end a write `predecessor_failed`.
     """
-    op = conn.execute(
-        select(operations.c.request_id, operations.c.position).where(
-            operations.c.operation_id == operation_id
-        )
-    ).one_or_none()
-    if op is None:
-        return
+    settled = operations.alias("settled")
     successors = conn.execute(
-        select(operations.c.operation_id).where(
-            operations.c.request_id == op.request_id,
-            operations.c.position > op.position,
+        select(operations.c.operation_id)
+        .select_from(
+            operations.join(
+                settled,
+                and_(
+                    settled.c.operation_id == operation_id,
+                    operations.c.request_id == settled.c.request_id,
+                    operations.c.position > settled.c.position,
+                ),
+            )
+        )
+        .where(
             operations.c.state == State.QUEUED.value,
             ~_waiting_on_earlier(operations, write_after_write=SETTLED),
         )
