@@ -435,6 +435,17 @@ def _owned_by(operation_id: str, generation: int, owner_token: str) -> Any:
     )
 
 
+def _expired(operation_id: str, generation: int, now: Any) -> Any:
+    """The reconciler's condition: still `started` at the generation it observed, lease
+    expired. It never races a live owner, and loses to anyone who moved first."""
+    return and_(
+        operations.c.operation_id == operation_id,
+        operations.c.state == State.STARTED.value,
+        operations.c.generation == generation,
+        operations.c.lease_expires_at < now,
+    )
+
+
 def renew(
     conn: Connection,
     operation_id: str,
@@ -646,12 +657,7 @@ def mark_unknown(
     if owner_token is not None:
         condition = _owned_by(operation_id, generation, owner_token)
     else:
-        condition = and_(
-            operations.c.operation_id == operation_id,
-            operations.c.state == State.STARTED.value,
-            operations.c.generation == generation,
-            operations.c.lease_expires_at < now,
-        )
+        condition = _expired(operation_id, generation, now)
     row = conn.execute(
         update(operations)
         .where(condition)
@@ -754,12 +760,7 @@ def requeue_stale(
     now = clock.now()
     row = conn.execute(
         update(operations)
-        .where(
-            operations.c.operation_id == operation_id,
-            operations.c.state == State.STARTED.value,
-            operations.c.generation == generation,
-            operations.c.lease_expires_at < now,
-        )
+        .where(_expired(operation_id, generation, now))
         .values(
             state=State.QUEUED.value,
             owner_token=None,
@@ -790,12 +791,7 @@ def record_lookup_result(
     now = clock.now()
     row = conn.execute(
         update(operations)
-        .where(
-            operations.c.operation_id == operation_id,
-            operations.c.state == State.STARTED.value,
-            operations.c.generation == generation,
-            operations.c.lease_expires_at < now,
-        )
+        .where(_expired(operation_id, generation, now))
         .values(
             state=State.SUCCEEDED.value,
             result=_dumps(result),
