@@ -245,7 +245,7 @@ def gate_parse(call: ProposedCall, limits: Limits) -> dict[str, Any]:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        # Lone surrogates escaped as \udXXX survive json.loads but are not text.
+        # Lone surrogates (an escaped \udc80, say) survive json.loads but are not text.
         raise _reject(
             call, "parse", code, "arguments are not UTF-8",
             (ErrorDetail(path="", code="not_utf8", expected="UTF-8 JSON text"),),
