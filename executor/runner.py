@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import secrets
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 from tenacity import wait_exponential_jitter
@@ -31,6 +29,7 @@ from executor.settings import Settings
 from executor.states import TERMINAL, State
 from executor.tools import (
     Effect,
+    InvalidResult,
     LookupAnswer,
     LostOwnership,
     Mode,
@@ -144,8 +143,7 @@ class OperationRunner:
         return self._execute(row, tool, reservation)
 
     def _acquire(self, row: Any, tool: Tool[Any] | None) -> store.Reservation | Outcome:
-        # The pid makes `show` and the chaos tests able to tell which process owns it.
-        owner_token = f"{os.getpid()}-{secrets.token_hex(12)}"
+        owner_token = store.new_owner_token()
         lease = self.settings.lease_seconds
         state = State(row.state)
         if state is State.QUEUED and row.mode == "write" and row.position > 0:
@@ -292,7 +290,9 @@ class OperationRunner:
                 # Still ours and not applied: try the CAS again.
         return False
 
-    def _record_receipt(self, operation_id: str, generation: int, receipt: str) -> None:
+    def _record_receipt(
+        self, operation_id: str, generation: int, receipt: str, *, accepted: bool = True
+    ) -> None:
         """Record the receipt, retrying through a short database outage.
 
         The effect has happened: giving up here (an exception into Celery) would
@@ -309,7 +309,7 @@ class OperationRunner:
                         # (and a crash before that loses only a record the ledger still has).
                         conn.exec_driver_sql("SET LOCAL synchronous_commit TO OFF")
                     store.record_receipt(
-                        conn, operation_id, generation, receipt, accepted=True, source="worker",
+                        conn, operation_id, generation, receipt, accepted=accepted, source="worker",
                     )
                 return
             except (OperationalError, DBAPIError):
@@ -357,11 +357,7 @@ class OperationRunner:
             )
 
         def on_receipt(receipt: str, accepted: bool) -> None:
-            with self.engine.begin() as conn:
-                store.record_receipt(
-                    conn, row.operation_id, reservation.generation, receipt,
-                    accepted=accepted, source="worker",
-                )
+            self._record_receipt(row.operation_id, reservation.generation, receipt, accepted=accepted)
 
         ctx = RunContext(
             operation_id=row.operation_id,
@@ -444,29 +440,16 @@ class OperationRunner:
             value = value.output
             self.faults.fire("after_effect", tool.name)
         try:
-            output = tool.output_model.model_validate(
-                value.model_dump(mode="json") if isinstance(value, BaseModel) else value
-            )
-        except ValidationError:
+            result = tool.stored_result(value)
+        except InvalidResult as exc:
             return self._finish(
                 row, reservation, succeeded=False, error_code=ErrorCode.INVALID_RESULT,
-                error={"message": "the tool returned a result that does not match its output model"},
-                receipt=receipt,
+                error={"message": str(exc)}, receipt=receipt,
             )
-        full = output.model_dump(mode="json")
-        model_view = full
-        if tool.project is not None:
-            try:
-                model_view = tool.project(output)
-            except Exception:
-                return self._finish(
-                    row, reservation, succeeded=False, error_code=ErrorCode.INVALID_RESULT,
-                    error={"message": "the output projection failed"}, receipt=receipt,
-                )
         self.faults.fire("before_complete", tool.name)
         return self._finish(
             row, reservation, succeeded=True, receipt=receipt, duration_ms=duration_ms,
-            result={"output": full, "model_view": model_view, "untrusted": tool.untrusted_output},
+            result=result,
         )
 
     def _on_failure(

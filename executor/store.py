@@ -22,6 +22,7 @@ whether it won, and appends an audit event in the same transaction.
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
 from collections.abc import Iterable
@@ -137,7 +138,9 @@ _DECISION_CODE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 
 
 def new_owner_token() -> str:
-    return secrets.token_hex(16)
+    """Unique per reservation attempt; the pid lets `show` and the chaos tests tell
+    which process owns an operation."""
+    return f"{os.getpid()}-{secrets.token_hex(12)}"
 
 
 def _dumps(value: Any) -> str:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from executor.types import ErrorCode, ErrorDetail, ServerContext
 
@@ -88,6 +88,10 @@ class StaleFencingToken(Exception):
         self.key = key
         self.token = token
         self.highest = highest
+
+
+class InvalidResult(ValueError):
+    """A tool's value does not fit its output model, or its projection failed."""
 
 
 class LostOwnership(Exception):
@@ -297,6 +301,28 @@ class Tool(Generic[ArgsT]):
         self.retry = retry
         self.retryable_exceptions = retryable_exceptions
         self.timeout_seconds = timeout_seconds
+
+    def stored_result(self, value: Any) -> dict[str, Any]:
+        """What is stored for a successful call, whoever saw it succeed (worker or
+        reconciler): the output validated against the output model, the model's
+        view of it (the tool's projection), and whether it is untrusted data.
+        """
+        try:
+            output = self.output_model.model_validate(
+                value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+            )
+        except ValidationError:
+            raise InvalidResult(
+                "the tool returned a result that does not match its output model"
+            ) from None
+        full = output.model_dump(mode="json")
+        view = full
+        if self.project is not None:
+            try:
+                view = self.project(output)
+            except Exception:
+                raise InvalidResult("the output projection failed") from None
+        return {"output": full, "model_view": view, "untrusted": self.untrusted_output}
 
     @property
     def takeover_allowed(self) -> bool:

@@ -29,14 +29,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from sqlalchemy import Connection, Engine
 
 from executor import metrics, store
 from executor.celery_app import load_registry
 from executor.db import read_only
 from executor.settings import Settings
-from executor.tools import Effect, LookupAnswer, Registry, RunContext, Tool
+from executor.tools import Effect, InvalidResult, LookupAnswer, Registry, RunContext, Tool
 from executor.types import ServerContext
 
 log = logging.getLogger("toolfence.reconciler")
@@ -213,20 +213,14 @@ class Reconciler:
                 return _NotDone()
             if answer.answer is not LookupAnswer.DONE or answer.written is None:
                 return _CannotTell("lookup_could_not_answer")
-            value = answer.written.output
-            output = tool.output_model.model_validate(
-                value.model_dump(mode="json") if isinstance(value, BaseModel) else value
-            )
-            full = output.model_dump(mode="json")
-            view = tool.project(output) if tool.project else full
+            result = tool.stored_result(answer.written.output)
         except Exception as exc:
             # No traceback for a validation error: its text quotes the stored arguments.
             log.warning(
                 "lookup for %s gave no usable answer: %s", row.operation_id, type(exc).__name__,
-                exc_info=not isinstance(exc, ValidationError),
+                exc_info=not isinstance(exc, ValidationError | InvalidResult),
             )
             return _CannotTell("lookup_failed")
-        result = {"output": full, "model_view": view, "untrusted": tool.untrusted_output}
         return _Done(result, answer.written.receipt)
 
     # ------------------------------------------------------------------ the rest
