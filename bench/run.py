@@ -183,7 +183,7 @@ def bench_floor(n: int, engine: Engine, log_dir: Path) -> Result:
     env = base_env(queue)
     apply_env(env)
     from bench.tasks import app
-    from executor.db import operations
+    from executor.store.schema import operations
 
     prefix = f"floor-{uuid.uuid4().hex[:6]}"
     ops = register_plain_operations(engine, n, prefix)
@@ -197,7 +197,7 @@ def bench_floor(n: int, engine: Engine, log_dir: Path) -> Result:
 
 
 def wait_terminal(engine: Engine, condition: Any, n: int, timeout: float = 600) -> None:
-    from executor.db import operations
+    from executor.store.schema import operations
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -254,7 +254,7 @@ def ledger_setup(url: str) -> None:
 
 
 def transfer_call(i: int) -> Any:
-    from executor.types import ProposedCall
+    from executor.core.types import ProposedCall
 
     return ProposedCall(
         call_id=f"c{i}", tool_name="ledger.transfer",
@@ -263,7 +263,7 @@ def transfer_call(i: int) -> Any:
 
 
 def enqueue_one(engine: Engine, request_id: str, i: int) -> None:
-    from executor.types import ServerContext
+    from executor.core.types import ServerContext
     from ledger.tools import registry
     from outbox.producer import enqueue
 
@@ -274,7 +274,7 @@ def enqueue_one(engine: Engine, request_id: str, i: int) -> None:
 
 @contextmanager
 def toolfence_fleet(log_dir: Path) -> Iterator[str]:
-    from executor.fleet import Fleet
+    from executor.cli.fleet import Fleet
 
     queue = f"bench-tf-{uuid.uuid4().hex[:6]}"
     env = base_env(queue)
@@ -288,7 +288,7 @@ def toolfence_fleet(log_dir: Path) -> Iterator[str]:
 
 
 def latencies_for(engine: Engine, prefix: str) -> tuple[list[float], float, int]:
-    from executor.db import operations
+    from executor.store.schema import operations
 
     with engine.connect() as conn:
         rows = conn.execute(
@@ -302,7 +302,7 @@ def latencies_for(engine: Engine, prefix: str) -> tuple[list[float], float, int]
 
 
 def bench_toolfence_saturation(n: int, engine: Engine, log_dir: Path, label: str) -> Result:
-    from executor.db import operations
+    from executor.store.schema import operations
 
     prefix = f"sat-{uuid.uuid4().hex[:6]}"
     with toolfence_fleet(log_dir):
@@ -314,7 +314,7 @@ def bench_toolfence_saturation(n: int, engine: Engine, log_dir: Path, label: str
 
 
 def bench_toolfence_fixed(rate: float, seconds: float, engine: Engine, log_dir: Path) -> Result:
-    from executor.db import operations
+    from executor.store.schema import operations
 
     prefix = f"fixed-{uuid.uuid4().hex[:6]}"
     n = int(rate * seconds)
@@ -390,9 +390,9 @@ def sweep_time(engine: Engine, stale: int = 10) -> float:
 
 def count_round_trips(engine: Engine, n: int = 50) -> dict[str, float]:
     """Statements and commits per operation, counted in-process on the real code paths."""
-    from executor.celery_app import load_registry
-    from executor.runner import OperationRunner
+    from executor.core.tools import load_registry
     from executor.settings import Settings
+    from executor.worker.runner import OperationRunner
     from outbox.relay import Relay
 
     counts = {"statements": 0, "commits": 0}
@@ -500,8 +500,8 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = Path(os.environ.get("BENCH_LOG_DIR", "/tmp/toolfence-bench"))
 
     recreate_database(DB_NAME)
-    from executor.db import make_engine
-    from executor.migrate import migrate
+    from executor.store.engine import make_engine
+    from executor.store.migrate import migrate
 
     migrate(pg_url(DB_NAME))
     ledger_setup(pg_url(DB_NAME))

@@ -30,8 +30,9 @@ from sqlalchemy import Connection, Engine, event, select, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from executor.db import db_now  # noqa: E402
-from executor.exporter import (  # noqa: E402
+from executor.store.clock import db_now
+from executor.store.migrate import migrate
+from executor.telemetry.exporter import (
     ExporterConfig,
     active_operations,
     i1_violations,
@@ -39,7 +40,6 @@ from executor.exporter import (  # noqa: E402
     make_scrape_engine,
     scrape,
 )
-from executor.migrate import migrate  # noqa: E402
 
 FILL = """
 WITH params AS (

@@ -1,0 +1,224 @@
+"""toolfence's public API: import from here, not from the modules behind it.
+
+    from executor import ProposedCall, ServerContext, Settings, enqueue, make_engine, results
+
+Every name below is stable across the package layout (`executor/core`, `store`,
+`worker`, `providers`, `mcp`, `telemetry`, `cli`), which may move. Names are
+loaded on first use (PEP 562), so `import executor.core.states` in a pure
+module does not pull in SQLAlchemy, Celery or an SDK through this file.
+
+- Declaring tools: `Tool`, `Mode`, `Effect`, `Access`, `Approval`, `RetryPolicy`,
+  `Written`, `LookupAnswer`, `LookupResult`, `RunContext`, `Registry`,
+  `load_registry`, and the failures a tool raises (`RetryableError`,
+  `TerminalError`, `BusinessRuleViolation`, `StaleFencingToken`, ...).
+- Values: `ProposedCall`, `ServerContext`, the results (`Succeeded`,
+  `FailedRetryable`, `FailedTerminal`, `Pending`), `ErrorCode`, `State`.
+- Producing: `enqueue`, `results`, `wait_for_results`, `final`, `settled`,
+  `default_operation_id`; `Settings`, `make_engine`, `get_engine`, `migrate`.
+- Provider surfaces: `SURFACES`, `Surface`, `AdapterError`,
+  `encode_tool_name`, `decode_tool_name`; MCP: `register_mcp_server`, `ToolPolicy`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from executor.core.states import (
+        State,
+    )
+    from executor.core.tools import (
+        Access,
+        Approval,
+        BusinessRuleViolation,
+        Effect,
+        InvalidResult,
+        LookupAnswer,
+        LookupResult,
+        LostOwnership,
+        Mode,
+        Registry,
+        RetryableError,
+        RetryPolicy,
+        RunContext,
+        StaleFencingToken,
+        TerminalError,
+        Tool,
+        ToolDeclarationError,
+        ToolFailure,
+        Written,
+        load_registry,
+    )
+    from executor.core.types import (
+        CallResult,
+        CallStatus,
+        ErrorCode,
+        ErrorDetail,
+        FailedRetryable,
+        FailedTerminal,
+        Pending,
+        ProposedCall,
+        ServerContext,
+        Succeeded,
+        ToolError,
+    )
+    from executor.mcp import (
+        ToolPolicy,
+        register_mcp_server,
+    )
+    from executor.providers import (
+        SURFACES,
+        AdapterError,
+        Surface,
+        decode_tool_name,
+        encode_tool_name,
+    )
+    from executor.settings import (
+        Settings,
+        SettingsError,
+    )
+    from executor.store.engine import (
+        get_engine,
+        make_engine,
+    )
+    from executor.store.migrate import (
+        migrate,
+    )
+    from outbox.producer import (
+        CallHandle,
+        EnqueueHandle,
+        InvalidBatch,
+        default_operation_id,
+        enqueue,
+        final,
+        results,
+        settled,
+        wait_for_results,
+    )
+
+# name -> module that defines it
+_EXPORTS: dict[str, str] = {
+    "Access": "executor.core.tools",
+    "Approval": "executor.core.tools",
+    "BusinessRuleViolation": "executor.core.tools",
+    "Effect": "executor.core.tools",
+    "InvalidResult": "executor.core.tools",
+    "LookupAnswer": "executor.core.tools",
+    "LookupResult": "executor.core.tools",
+    "LostOwnership": "executor.core.tools",
+    "Mode": "executor.core.tools",
+    "Registry": "executor.core.tools",
+    "RetryPolicy": "executor.core.tools",
+    "RetryableError": "executor.core.tools",
+    "RunContext": "executor.core.tools",
+    "StaleFencingToken": "executor.core.tools",
+    "TerminalError": "executor.core.tools",
+    "Tool": "executor.core.tools",
+    "ToolDeclarationError": "executor.core.tools",
+    "ToolFailure": "executor.core.tools",
+    "Written": "executor.core.tools",
+    "load_registry": "executor.core.tools",
+    "CallResult": "executor.core.types",
+    "CallStatus": "executor.core.types",
+    "ErrorCode": "executor.core.types",
+    "ErrorDetail": "executor.core.types",
+    "FailedRetryable": "executor.core.types",
+    "FailedTerminal": "executor.core.types",
+    "Pending": "executor.core.types",
+    "ProposedCall": "executor.core.types",
+    "ServerContext": "executor.core.types",
+    "Succeeded": "executor.core.types",
+    "ToolError": "executor.core.types",
+    "State": "executor.core.states",
+    "Settings": "executor.settings",
+    "SettingsError": "executor.settings",
+    "get_engine": "executor.store.engine",
+    "make_engine": "executor.store.engine",
+    "migrate": "executor.store.migrate",
+    "CallHandle": "outbox.producer",
+    "EnqueueHandle": "outbox.producer",
+    "InvalidBatch": "outbox.producer",
+    "default_operation_id": "outbox.producer",
+    "enqueue": "outbox.producer",
+    "final": "outbox.producer",
+    "results": "outbox.producer",
+    "settled": "outbox.producer",
+    "wait_for_results": "outbox.producer",
+    "SURFACES": "executor.providers",
+    "AdapterError": "executor.providers",
+    "Surface": "executor.providers",
+    "decode_tool_name": "executor.providers",
+    "encode_tool_name": "executor.providers",
+    "ToolPolicy": "executor.mcp",
+    "register_mcp_server": "executor.mcp",
+}
+
+__all__ = [
+    "Access",
+    "AdapterError",
+    "Approval",
+    "BusinessRuleViolation",
+    "CallHandle",
+    "CallResult",
+    "CallStatus",
+    "Effect",
+    "EnqueueHandle",
+    "ErrorCode",
+    "ErrorDetail",
+    "FailedRetryable",
+    "FailedTerminal",
+    "InvalidBatch",
+    "InvalidResult",
+    "LookupAnswer",
+    "LookupResult",
+    "LostOwnership",
+    "Mode",
+    "Pending",
+    "ProposedCall",
+    "Registry",
+    "RetryPolicy",
+    "RetryableError",
+    "RunContext",
+    "SURFACES",
+    "ServerContext",
+    "Settings",
+    "SettingsError",
+    "StaleFencingToken",
+    "State",
+    "Succeeded",
+    "Surface",
+    "TerminalError",
+    "Tool",
+    "ToolDeclarationError",
+    "ToolError",
+    "ToolFailure",
+    "ToolPolicy",
+    "Written",
+    "decode_tool_name",
+    "default_operation_id",
+    "encode_tool_name",
+    "enqueue",
+    "final",
+    "get_engine",
+    "load_registry",
+    "make_engine",
+    "migrate",
+    "register_mcp_server",
+    "results",
+    "settled",
+    "wait_for_results",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _EXPORTS.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'executor' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

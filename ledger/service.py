@@ -42,8 +42,10 @@ from sqlalchemy import (
     update,
 )
 
-from executor.db import Id, db_now, insert_ignore, make_engine, read_only
-from executor.tools import RetryableError, StaleFencingToken
+from executor.core.tools import RetryableError, StaleFencingToken
+from executor.store.clock import db_now
+from executor.store.engine import insert_ignore, make_engine, read_only
+from executor.store.schema import Id
 
 metadata = MetaData()
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from executor.tools import (
+from executor.core.tools import (
     Access,
     Approval,
     BusinessRuleViolation,
@@ -24,7 +24,7 @@ from executor.tools import (
     Tool,
     Written,
 )
-from executor.types import ServerContext
+from executor.core.types import ServerContext
 from ledger.service import AccountNotFound, default_ledger
 
 APPROVAL_THRESHOLD_CENTS = 50_000

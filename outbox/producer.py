@@ -17,13 +17,11 @@ from typing import Any
 from sqlalchemy import Connection, Engine, select, text
 from sqlalchemy.orm import Session
 
-from executor import metrics, store
-from executor.admission import Admitted, Limits, Rejected, admit
-from executor.db import approvals, operations, read_only
-from executor.db import calls as calls_table
-from executor.states import State
-from executor.tools import Mode, Registry
-from executor.types import (
+from executor import store
+from executor.core.admission import Admitted, Limits, Rejected, admit
+from executor.core.states import State
+from executor.core.tools import Mode, Registry
+from executor.core.types import (
     CallStatus,
     ErrorCode,
     FailedRetryable,
@@ -34,6 +32,10 @@ from executor.types import (
     Succeeded,
     ToolError,
 )
+from executor.store.engine import read_only
+from executor.store.schema import approvals, operations
+from executor.store.schema import calls as calls_table
+from executor.telemetry import metrics
 
 NOTIFY_CHANNEL = "toolfence_outbox"
 

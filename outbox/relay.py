@@ -16,10 +16,12 @@ from typing import Any
 
 from sqlalchemy import Engine, delete, select, update
 
-from executor import metrics, store
-from executor.db import db_now, outbox
-from executor.faults import Faults
+from executor import store
 from executor.settings import Settings
+from executor.store.clock import db_now
+from executor.store.schema import outbox
+from executor.telemetry import metrics
+from executor.worker.faults import Faults
 from outbox.producer import NOTIFY_CHANNEL
 
 log = logging.getLogger("toolfence.relay")
@@ -31,7 +33,7 @@ PUBLISHED_RETENTION_SECONDS = 3600.0
 
 def celery_publisher(settings: Settings) -> tuple[Publisher, Callable[[], None]]:
     """Publish `toolfence.execute(operation_id)` with the worker's app configuration."""
-    from executor.celery_app import TASK_NAME, make_celery
+    from executor.worker.celery_app import TASK_NAME, make_celery
 
     app = make_celery(settings)
 

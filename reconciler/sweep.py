@@ -32,12 +32,12 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy import Connection, Engine
 
-from executor import metrics, store
-from executor.celery_app import load_registry
-from executor.db import read_only
+from executor import store
+from executor.core.tools import Effect, InvalidResult, LookupAnswer, Registry, RunContext, Tool, load_registry
+from executor.core.types import ServerContext
 from executor.settings import Settings
-from executor.tools import Effect, InvalidResult, LookupAnswer, Registry, RunContext, Tool
-from executor.types import ServerContext
+from executor.store.engine import read_only
+from executor.telemetry import metrics
 
 log = logging.getLogger("toolfence.reconciler")
 

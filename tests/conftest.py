@@ -17,8 +17,8 @@ import psycopg
 import pytest
 from sqlalchemy import Engine
 
-from executor.db import make_engine
-from executor.migrate import migrate
+from executor.store.engine import make_engine
+from executor.store.migrate import migrate
 
 PG_ADMIN_DSN = os.environ.get("TOOLFENCE_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 TEMPLATE = f"toolfence_template_{os.getpid()}"

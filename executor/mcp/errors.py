@@ -29,10 +29,10 @@ from mcp_types import (
     REQUEST_TIMEOUT,
 )
 
+from executor.core.tools import ToolFailure
+from executor.core.types import ErrorCode, ErrorDetail
 from executor.mcp.correlation import McpCallRecord
 from executor.mcp.sanitize import sanitize_error_text
-from executor.tools import ToolFailure
-from executor.types import ErrorCode, ErrorDetail
 
 
 class FailureKind(StrEnum):

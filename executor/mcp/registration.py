@@ -24,18 +24,7 @@ from typing import Any, Literal, TextIO
 import mcp_types
 from pydantic import BaseModel, ConfigDict, JsonValue
 
-from executor.mcp.correlation import CALL_HISTORY, McpCallRecord, current_provider_call_id
-from executor.mcp.errors import McpCallFailure, deadline_passed_failure, tool_error_failure
-from executor.mcp.sanitize import redact_json, sanitize_text
-from executor.mcp.schema import McpArguments, arguments_model, schema_fingerprint, schema_version_of
-from executor.mcp.session import (
-    CallOutcome,
-    McpServerConnection,
-    McpServerSpec,
-    connection_for,
-    list_server_tools,
-)
-from executor.tools import (
+from executor.core.tools import (
     Access,
     Approval,
     Effect,
@@ -48,7 +37,18 @@ from executor.tools import (
     ToolDeclarationError,
     Written,
 )
-from executor.types import ServerContext
+from executor.core.types import ServerContext
+from executor.mcp.correlation import CALL_HISTORY, McpCallRecord, current_provider_call_id
+from executor.mcp.errors import McpCallFailure, deadline_passed_failure, tool_error_failure
+from executor.mcp.sanitize import redact_json, sanitize_text
+from executor.mcp.schema import McpArguments, arguments_model, schema_fingerprint, schema_version_of
+from executor.mcp.session import (
+    CallOutcome,
+    McpServerConnection,
+    McpServerSpec,
+    connection_for,
+    list_server_tools,
+)
 
 logger = logging.getLogger("toolfence.mcp")
 

@@ -39,7 +39,7 @@ from pydantic_core import CoreSchema, InitErrorDetails, PydanticCustomError
 from referencing import Registry
 from referencing.exceptions import Unresolvable
 
-from executor.tools import ToolDeclarationError
+from executor.core.tools import ToolDeclarationError
 
 MAX_DETAILS = 20
 _MAX_PATH_SEGMENT = 64

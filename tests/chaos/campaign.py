@@ -33,10 +33,11 @@ from typing import Any
 import psycopg
 from sqlalchemy import select, text
 
-from executor.db import audit_events, calls, make_engine, operations, receipts
-from executor.fleet import Fleet
-from executor.migrate import migrate
-from executor.states import SETTLED
+from executor.cli.fleet import Fleet
+from executor.core.states import SETTLED
+from executor.store.engine import make_engine
+from executor.store.migrate import migrate
+from executor.store.schema import audit_events, calls, operations, receipts
 from ledger import service as ledger_service
 from ledger.service import Ledger
 from ledger.service import effects as ledger_effects

@@ -34,7 +34,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from executor.states import SETTLED, TERMINAL, State, is_legal
+from executor.core.states import SETTLED, TERMINAL, State, is_legal
 from outbox.producer import default_operation_id
 from tests.chaos.history import by_kind
 from tests.chaos.nemesis import AMBIGUOUS_KINDS, KILL_KINDS, PAUSE_KINDS

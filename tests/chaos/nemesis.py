@@ -40,7 +40,7 @@ from typing import Any
 
 import psycopg
 
-from executor.fleet import Fleet, Member, children_of
+from executor.cli.fleet import Fleet, Member, children_of
 from tests.chaos.history import History
 from tests.chaos.proxy import ProxyControl
 from tests.chaos.services import PrivatePostgres, PrivateRedis

@@ -29,11 +29,17 @@ from typing import Any
 from sqlalchemy import Engine, func, select
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from executor.db import calls as calls_table
-from executor.db import operations
-from executor.states import SETTLED
-from executor.tools import Registry
-from executor.types import FailedRetryable, FailedTerminal, Pending, ProposedCall, ServerContext
+from executor.core.states import SETTLED
+from executor.core.tools import Registry
+from executor.core.types import (
+    FailedRetryable,
+    FailedTerminal,
+    Pending,
+    ProposedCall,
+    ServerContext,
+)
+from executor.store.schema import calls as calls_table
+from executor.store.schema import operations
 from outbox.producer import enqueue, request_exists, results, settled
 from tests.chaos.history import History
 

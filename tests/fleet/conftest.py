@@ -19,7 +19,7 @@ from pathlib import Path
 import fleet_tools
 import pytest
 
-from executor.fleet import Fleet
+from executor.cli.fleet import Fleet
 from executor.settings import Settings
 from ledger import service as ledger_service
 from ledger.service import Ledger

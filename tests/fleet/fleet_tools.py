@@ -26,8 +26,7 @@ from typing import Any, Literal
 from pydantic import Field
 from sqlalchemy import Column, Float, Integer, MetaData, String, Table, func, insert, select
 
-from executor.db import Id, db_now
-from executor.tools import (
+from executor.core.tools import (
     Access,
     Approval,
     Effect,
@@ -40,7 +39,9 @@ from executor.tools import (
     Tool,
     Written,
 )
-from executor.types import ServerContext
+from executor.core.types import ServerContext
+from executor.store.clock import db_now
+from executor.store.schema import Id
 from ledger import tools as ledger_tools
 from ledger.service import AccountNotFound, default_ledger
 

@@ -22,9 +22,9 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from sqlalchemy import Engine, Row, func, select
 
 from executor import store
-from executor.db import audit_events, receipts
-from executor.fleet import Fleet, Member, children_of
-from executor.types import CallStatus, ProposedCall, ServerContext
+from executor.cli.fleet import Fleet, Member, children_of
+from executor.core.types import CallStatus, ProposedCall, ServerContext
+from executor.store.schema import audit_events, receipts
 from outbox.producer import EnqueueHandle, enqueue
 
 T = TypeVar("T")

@@ -27,9 +27,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, Row, func, select
 
 from executor import store
-from executor.db import audit_events, operations, receipts
-from executor.fleet import Fleet, children_of, process_alive
-from executor.types import ProposedCall, ServerContext
+from executor.cli.fleet import Fleet, children_of, process_alive
+from executor.core.types import ProposedCall, ServerContext
+from executor.store.schema import audit_events, operations, receipts
 from ledger import service as ledger_service
 from ledger.tools import registry
 from outbox.producer import enqueue

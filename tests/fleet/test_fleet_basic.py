@@ -6,10 +6,11 @@ import json
 
 from sqlalchemy import select
 
-from executor.db import audit_events, make_engine
+from executor.core.types import ProposedCall, ServerContext
+from executor.store.engine import make_engine
+from executor.store.schema import audit_events
 from ledger.tools import registry
 from outbox.producer import enqueue, wait_for_results
-from executor.types import ProposedCall, ServerContext
 
 
 def _call(call_id: str, tool: str, **arguments: object) -> ProposedCall:

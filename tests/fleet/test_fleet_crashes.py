@@ -33,9 +33,10 @@ from fleetkit import (
 )
 from sqlalchemy import Engine, select
 
-from executor.db import make_engine, outbox, receipts
-from executor.fleet import Fleet, children_of, process_alive
+from executor.cli.fleet import Fleet, children_of, process_alive
 from executor.settings import Settings
+from executor.store.engine import make_engine
+from executor.store.schema import outbox, receipts
 from ledger.service import Ledger, fenced_writes
 
 MESSAGES = "toolfence_worker_messages_total"

@@ -22,10 +22,10 @@ from fleetkit import (
     wait_until,
 )
 
-from executor.celery_app import TASK_NAME, make_celery
-from executor.db import make_engine
-from executor.fleet import Fleet
+from executor.cli.fleet import Fleet
 from executor.settings import Settings
+from executor.store.engine import make_engine
+from executor.worker.celery_app import TASK_NAME, make_celery
 from ledger.service import Ledger
 from outbox.producer import enqueue
 

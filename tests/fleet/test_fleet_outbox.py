@@ -30,10 +30,11 @@ from fleetkit import (
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from executor.db import calls as calls_table
-from executor.db import make_engine, operations, outbox
-from executor.fleet import Fleet
+from executor.cli.fleet import Fleet
 from executor.settings import Settings
+from executor.store.engine import make_engine
+from executor.store.schema import calls as calls_table
+from executor.store.schema import operations, outbox
 from ledger.service import Ledger
 from outbox.producer import enqueue, wait_for_results
 

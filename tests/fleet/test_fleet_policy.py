@@ -22,9 +22,9 @@ from fleetkit import (
     outcome,
 )
 
-from executor.db import make_engine
-from executor.fleet import Fleet
+from executor.cli.fleet import Fleet
 from executor.settings import Settings
+from executor.store.engine import make_engine
 from ledger.service import Ledger
 from outbox.producer import wait_for_results
 

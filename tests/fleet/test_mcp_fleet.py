@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from executor.db import make_engine
+from executor.core.types import ProposedCall, ServerContext
 from executor.mcp import shutdown_connections
-from executor.types import ProposedCall, ServerContext
+from executor.store.engine import make_engine
 from outbox.producer import enqueue, wait_for_results
 from tests.fixtures.mcp_fleet_tools import build
 

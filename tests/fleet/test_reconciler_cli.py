@@ -19,7 +19,7 @@ from reconciler_kit import (
 )
 from sqlalchemy import Engine
 
-from executor.db import make_engine
+from executor.store.engine import make_engine
 
 NOTICE = ("ledger.send_notice", {"account_id": "acme-1", "text": "hello"})
 

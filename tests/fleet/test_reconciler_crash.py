@@ -33,10 +33,10 @@ from reconciler_kit import (
 )
 from sqlalchemy import select
 
-from executor.db import make_engine
-from executor.exporter import start as start_exporter
-from executor.fleet import Fleet
+from executor.cli.fleet import Fleet
 from executor.settings import Settings
+from executor.store.engine import make_engine
+from executor.telemetry.exporter import start as start_exporter
 from ledger.service import Ledger, invoices
 
 MakeFleet = Callable[..., Fleet]

@@ -21,9 +21,10 @@ from reconciler_kit import (
 )
 from sqlalchemy import func, select
 
-from executor.db import ACTIVE_STATES, audit_events, make_engine, operations, outbox, receipts
-from executor.exporter import start as start_exporter
 from executor.settings import Settings
+from executor.store.engine import make_engine
+from executor.store.schema import ACTIVE_STATES, audit_events, operations, outbox, receipts
+from executor.telemetry.exporter import start as start_exporter
 from ledger.service import Ledger
 
 MIX: list[tuple[str, dict[str, Any]]] = [

@@ -26,8 +26,9 @@ from reconciler_kit import (
 )
 from sqlalchemy import func, select
 
-from executor.db import audit_events, make_engine, operations, outbox
 from executor.settings import Settings
+from executor.store.engine import make_engine
+from executor.store.schema import audit_events, operations, outbox
 from ledger.service import Ledger
 from ledger.tools import registry
 from reconciler.sweep import Reconciler, SweepReport

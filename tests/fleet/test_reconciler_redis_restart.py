@@ -34,10 +34,11 @@ from reconciler_kit import (
 )
 from sqlalchemy import select
 
-from executor.db import make_engine, operations
-from executor.fleet import Fleet
+from executor.cli.fleet import Fleet
+from executor.core.types import ProposedCall, ServerContext
 from executor.settings import Settings
-from executor.types import ProposedCall, ServerContext
+from executor.store.engine import make_engine
+from executor.store.schema import operations
 from ledger.service import Ledger
 from ledger.tools import registry
 from outbox.producer import enqueue

@@ -22,8 +22,8 @@ import anthropic.types as anthropic_types
 import pytest
 from pydantic import TypeAdapter
 
-from executor.adapters import SURFACES, encode_tool_name
-from executor.migrate import head_revision
+from executor.providers import SURFACES, encode_tool_name
+from executor.store.migrate import head_revision
 from ledger.service import Ledger
 
 pytestmark = pytest.mark.postgres

@@ -19,17 +19,18 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Connection, Engine, insert, select
 
-from executor.db import (
+from executor.settings import Settings
+from executor.store.clock import db_now
+from executor.store.schema import (
     ACTIVE_STATES,
     TERMINAL_STATES,
     approvals,
     calls,
-    db_now,
     operations,
     outbox,
     receipts,
 )
-from executor.exporter import (
+from executor.telemetry.exporter import (
     ExporterConfig,
     RunningExporter,
     invariant_violations,
@@ -37,7 +38,6 @@ from executor.exporter import (
     prepare_multiprocess_dir,
     start,
 )
-from executor.settings import Settings
 
 STUCK_AFTER = 600.0
 WINDOW = 3600.0
@@ -413,7 +413,7 @@ def test_metrics__database_goes_away_and_returns__exporter_recovers(
 def count_invocations(metrics_dir: str, tool: str, times: int) -> None:
     """Runs in a spawned child: a worker process counting handler invocations."""
     assert os.environ["PROMETHEUS_MULTIPROC_DIR"] == metrics_dir
-    from executor.metrics import HANDLER_INVOCATIONS
+    from executor.telemetry.metrics import HANDLER_INVOCATIONS
 
     for _ in range(times):
         HANDLER_INVOCATIONS.labels(tool=tool).inc()

@@ -25,7 +25,20 @@ from typing import Any, TextIO
 import mcp_types
 import pytest
 
-from executor.admission import Admitted, Rejected, admit, recheck_access
+from executor.core.admission import Admitted, Rejected, admit, recheck_access
+from executor.core.tools import (
+    Access,
+    Approval,
+    Effect,
+    LostOwnership,
+    Mode,
+    Registry,
+    RunContext,
+    Tool,
+    ToolDeclarationError,
+    Written,
+)
+from executor.core.types import ErrorCode, ProposedCall, ServerContext
 from executor.mcp import (
     CALL_HISTORY,
     FailureKind,
@@ -42,19 +55,6 @@ from executor.mcp import (
     shutdown_connections,
 )
 from executor.mcp import session as session_module
-from executor.tools import (
-    Access,
-    Approval,
-    Effect,
-    LostOwnership,
-    Mode,
-    Registry,
-    RunContext,
-    Tool,
-    ToolDeclarationError,
-    Written,
-)
-from executor.types import ErrorCode, ProposedCall, ServerContext
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -30,8 +30,10 @@ import pytest
 import yaml
 from sqlalchemy import insert, select
 
-from executor.db import db_now, make_engine, operations
-from executor.migrate import migrate
+from executor.store.clock import db_now
+from executor.store.engine import make_engine
+from executor.store.migrate import migrate
+from executor.store.schema import operations
 
 ROOT = Path(__file__).resolve().parents[2]
 OPS = ROOT / "ops"
@@ -137,7 +139,7 @@ def wait_for(what: str, check: Any, timeout: float, process: subprocess.Popen[st
 
 def count_invocations(tool_name: str, times: int) -> None:
     """Runs in a spawned child with PROMETHEUS_MULTIPROC_DIR set: a worker counting."""
-    from executor.metrics import HANDLER_INVOCATIONS
+    from executor.telemetry.metrics import HANDLER_INVOCATIONS
 
     HANDLER_INVOCATIONS.labels(tool=tool_name).inc(times)
 
@@ -207,7 +209,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     exporter_output = exporter_log.open("w")
     exporter = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys; from executor.exporter import serve; from executor.settings import Settings;"
+         "import sys; from executor.telemetry.exporter import serve; from executor.settings import Settings;"
          "serve(Settings(database_url=sys.argv[1], broker_url='memory://', metrics_dir=sys.argv[2]),"
          " int(sys.argv[3]), '127.0.0.1')",
          database_url, str(metrics_dir), str(exporter_port)],

@@ -22,9 +22,7 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy import Connection, Engine, func, select, update
 
 from executor import store
-from executor.db import approvals, make_engine, operations, outbox, receipts
-from executor.settings import Settings
-from executor.tools import (
+from executor.core.tools import (
     Access,
     Approval,
     Effect,
@@ -37,7 +35,10 @@ from executor.tools import (
     Tool,
     Written,
 )
-from executor.types import ErrorCode
+from executor.core.types import ErrorCode
+from executor.settings import Settings
+from executor.store.engine import make_engine
+from executor.store.schema import approvals, operations, outbox, receipts
 from reconciler.sweep import Reconciler, SweepReport
 
 TINY_LEASE = 0.02

@@ -20,11 +20,12 @@ import pytest
 from sqlalchemy import Engine, event, func, insert, select, text
 
 from executor import store
-from executor.clock import ManualClock
-from executor.db import audit_events, make_engine, operations, outbox
-from executor.states import State, is_legal
+from executor.core.states import State, is_legal
+from executor.core.types import ErrorCode
 from executor.store import Conflict, Created, InProgress, NewOperation, Reservation, Reused
-from executor.types import ErrorCode
+from executor.store.clock import ManualClock
+from executor.store.engine import make_engine
+from executor.store.schema import audit_events, operations, outbox
 
 LEASE = 30.0
 SECRET_ARGUMENT = "card-4111-1111-1111-1111"

@@ -23,10 +23,10 @@ import pytest
 from sqlalchemy import Engine
 
 from executor import store
-from executor.clock import ManualClock
-from executor.db import make_engine
-from executor.states import is_legal
+from executor.core.states import is_legal
 from executor.store import Created, NewOperation
+from executor.store.clock import ManualClock
+from executor.store.engine import make_engine
 
 pytestmark = pytest.mark.postgres
 

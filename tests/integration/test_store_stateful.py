@@ -29,11 +29,12 @@ from hypothesis.stateful import (
 from sqlalchemy import Engine, event, select
 
 from executor import store
-from executor.clock import ManualClock
-from executor.db import audit_events, make_engine, operations
-from executor.states import State, is_legal
+from executor.core.states import State, is_legal
+from executor.core.types import ErrorCode
 from executor.store import Created, NewOperation
-from executor.types import ErrorCode
+from executor.store.clock import ManualClock
+from executor.store.engine import make_engine
+from executor.store.schema import audit_events, operations
 
 LEASE = 30.0
 INTENT = hashlib.sha256(b"charge").hexdigest()

@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
-from executor.admission import Admitted, Limits, Rejected, admit
-from executor.canonical import intent_hash
-from executor.tools import (
+from executor.core.admission import Admitted, Limits, Rejected, admit
+from executor.core.canonical import intent_hash
+from executor.core.tools import (
     Access,
     Approval,
     BusinessRuleViolation,
@@ -33,7 +33,7 @@ from executor.tools import (
     Tool,
     ToolDeclarationError,
 )
-from executor.types import ErrorCode, ProposedCall, ServerContext
+from executor.core.types import ErrorCode, ProposedCall, ServerContext
 
 SECRET = "SECRET-7f3a9c-hunter2"
 SECRET_NUMBER = 4111111111111111 // 1000  # a card-like number, still below 2**53

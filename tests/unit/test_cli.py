@@ -24,14 +24,15 @@ from google.genai import types as genai_types
 from pydantic import TypeAdapter
 from sqlalchemy import func, select
 
-from executor import db
-from executor.adapters import SURFACES, encode_tool_name
-from executor.adapters.gemini_generate import is_synthetic_call_id
-from executor.celery_app import load_registry
-from executor.cli import build_parser, main
-from executor.migrate import head_revision
-from executor.runner import OperationRunner
+from executor.cli.main import build_parser, main
+from executor.core.tools import load_registry
+from executor.providers import SURFACES, encode_tool_name
+from executor.providers.gemini_generate import is_synthetic_call_id
 from executor.settings import Settings
+from executor.store import engine as store_engine
+from executor.store import schema
+from executor.store.migrate import head_revision
+from executor.worker.runner import OperationRunner
 from ledger import service as ledger_service
 from ledger.service import Ledger
 from outbox.relay import Relay
@@ -70,7 +71,7 @@ def home(sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> It
     monkeypatch.chdir(tmp_path)
     # Per-process caches: this test's engines and ledger client, not an earlier test's.
     engines: dict[str, Any] = {}
-    monkeypatch.setattr(db, "_engines", engines)
+    monkeypatch.setattr(store_engine, "_engines", engines)
     monkeypatch.setattr(ledger_service, "_default", None)
     yield tmp_path
     for engine in engines.values():
@@ -144,7 +145,7 @@ def execute_everything() -> list[str]:
     completion), so the loop goes round until a pass publishes nothing.
     """
     settings = Settings.from_env()
-    engine = db.get_engine(settings.database_url)
+    engine = store_engine.get_engine(settings.database_url)
     published: list[str] = []
     relay = Relay(settings, engine, published.append)
     runner = OperationRunner(settings, load_registry(settings.tools_module), engine)
@@ -332,9 +333,9 @@ def test_user_mistake__rejected_batch__writes_nothing(
     run = cli("enqueue", "calls.json", *WHO, "--request-id", "req-dup")
 
     assert_one_line_error(run, "duplicate_call_id")
-    with db.get_engine(Settings.from_env().database_url).connect() as conn:
-        assert conn.execute(select(func.count()).select_from(db.calls)).scalar_one() == 0
-        assert conn.execute(select(func.count()).select_from(db.operations)).scalar_one() == 0
+    with store_engine.get_engine(Settings.from_env().database_url).connect() as conn:
+        assert conn.execute(select(func.count()).select_from(schema.calls)).scalar_one() == 0
+        assert conn.execute(select(func.count()).select_from(schema.operations)).scalar_one() == 0
     assert_one_line_error(cli("results", "req-dup"), "no request 'req-dup'")
 
 
@@ -540,7 +541,7 @@ def test_pending_and_resolve__unknown_outcome_of_unsafe_write__listed_then_resol
         cli, home, "req-notice", [neutral("n1", NOTICE, {"account_id": "acc-1", "text": "hello"})]
     )
     operation_id = handle["calls"][0]["operation_id"]
-    engine = db.get_engine(Settings.from_env().database_url)
+    engine = store_engine.get_engine(Settings.from_env().database_url)
     with engine.begin() as conn:
         # A worker took it and vanished: its lease is already over.
         assert store.reserve(conn, operation_id, store.new_owner_token(), lease_seconds=0.0)

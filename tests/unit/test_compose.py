@@ -82,7 +82,7 @@ def test_compose__every_built_service_runs_the_expected_toolfence_command() -> N
 def cli_help(subcommand: str) -> subprocess.CompletedProcess[str]:
     # Exactly what the `toolfence` console script does: sys.exit(main()).
     return subprocess.run(
-        [sys.executable, "-c", "import sys; from executor.cli import main; sys.exit(main())",
+        [sys.executable, "-c", "import sys; from executor.cli.main import main; sys.exit(main())",
          subcommand, "--help"],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )
@@ -98,7 +98,7 @@ def test_compose__service_command__is_a_subcommand_the_cli_has(service: str) -> 
 
     assert result.returncode == 0, (
         f"docker-compose.yml service {service!r} runs `toolfence {subcommand}`, but "
-        f"`toolfence {subcommand} --help` exited {result.returncode}: executor/cli.py lacks it "
+        f"`toolfence {subcommand} --help` exited {result.returncode}: executor/cli/main.py lacks it "
         f"or fails to import.\n{result.stderr[-2000:]}"
     )
     # Every option the service passes is one the subcommand documents.

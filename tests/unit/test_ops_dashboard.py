@@ -1,6 +1,6 @@
 """ops/grafana and ops/alerts.yml name only metrics toolfence exports.
 
-Metric names are a contract (executor/metrics.py, executor/exporter.py): a
+Metric names are a contract (executor/telemetry/metrics.py, executor/telemetry/exporter.py): a
 dashboard panel or an alert on a misspelt name shows nothing and never fires,
 silently. That the expressions parse is checked against a real Prometheus in
 tests/integration/test_ops_prometheus.py.
@@ -17,8 +17,8 @@ import pytest
 import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
-from executor import metrics
-from executor.exporter import DatabaseCollector, ExporterConfig
+from executor.telemetry import metrics
+from executor.telemetry.exporter import DatabaseCollector, ExporterConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "ops" / "grafana" / "toolfence.json"

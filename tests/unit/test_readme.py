@@ -217,11 +217,12 @@ def _metric_base(name: str) -> str:
 
 
 def test_readme__every_metric_it_names_is_defined_in_the_code() -> None:
-    from executor import db
 
-    code = (ROOT / "executor" / "metrics.py").read_text() + (ROOT / "executor" / "exporter.py").read_text()
+    code = (ROOT / "executor" / "telemetry" / "metrics.py").read_text() + (ROOT / "executor" / "telemetry" / "exporter.py").read_text()
     defined = {_metric_base(n) for n in re.findall(r'"(toolfence_[a-z0-9_]+)"', code)}
-    tables = set(db.metadata.tables) | {"toolfence_alembic_version"}
+    from executor.store import schema
+
+    tables = set(schema.metadata.tables) | {"toolfence_alembic_version"}
     named = {n for n in re.findall(r"\btoolfence_[a-z0-9_]+", readme()) if n not in tables}
     unknown = sorted(n for n in named if _metric_base(n) not in defined)
     assert named and not unknown, f"metrics the README names that the code does not define: {unknown}"
@@ -236,7 +237,7 @@ def test_readme__every_alert_it_names_is_in_the_rules() -> None:
 
 
 def test_readme__every_cli_command_it_names_exists() -> None:
-    from executor.cli import build_parser
+    from executor.cli.main import build_parser
 
     parser = build_parser()
     subcommands = next(a for a in parser._actions if a.dest == "command").choices  # noqa: SLF001

@@ -20,9 +20,9 @@ from google.genai import interactions as genai_interactions
 from google.genai import types as genai_types
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from executor.admission import Admitted, Rejected, admit
-from executor.tools import Access, Approval, Effect, Mode, Registry, Tool
-from executor.types import (
+from executor.core.admission import Admitted, Rejected, admit
+from executor.core.tools import Access, Approval, Effect, Mode, Registry, Tool
+from executor.core.types import (
     ErrorCode,
     ErrorDetail,
     FailedRetryable,

@@ -24,10 +24,10 @@ from adapter_testkit import (
 )
 from anthropic.types import Message, MessageParam, ToolParam, ToolResultBlockParam
 
-from executor.adapters import anthropic_messages
-from executor.adapters.common import AdapterError, AdapterErrorCode
-from executor.admission import Rejected
-from executor.types import ErrorCode, ProposedCall
+from executor.core.admission import Rejected
+from executor.core.types import ErrorCode, ProposedCall
+from executor.providers import anthropic_messages
+from executor.providers.common import AdapterError, AdapterErrorCode
 
 
 def _refused(response: Any) -> AdapterErrorCode:

@@ -14,8 +14,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict, Field
 
-from executor.adapters import SURFACES
-from executor.adapters.common import (
+from executor.core.tools import Access, Approval, Mode, Tool
+from executor.core.types import (
+    ErrorCode,
+    FailedTerminal,
+    Pending,
+    ProposedCall,
+    Succeeded,
+    ToolError,
+)
+from executor.providers import SURFACES
+from executor.providers.common import (
     NAME_MARKER,
     UNTRUSTED_NOTE,
     AdapterError,
@@ -29,8 +38,6 @@ from executor.adapters.common import (
     result_text,
     strict_parameters_schema,
 )
-from executor.tools import Access, Approval, Mode, Tool
-from executor.types import ErrorCode, FailedTerminal, Pending, ProposedCall, Succeeded, ToolError
 
 OPENAI_RULE = SURFACES["openai-chat"].name_rule
 GEMINI_RULE = SURFACES["gemini"].name_rule

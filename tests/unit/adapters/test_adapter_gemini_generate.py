@@ -22,10 +22,10 @@ from adapter_testkit import (
 )
 from google.genai import types as genai_types
 
-from executor.adapters import gemini_generate
-from executor.adapters.common import AdapterError, AdapterErrorCode, encode_tool_name
-from executor.admission import Rejected
-from executor.types import ErrorCode
+from executor.core.admission import Rejected
+from executor.core.types import ErrorCode
+from executor.providers import gemini_generate
+from executor.providers.common import AdapterError, AdapterErrorCode, encode_tool_name
 
 
 def _refused(response: Any) -> AdapterErrorCode:
@@ -215,6 +215,6 @@ def test_export__all_tools__one_sdk_tool_with_every_declaration() -> None:
 
 
 def test_export__empty_registry__no_tool() -> None:
-    from executor.tools import Registry
+    from executor.core.tools import Registry
 
     assert gemini_generate.export_tools(Registry()) == []

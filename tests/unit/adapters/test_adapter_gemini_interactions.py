@@ -23,10 +23,10 @@ from adapter_testkit import (
 from google.genai import interactions as genai_interactions
 from pydantic import TypeAdapter
 
-from executor.adapters import gemini_interactions
-from executor.adapters.common import AdapterError, AdapterErrorCode, encode_tool_name
-from executor.admission import Rejected
-from executor.types import ErrorCode, ProposedCall
+from executor.core.admission import Rejected
+from executor.core.types import ErrorCode, ProposedCall
+from executor.providers import gemini_interactions
+from executor.providers.common import AdapterError, AdapterErrorCode, encode_tool_name
 
 
 def _refused(response: Any) -> AdapterErrorCode:

@@ -32,10 +32,10 @@ from openai.types.chat import (
     ChatCompletionToolMessageParam,
 )
 
-from executor.adapters import openai_chat
-from executor.adapters.common import AdapterError, AdapterErrorCode, encode_tool_name
-from executor.admission import Rejected
-from executor.types import ErrorCode, ProposedCall
+from executor.core.admission import Rejected
+from executor.core.types import ErrorCode, ProposedCall
+from executor.providers import openai_chat
+from executor.providers.common import AdapterError, AdapterErrorCode, encode_tool_name
 
 WEATHER_ARGS = '{"city": "Zürich" ,"unit":"c"}'
 

@@ -29,10 +29,10 @@ from openai.types.responses import (
 )
 from openai.types.responses.response_input_item_param import FunctionCallOutput
 
-from executor.adapters import openai_responses
-from executor.adapters.common import AdapterError, AdapterErrorCode
-from executor.admission import Rejected
-from executor.types import ErrorCode, ProposedCall
+from executor.core.admission import Rejected
+from executor.core.types import ErrorCode, ProposedCall
+from executor.providers import openai_responses
+from executor.providers.common import AdapterError, AdapterErrorCode
 
 
 def _refused(response: Any) -> AdapterErrorCode:

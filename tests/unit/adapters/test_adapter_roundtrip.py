@@ -27,21 +27,21 @@ from adapter_testkit import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from executor.adapters import SURFACES, Surface
-from executor.adapters.common import (
-    UNTRUSTED_NOTE,
-    AdapterError,
-    AdapterErrorCode,
-    ToolResult,
-    encode_tool_name,
-)
-from executor.types import (
+from executor.core.types import (
     ErrorCode,
     FailedRetryable,
     FailedTerminal,
     ProposedCall,
     Succeeded,
     ToolError,
+)
+from executor.providers import SURFACES, Surface
+from executor.providers.common import (
+    UNTRUSTED_NOTE,
+    AdapterError,
+    AdapterErrorCode,
+    ToolResult,
+    encode_tool_name,
 )
 
 REGISTRY = make_registry()
@@ -314,7 +314,7 @@ def test_write__results_not_one_per_call__refused_with_own_code(
 
 @surfaces
 def test_write__pending_result__refused_as_non_terminal(surface_name: str) -> None:
-    from executor.types import Pending
+    from executor.core.types import Pending
 
     calls = _two_calls(surface_name)
     pending = Pending(

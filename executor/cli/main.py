@@ -23,15 +23,16 @@ from sqlalchemy import make_url, select
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError, SQLAlchemyError
 
 from executor import store
-from executor.db import DatabaseUrlError, approvals, get_engine, operations, receipts
-from executor.migrate import SchemaNotReady, migrate, require_schema
+from executor.core.states import State
+from executor.core.tools import Registry
+from executor.core.types import ProposedCall, ServerContext
 from executor.settings import Settings, SettingsError
-from executor.states import State
-from executor.tools import Registry
-from executor.types import ProposedCall, ServerContext
+from executor.store.engine import DatabaseUrlError, get_engine
+from executor.store.migrate import SchemaNotReady, migrate, require_schema
+from executor.store.schema import approvals, operations, receipts
 
 if TYPE_CHECKING:
-    from executor.adapters import Surface
+    from executor.providers import Surface
 
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
@@ -68,7 +69,7 @@ def _require_sqlite_file(url: str) -> None:
 
 def _registry(settings: Settings) -> Registry:
     """The tool registry named by TOOLFENCE_TOOLS; a module that will not load is one line."""
-    from executor.celery_app import load_registry
+    from executor.core.tools import load_registry
 
     try:
         return load_registry(settings.tools_module)
@@ -82,7 +83,7 @@ def _registry(settings: Settings) -> Registry:
 
 
 def _surface(name: str) -> Surface:
-    from executor.adapters import SURFACES
+    from executor.providers import SURFACES
 
     surface = SURFACES.get(name)
     if surface is None:
@@ -113,7 +114,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     settings = _settings()
     _engine(settings)
     _registry(settings)  # fail here, not in the first task, when the tools do not load
-    from executor.celery_app import worker_app
+    from executor.worker.celery_app import worker_app
 
     app = worker_app(settings)
     argv = [
@@ -184,7 +185,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     payload = _read_json_file(args.file)
     registry = _registry(settings)
     if surface is not None:
-        from executor.adapters import AdapterError, AdapterErrorCode
+        from executor.providers import AdapterError, AdapterErrorCode
 
         refused = f"cannot read {args.file} ({surface.name} response)"
         if not isinstance(payload, dict):
@@ -264,7 +265,7 @@ def cmd_results(args: argparse.Namespace) -> int:
         else results(engine, args.request_id)
     )
     if surface is not None:
-        from executor.adapters import AdapterError
+        from executor.providers import AdapterError
 
         # The calls table keeps each proposal's id and tool name; a call still pending is
         # answered with the code that says why (approval_required, …), as `final` decides.
@@ -453,14 +454,14 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     settings = _settings()
     # No schema check here: the exporter must start (and report the outage through
     # toolfence_exporter_database_up) exactly when the database is unreachable.
-    from executor.exporter import serve
+    from executor.telemetry.exporter import serve
 
     serve(settings, args.port, args.host)
     return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from executor.demo import run_demo
+    from executor.cli.demo.run import run_demo
 
     return int(run_demo(calls=args.calls, workers=args.workers, lease_seconds=args.lease))
 
@@ -477,7 +478,7 @@ def _stop_on_signals(stop: threading.Event) -> None:
 
 
 def _check_broker(settings: Settings) -> None:
-    from executor.celery_app import make_celery
+    from executor.worker.celery_app import make_celery
 
     app = make_celery(settings)
     try:

@@ -19,165 +19,47 @@ Each function runs inside the caller's transaction (a `Connection`), returns
 whether it won, and appends an audit event in the same transaction.
 """
 
+
 from __future__ import annotations
 
-import json
 import os
-import re
 import secrets
-from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
     Connection,
-    Row,
     and_,
-    exists,
-    func,
     insert,
     literal,
-    or_,
     select,
     update,
 )
 
-from executor.clock import DATABASE_CLOCK, Clock
-from executor.db import (
-    approvals,
-    audit_events,
-    calls,
-    insert_ignore,
-    operations,
-    outbox,
-    receipts,
+from executor.core.states import SETTLED, TERMINAL, State
+from executor.core.types import ErrorCode
+from executor.store.audit import AUDIT_COLUMNS, DECISION_CODE, append_event, dumps
+from executor.store.clock import DATABASE_CLOCK, Clock
+from executor.store.engine import insert_ignore
+from executor.store.intake import add_outbox_row
+from executor.store.ordering import release_successors, waiting_on_earlier
+from executor.store.records import (
+    Conflict,
+    Created,
+    InProgress,
+    NewOperation,
+    RegisterOutcome,
+    Reservation,
+    Reused,
+    StaleOperation,
+    StoreError,
 )
-from executor.states import SETTLED, TERMINAL, State
-from executor.types import ErrorCode
-
-
-class StoreError(Exception):
-    pass
-
-
-@dataclass(frozen=True)
-class NewOperation:
-    operation_id: str
-    request_id: str
-    call_id: str
-    position: int
-    tool_name: str
-    schema_version: int
-    mode: str
-    intent_hash: str
-    arguments: dict[str, Any]
-    context: dict[str, Any]
-    needs_approval: bool
-    impact: dict[str, Any] | None
-    approval_ttl_seconds: float = 24 * 3600.0
-
-
-@dataclass(frozen=True)
-class Created:
-    operation_id: str
-    state: State
-    approval_id: str | None
-
-
-@dataclass(frozen=True)
-class Reused:
-    """Same operation id, same intent, already terminal: the stored outcome is returned."""
-
-    operation_id: str
-    state: State
-
-
-@dataclass(frozen=True)
-class InProgress:
-    operation_id: str
-    state: State
-
-
-@dataclass(frozen=True)
-class Conflict:
-    operation_id: str
-
-
-RegisterOutcome = Created | Reused | InProgress | Conflict
-
-
-@dataclass(frozen=True)
-class Reservation:
-    operation_id: str
-    generation: int
-    owner_token: str
-    lease_expires_at: float
-    attempts: int
-    took_over: bool
-
-
-@dataclass(frozen=True)
-class StaleOperation:
-    operation_id: str
-    generation: int
-    tool_name: str
-    lease_expires_at: float
-
-
-_OPERATION_AUDIT_COLUMNS = (
-    operations.c.operation_id,
-    operations.c.call_id,
-    operations.c.tool_name,
-    operations.c.schema_version,
-    operations.c.generation,
-    operations.c.intent_hash,
-)
-
-
-_DECISION_CODE = re.compile(r"[a-z][a-z0-9_]{0,63}")
+from executor.store.schema import approvals, operations
 
 
 def new_owner_token() -> str:
     """Unique per reservation attempt; the pid lets `show` and the chaos tests tell
     which process owns an operation."""
     return f"{os.getpid()}-{secrets.token_hex(12)}"
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), sort_keys=True)
-
-
-def _audit(
-    conn: Connection,
-    row: Any,
-    from_state: State | None,
-    to_state: State,
-    decision_code: str,
-    clock: Clock,
-    *,
-    actor: str | None = None,
-    duration_ms: float | None = None,
-) -> None:
-    """Append-only: one event per transition. Never arguments or the owner token."""
-    conn.execute(
-        insert(audit_events).values(
-            operation_id=row.operation_id,
-            call_id=row.call_id,
-            tool_name=row.tool_name,
-            schema_version=row.schema_version,
-            from_state=from_state.value if from_state else None,
-            to_state=to_state.value,
-            decision_code=decision_code,
-            generation=row.generation,
-            intent_hash=row.intent_hash,
-            actor=actor,
-            at=clock.now(),
-            duration_ms=duration_ms,
-        )
-    )
-
-
-# --------------------------------------------------------------------- register
 
 
 def register(conn: Connection, new: NewOperation, clock: Clock = DATABASE_CLOCK) -> RegisterOutcome:
@@ -198,12 +80,12 @@ def register(conn: Connection, new: NewOperation, clock: Clock = DATABASE_CLOCK)
             "state": state.value,
             "generation": 0,
             "intent_hash": new.intent_hash,
-            "arguments": _dumps(new.arguments),
-            "context": _dumps(new.context),
+            "arguments": dumps(new.arguments),
+            "context": dumps(new.context),
             "attempts": 0,
             "available_at": now,
             "queued_at": now if state is State.QUEUED else None,
-            "impact": _dumps(new.impact) if new.impact is not None else None,
+            "impact": dumps(new.impact) if new.impact is not None else None,
             "created_at": now,
             "updated_at": now,
         },
@@ -211,11 +93,11 @@ def register(conn: Connection, new: NewOperation, clock: Clock = DATABASE_CLOCK)
     )
     if inserted:
         row = conn.execute(
-            select(*_OPERATION_AUDIT_COLUMNS).where(
+            select(*AUDIT_COLUMNS).where(
                 operations.c.operation_id == new.operation_id
             )
         ).one()
-        _audit(conn, row, None, state, "admitted", clock)
+        append_event(conn, row, None, state, "admitted", clock)
         approval_id = None
         if state is State.PENDING_APPROVAL:
             approval_id = "apr_" + secrets.token_hex(12)
@@ -224,7 +106,7 @@ def register(conn: Connection, new: NewOperation, clock: Clock = DATABASE_CLOCK)
                     approval_id=approval_id,
                     operation_id=new.operation_id,
                     intent_hash=new.intent_hash,
-                    impact=_dumps(new.impact),
+                    impact=dumps(new.impact),
                     state="pending",
                     requested_at=now,
                     expires_at=now + new.approval_ttl_seconds,
@@ -242,111 +124,6 @@ def register(conn: Connection, new: NewOperation, clock: Clock = DATABASE_CLOCK)
     if existing_state in TERMINAL:
         return Reused(new.operation_id, existing_state)
     return InProgress(new.operation_id, existing_state)
-
-
-def add_outbox_row(
-    conn: Connection, operation_id: str, clock: Clock = DATABASE_CLOCK, delay_seconds: float = 0.0
-) -> None:
-    """Ask the relay to publish the operation id (in the caller's transaction)."""
-    now = clock.now()
-    conn.execute(
-        insert(outbox).values(
-            operation_id=operation_id,
-            created_at=now,
-            next_attempt_at=now + delay_seconds if delay_seconds else now,
-            attempts=0,
-        )
-    )
-
-
-def record_call(
-    conn: Connection,
-    *,
-    request_id: str,
-    call_id: str,
-    position: int,
-    tool_name: str,
-    operation_id: str | None,
-    gate: str | None,
-    result: dict[str, Any] | None,
-    clock: Clock = DATABASE_CLOCK,
-) -> None:
-    """One row per proposed call: I6 counts results by these rows."""
-    conn.execute(
-        insert(calls).values(
-            request_id=request_id,
-            call_id=call_id,
-            position=position,
-            tool_name=tool_name,
-            operation_id=operation_id,
-            gate=gate,
-            result=_dumps(result) if result is not None else None,
-            created_at=clock.now(),
-        )
-    )
-
-
-# --------------------------------------------------------------------- ownership
-
-
-def _waiting_on_earlier(outer: Any, *, write_after_write: frozenset[State] = TERMINAL) -> Any:
-    """SQL: the operation must still wait for an earlier call of its request.
-
-    Proposal order, as DESIGN.md states it: reads of a request run in parallel with
-    each other; a read waits for every earlier write, and a write waits for every
-    earlier call — an earlier read too, so a read placed before a write never sees
-    it. An earlier call stops blocking once settled (terminal or
-    `reconciliation_pending`), except that for write-after-write the caller says
-    which states count (`reserve`: terminal only; the worker ends a write behind a
-    `reconciliation_pending` write as `predecessor_failed`).
-    """
-    earlier = operations.alias("earlier")
-    return exists(
-        select(literal(1))
-        .select_from(earlier)
-        .where(
-            earlier.c.request_id == outer.c.request_id,
-            earlier.c.position < outer.c.position,
-            or_(earlier.c.mode == "write", outer.c.mode == "write"),
-            or_(
-                earlier.c.state.not_in([s.value for s in SETTLED]),
-                and_(
-                    earlier.c.mode == "write",
-                    outer.c.mode == "write",
-                    earlier.c.state.not_in([s.value for s in write_after_write]),
-                ),
-            ),
-        )
-    )
-
-
-def predecessor_failed(conn: Connection, operation_id: str) -> bool:
-    """For a write: did an earlier write of its request end other than `succeeded`?
-
-    `reconciliation_pending` counts: the earlier write did not succeed, and waiting
-    for a person would leave this one queued forever (I2). It ends
-    `predecessor_failed` and the model decides what next, as for a failure.
-    """
-    op = conn.execute(
-        select(operations.c.request_id, operations.c.position, operations.c.mode).where(
-            operations.c.operation_id == operation_id
-        )
-    ).one_or_none()
-    if op is None or op.mode != "write":
-        return False
-    failed = conn.execute(
-        select(func.count())
-        .select_from(operations)
-        .where(
-            operations.c.request_id == op.request_id,
-            operations.c.position < op.position,
-            operations.c.mode == "write",
-            operations.c.state.in_(
-                [State.FAILED_TERMINAL.value, State.RECONCILIATION_PENDING.value]
-            ),
-        )
-    ).scalar_one()
-    return bool(failed)
 
 
 def reserve(
@@ -370,7 +147,7 @@ def reserve(
             operations.c.operation_id == operation_id,
             operations.c.state == State.QUEUED.value,
             operations.c.available_at <= now,
-            ~_waiting_on_earlier(operations),
+            ~waiting_on_earlier(operations),
         )
         .values(
             state=State.STARTED.value,
@@ -381,11 +158,11 @@ def reserve(
             started_at=now,
             updated_at=now,
         )
-        .returning(*_OPERATION_AUDIT_COLUMNS, operations.c.lease_expires_at, operations.c.attempts)
+        .returning(*AUDIT_COLUMNS, operations.c.lease_expires_at, operations.c.attempts)
     ).one_or_none()
     if row is None:
         return None
-    _audit(conn, row, State.QUEUED, State.STARTED, "reserved", clock)
+    append_event(conn, row, State.QUEUED, State.STARTED, "reserved", clock)
     return Reservation(
         operation_id, row.generation, owner_token, row.lease_expires_at, row.attempts, False
     )
@@ -419,11 +196,11 @@ def take_over(
             started_at=now,
             updated_at=now,
         )
-        .returning(*_OPERATION_AUDIT_COLUMNS, operations.c.lease_expires_at, operations.c.attempts)
+        .returning(*AUDIT_COLUMNS, operations.c.lease_expires_at, operations.c.attempts)
     ).one_or_none()
     if row is None:
         return None
-    _audit(conn, row, State.STARTED, State.STARTED, "lease_takeover", clock)
+    append_event(conn, row, State.STARTED, State.STARTED, "lease_takeover", clock)
     return Reservation(
         operation_id, row.generation, owner_token, row.lease_expires_at, row.attempts, True
     )
@@ -470,16 +247,6 @@ def renew(
     ).scalar_one_or_none()
 
 
-def lease_remaining(conn: Connection, operation_id: str, clock: Clock = DATABASE_CLOCK) -> float | None:
-    """Seconds until a `started` operation's lease expires, on the database clock."""
-    return conn.execute(
-        select(operations.c.lease_expires_at - clock.now()).where(
-            operations.c.operation_id == operation_id,
-            operations.c.state == State.STARTED.value,
-        )
-    ).scalar_one_or_none()
-
-
 def still_owner(
     conn: Connection,
     operation_id: str,
@@ -496,37 +263,6 @@ def still_owner(
         ).first()
         is not None
     )
-
-
-# --------------------------------------------------------------------- outcomes
-
-
-def _release_successors(conn: Connection, operation_id: str, clock: Clock) -> None:
-    """An operation settled: wake the queued successors of its request that no longer wait.
-
-    They had no message while they waited (see `_waiting_on_earlier`); a fresh one
-    lets a worker run them now, or end a write `predecessor_failed`.
-    """
-    settled = operations.alias("settled")
-    successors = conn.execute(
-        select(operations.c.operation_id)
-        .select_from(
-            operations.join(
-                settled,
-                and_(
-                    settled.c.operation_id == operation_id,
-                    operations.c.request_id == settled.c.request_id,
-                    operations.c.position > settled.c.position,
-                ),
-            )
-        )
-        .where(
-            operations.c.state == State.QUEUED.value,
-            ~_waiting_on_earlier(operations, write_after_write=SETTLED),
-        )
-    ).scalars()
-    for successor in successors:
-        add_outbox_row(conn, successor, clock)
 
 
 def complete(
@@ -555,22 +291,22 @@ def complete(
         )
         .values(
             state=to_state.value,
-            result=_dumps(result) if succeeded else None,
+            result=dumps(result) if succeeded else None,
             receipt=receipt,
             error_code=None if succeeded else (error_code or ErrorCode.EXECUTION_FAILED).value,
-            error=None if succeeded else _dumps(error or {}),
+            error=None if succeeded else dumps(error or {}),
             owner_token=None,
             lease_expires_at=None,
             finished_at=now,
             updated_at=now,
         )
-        .returning(*_OPERATION_AUDIT_COLUMNS)
+        .returning(*AUDIT_COLUMNS)
     ).one_or_none()
     if row is None:
         return False
     code = "succeeded" if succeeded else (error_code or ErrorCode.EXECUTION_FAILED).value
-    _audit(conn, row, State.STARTED, to_state, code, clock, duration_ms=duration_ms)
-    _release_successors(conn, operation_id, clock)
+    append_event(conn, row, State.STARTED, to_state, code, clock, duration_ms=duration_ms)
+    release_successors(conn, operation_id, clock)
     return True
 
 
@@ -594,16 +330,16 @@ def release_to_retry(
             state=State.RETRY_WAIT.value,
             available_at=now + delay_seconds,
             error_code=error_code.value,
-            error=_dumps(error),
+            error=dumps(error),
             owner_token=None,
             lease_expires_at=None,
             updated_at=now,
         )
-        .returning(*_OPERATION_AUDIT_COLUMNS)
+        .returning(*AUDIT_COLUMNS)
     ).one_or_none()
     if row is None:
         return False
-    _audit(conn, row, State.STARTED, State.RETRY_WAIT, error_code.value, clock)
+    append_event(conn, row, State.STARTED, State.RETRY_WAIT, error_code.value, clock)
     return True
 
 
@@ -618,11 +354,11 @@ def promote_due_retry(conn: Connection, operation_id: str, clock: Clock = DATABA
             operations.c.available_at <= now,
         )
         .values(state=State.QUEUED.value, queued_at=now, updated_at=now)
-        .returning(*_OPERATION_AUDIT_COLUMNS)
+        .returning(*AUDIT_COLUMNS)
     ).one_or_none()
     if row is None:
         return False
-    _audit(conn, row, State.RETRY_WAIT, State.QUEUED, "retry_due", clock)
+    append_event(conn, row, State.RETRY_WAIT, State.QUEUED, "retry_due", clock)
     add_outbox_row(conn, operation_id, clock)
     return True
 
@@ -667,12 +403,12 @@ def mark_unknown(
         .values(
             state=State.RECONCILIATION_PENDING.value,
             error_code=ErrorCode.RECONCILIATION_PENDING.value,
-            error=_dumps({"message": reason}),
+            error=dumps({"message": reason}),
             owner_token=None,
             lease_expires_at=None,
             updated_at=now,
         )
-        .returning(*_OPERATION_AUDIT_COLUMNS)
+        .returning(*AUDIT_COLUMNS)
     ).one_or_none()
     if row is None:
         return False
@@ -680,12 +416,12 @@ def mark_unknown(
     # text quoting arguments) stays on the operation's `error`, not in the
     # append-only trail, whose `decision_code` column is 64 characters.
     decision = (
-        reason if _DECISION_CODE.fullmatch(reason) else ErrorCode.RECONCILIATION_PENDING.value
+        reason if DECISION_CODE.fullmatch(reason) else ErrorCode.RECONCILIATION_PENDING.value
     )
     actor = None if owner_token is not None else "reconciler"
-    _audit(conn, row, State.STARTED, State.RECONCILIATION_PENDING, decision, clock, actor=actor)
+    append_event(conn, row, State.STARTED, State.RECONCILIATION_PENDING, decision, clock, actor=actor)
     # Its queued successors were waiting for it: wake them (see `predecessor_failed`).
-    _release_successors(conn, operation_id, clock)
+    release_successors(conn, operation_id, clock)
     return True
 
 
@@ -707,20 +443,17 @@ def fail_unstarted(
         .values(
             state=State.FAILED_TERMINAL.value,
             error_code=error_code.value,
-            error=_dumps({"message": message}),
+            error=dumps({"message": message}),
             finished_at=now,
             updated_at=now,
         )
-        .returning(*_OPERATION_AUDIT_COLUMNS)
+        .returning(*AUDIT_COLUMNS)
     ).one_or_none()
     if row is None:
         return False
-    _audit(conn, row, State.QUEUED, State.FAILED_TERMINAL, error_code.value, clock)
-    _release_successors(conn, operation_id, clock)
+    append_event(conn, row, State.QUEUED, State.FAILED_TERMINAL, error_code.value, clock)
+    release_successors(conn, operation_id, clock)
     return True
-
-
-# --------------------------------------------------------------------- reconciler
 
 
 def stale_started(
@@ -772,11 +505,11 @@ def requeue_stale(
             available_at=now,
             updated_at=now,
         )
-        .returning(*_OPERATION_AUDIT_COLUMNS)
+        .returning(*AUDIT_COLUMNS)
     ).one_or_none()
     if row is None:
         return False
-    _audit(conn, row, State.STARTED, State.QUEUED, "requeued_stale", clock, actor="reconciler")
+    append_event(conn, row, State.STARTED, State.QUEUED, "requeued_stale", clock, actor="reconciler")
     add_outbox_row(conn, operation_id, clock)
     return True
 
@@ -797,19 +530,19 @@ def record_lookup_result(
         .where(_expired(operation_id, generation, now))
         .values(
             state=State.SUCCEEDED.value,
-            result=_dumps(result),
+            result=dumps(result),
             receipt=receipt,
             owner_token=None,
             lease_expires_at=None,
             finished_at=now,
             updated_at=now,
         )
-        .returning(*_OPERATION_AUDIT_COLUMNS)
+        .returning(*AUDIT_COLUMNS)
     ).one_or_none()
     if row is None:
         return False
-    _audit(conn, row, State.STARTED, State.SUCCEEDED, "lookup_done", clock, actor="reconciler")
-    _release_successors(conn, operation_id, clock)
+    append_event(conn, row, State.STARTED, State.SUCCEEDED, "lookup_done", clock, actor="reconciler")
+    release_successors(conn, operation_id, clock)
     return True
 
 
@@ -826,7 +559,7 @@ def stale_queued(
                 # One still waiting for an earlier write has no message by design. One
                 # behind a `reconciliation_pending` write is due: a worker ends it (a
                 # write, `predecessor_failed`) or runs it (a read).
-                ~_waiting_on_earlier(operations, write_after_write=SETTLED),
+                ~waiting_on_earlier(operations, write_after_write=SETTLED),
             )
             .order_by(operations.c.queued_at)
             .limit(limit)
@@ -883,7 +616,7 @@ def resolve(
     values: dict[str, Any] = {"state": to_state.value, "updated_at": now}
     if to_state is State.SUCCEEDED:
         values |= {
-            "result": _dumps({"resolved_by": actor, "reference": reference, "note": message}),
+            "result": dumps({"resolved_by": actor, "reference": reference, "note": message}),
             "receipt": reference,
             "error_code": None,
             "error": None,
@@ -892,7 +625,7 @@ def resolve(
     elif to_state is State.FAILED_TERMINAL:
         values |= {
             "error_code": ErrorCode.EXECUTION_FAILED.value,
-            "error": _dumps({"message": message or "resolved as failed by an operator"}),
+            "error": dumps({"message": message or "resolved as failed by an operator"}),
             "finished_at": now,
         }
     else:
@@ -904,216 +637,16 @@ def resolve(
             operations.c.state == State.RECONCILIATION_PENDING.value,
         )
         .values(**values)
-        .returning(*_OPERATION_AUDIT_COLUMNS)
+        .returning(*AUDIT_COLUMNS)
     ).one_or_none()
     if row is None:
         return False
-    _audit(
+    append_event(
         conn, row, State.RECONCILIATION_PENDING, to_state, f"resolved_{to_state.value}", clock,
         actor=actor,
     )
     if to_state is State.QUEUED:
         add_outbox_row(conn, operation_id, clock)
     else:
-        _release_successors(conn, operation_id, clock)
+        release_successors(conn, operation_id, clock)
     return True
-
-
-# --------------------------------------------------------------------- approvals
-
-
-@dataclass(frozen=True)
-class ApprovalRecord:
-    approval_id: str
-    operation_id: str
-    intent_hash: str
-    impact: dict[str, Any]
-    state: str
-    requested_at: float
-    expires_at: float
-
-
-def get_approval(conn: Connection, approval_id: str) -> ApprovalRecord | None:
-    row = conn.execute(select(approvals).where(approvals.c.approval_id == approval_id)).one_or_none()
-    if row is None:
-        return None
-    return ApprovalRecord(
-        row.approval_id, row.operation_id, row.intent_hash, json.loads(row.impact), row.state,
-        row.requested_at, row.expires_at,
-    )
-
-
-def approval_for_operation(conn: Connection, operation_id: str) -> ApprovalRecord | None:
-    approval_id = conn.execute(
-        select(approvals.c.approval_id).where(approvals.c.operation_id == operation_id)
-    ).scalar_one_or_none()
-    return None if approval_id is None else get_approval(conn, approval_id)
-
-
-def approve(
-    conn: Connection,
-    approval_id: str,
-    *,
-    approver: str,
-    clock: Clock = DATABASE_CLOCK,
-) -> bool:
-    """pending_approval → queued. Single use: the approval row's CAS on `pending`.
-
-    The approval stays bound to the intent hash it was requested for; the worker
-    refuses with `approval_invalidated` if the intent computed at run time differs.
-    """
-    now = clock.now()
-    decided = conn.execute(
-        update(approvals)
-        .where(
-            approvals.c.approval_id == approval_id,
-            approvals.c.state == "pending",
-            approvals.c.expires_at > now,
-        )
-        .values(state="approved", decided_at=now, decided_by=approver)
-        .returning(approvals.c.operation_id, approvals.c.intent_hash)
-    ).one_or_none()
-    if decided is None:
-        return False
-    row = conn.execute(
-        update(operations)
-        .where(
-            operations.c.operation_id == decided.operation_id,
-            operations.c.state == State.PENDING_APPROVAL.value,
-            operations.c.intent_hash == decided.intent_hash,
-        )
-        .values(state=State.QUEUED.value, queued_at=now, available_at=now, updated_at=now)
-        .returning(*_OPERATION_AUDIT_COLUMNS)
-    ).one_or_none()
-    if row is None:
-        raise StoreError(f"approval {approval_id} does not match its operation's intent")
-    _audit(conn, row, State.PENDING_APPROVAL, State.QUEUED, "approved", clock, actor=approver)
-    add_outbox_row(conn, decided.operation_id, clock)
-    return True
-
-
-def deny(
-    conn: Connection,
-    approval_id: str,
-    *,
-    approver: str,
-    reason: str,
-    expired: bool = False,
-    clock: Clock = DATABASE_CLOCK,
-) -> bool:
-    """pending_approval → failed_terminal (`approval_denied`); also used for expiry."""
-    now = clock.now()
-    conditions = [approvals.c.approval_id == approval_id, approvals.c.state == "pending"]
-    if expired:
-        conditions.append(approvals.c.expires_at <= now)
-    decided = conn.execute(
-        update(approvals)
-        .where(*conditions)
-        .values(
-            state="expired" if expired else "denied",
-            decided_at=now,
-            decided_by=approver,
-            reason=reason,
-        )
-        .returning(approvals.c.operation_id)
-    ).one_or_none()
-    if decided is None:
-        return False
-    row = conn.execute(
-        update(operations)
-        .where(
-            operations.c.operation_id == decided.operation_id,
-            operations.c.state == State.PENDING_APPROVAL.value,
-        )
-        .values(
-            state=State.FAILED_TERMINAL.value,
-            error_code=ErrorCode.APPROVAL_DENIED.value,
-            error=_dumps({"message": "approval expired" if expired else "approval denied"}),
-            finished_at=now,
-            updated_at=now,
-        )
-        .returning(*_OPERATION_AUDIT_COLUMNS)
-    ).one_or_none()
-    if row is None:
-        raise StoreError(f"approval {approval_id} has no operation waiting for it")
-    _audit(
-        conn, row, State.PENDING_APPROVAL, State.FAILED_TERMINAL,
-        "approval_expired" if expired else ErrorCode.APPROVAL_DENIED.value, clock, actor=approver,
-    )
-    _release_successors(conn, decided.operation_id, clock)
-    return True
-
-
-def expired_approvals(conn: Connection, limit: int, clock: Clock = DATABASE_CLOCK) -> list[str]:
-    return list(
-        conn.execute(
-            select(approvals.c.approval_id)
-            .where(approvals.c.state == "pending", approvals.c.expires_at <= clock.now())
-            .limit(limit)
-        ).scalars()
-    )
-
-
-# --------------------------------------------------------------------- receipts
-
-
-def record_receipt(
-    conn: Connection,
-    operation_id: str,
-    generation: int,
-    receipt: str,
-    *,
-    accepted: bool,
-    source: str,
-    clock: Clock = DATABASE_CLOCK,
-) -> None:
-    """Every receipt a worker or the reconciler sees, stale owners' included (I1)."""
-    conn.execute(
-        insert(receipts).values(
-            operation_id=operation_id,
-            generation=generation,
-            receipt=receipt,
-            accepted=accepted,
-            source=source,
-            recorded_at=clock.now(),
-        )
-    )
-
-
-def distinct_accepted_receipts(conn: Connection, operation_id: str) -> int:
-    return int(
-        conn.execute(
-            select(func.count(func.distinct(receipts.c.receipt))).where(
-                receipts.c.operation_id == operation_id, receipts.c.accepted.is_(True)
-            )
-        ).scalar_one()
-    )
-
-
-# --------------------------------------------------------------------- reads
-
-
-def get_operation(conn: Connection, operation_id: str) -> Row[Any] | None:
-    return conn.execute(
-        select(operations).where(operations.c.operation_id == operation_id)
-    ).one_or_none()
-
-
-def audit_trail(conn: Connection, operation_id: str) -> list[Row[Any]]:
-    return list(
-        conn.execute(
-            select(audit_events)
-            .where(audit_events.c.operation_id == operation_id)
-            .order_by(audit_events.c.event_id)
-        )
-    )
-
-
-def operations_in(conn: Connection, operation_ids: Iterable[str]) -> dict[str, Row[Any]]:
-    ids = list(operation_ids)
-    if not ids:
-        return {}
-    return {
-        r.operation_id: r
-        for r in conn.execute(select(operations).where(operations.c.operation_id.in_(ids)))
-    }

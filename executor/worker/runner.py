@@ -21,13 +21,10 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 from tenacity import wait_exponential_jitter
 
-from executor import metrics, store
-from executor.admission import compute_intent_hash, recheck_access
-from executor.db import read_only
-from executor.faults import AmbiguousCommit, Faults
-from executor.settings import Settings
-from executor.states import TERMINAL, State
-from executor.tools import (
+from executor import store
+from executor.core.admission import compute_intent_hash, recheck_access
+from executor.core.states import TERMINAL, State
+from executor.core.tools import (
     Effect,
     InvalidResult,
     LookupAnswer,
@@ -40,7 +37,11 @@ from executor.tools import (
     ToolFailure,
     Written,
 )
-from executor.types import ErrorCode, ServerContext
+from executor.core.types import ErrorCode, ServerContext
+from executor.settings import Settings
+from executor.store.engine import read_only
+from executor.telemetry import metrics
+from executor.worker.faults import AmbiguousCommit, Faults
 
 log = logging.getLogger("toolfence.worker")
 

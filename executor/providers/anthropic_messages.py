@@ -26,7 +26,9 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from executor.adapters.common import (
+from executor.core.tools import Registry
+from executor.core.types import ProposedCall
+from executor.providers.common import (
     AdapterError,
     AdapterErrorCode,
     CallOutcome,
@@ -41,8 +43,6 @@ from executor.adapters.common import (
     parameters_schema,
     result_text,
 )
-from executor.tools import Registry
-from executor.types import ProposedCall
 
 SURFACE = "anthropic"
 # Tool names must match ^[a-zA-Z0-9_-]{1,64}$ (Anthropic's tool-use docs; newer

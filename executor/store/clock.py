@@ -7,11 +7,29 @@ Tests inject a `ManualClock` to step time deterministically.
 from __future__ import annotations
 
 import threading
-from typing import Protocol
+from typing import Any, Protocol
 
 from sqlalchemy import ColumnElement, Float, literal
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.expression import FunctionElement
 
-from executor.db import db_now
+
+class db_now(FunctionElement[float]):  # noqa: N801 - reads like the SQL function it is
+    """The database clock, as epoch seconds."""
+
+    type = Float()
+    inherit_cache = True
+
+
+@compiles(db_now, "postgresql")
+def _db_now_postgresql(element: Any, compiler: Any, **kw: Any) -> str:
+    # clock_timestamp(), not now(): now() is frozen at transaction start.
+    return "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
+
+
+@compiles(db_now, "sqlite")
+def _db_now_sqlite(element: Any, compiler: Any, **kw: Any) -> str:
+    return "((julianday('now') - 2440587.5) * 86400.0)"
 
 
 class Clock(Protocol):

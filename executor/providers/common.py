@@ -19,8 +19,8 @@ from typing import Any, TypeAlias
 
 import pydantic_core
 
-from executor.tools import Registry, Tool
-from executor.types import (
+from executor.core.tools import Registry, Tool
+from executor.core.types import (
     FailedRetryable,
     FailedTerminal,
     Pending,

@@ -22,9 +22,9 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from executor.canonical import NotCanonicalizable, canonical_json, intent_hash
-from executor.tools import Registry, Tool, ToolFailure
-from executor.types import ErrorCode, ErrorDetail, FailedTerminal, ProposedCall, ServerContext
+from executor.core.canonical import NotCanonicalizable, canonical_json, intent_hash
+from executor.core.tools import Registry, Tool, ToolFailure
+from executor.core.types import ErrorCode, ErrorDetail, FailedTerminal, ProposedCall, ServerContext
 
 DEFAULT_MAX_ARGUMENT_BYTES = 64 * 1024
 DEFAULT_MAX_ARGUMENT_DEPTH = 32

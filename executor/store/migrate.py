@@ -10,7 +10,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
 
-from executor.db import normalize_url
+from executor.store.engine import normalize_url
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 VERSION_TABLE = "toolfence_alembic_version"

@@ -22,7 +22,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from executor.adapters.common import (
+from executor.core.tools import Registry
+from executor.core.types import ProposedCall
+from executor.providers.common import (
     AdapterError,
     AdapterErrorCode,
     CallOutcome,
@@ -37,8 +39,6 @@ from executor.adapters.common import (
     result_text,
     strict_parameters_schema,
 )
-from executor.tools import Registry
-from executor.types import ProposedCall
 
 SURFACE = "openai-responses"
 # Same function-name rule as Chat Completions (64 characters, [A-Za-z0-9_-]).

@@ -19,7 +19,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from executor.adapters.common import (
+from executor.core.tools import Registry
+from executor.core.types import ProposedCall
+from executor.providers.common import (
     AdapterError,
     AdapterErrorCode,
     CallOutcome,
@@ -34,8 +36,6 @@ from executor.adapters.common import (
     result_text,
     strict_parameters_schema,
 )
-from executor.tools import Registry
-from executor.types import ProposedCall
 
 SURFACE = "openai-chat"
 # FunctionDefinition.name: "a-z, A-Z, 0-9, or contain underscores and dashes,

@@ -9,6 +9,7 @@ is declared, so a misdeclared tool never reaches a worker.
 
 from __future__ import annotations
 
+import importlib
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from executor.types import ErrorCode, ErrorDetail, ServerContext
+from executor.core.types import ErrorCode, ErrorDetail, ServerContext
 
 ArgsT = TypeVar("ArgsT", bound=BaseModel)
 
@@ -374,3 +375,15 @@ class Registry:
 
     def names(self) -> list[str]:
         return sorted(self._tools)
+
+
+def load_registry(spec: str) -> Registry:
+    """`module:attribute` naming a Registry (TOOLFENCE_TOOLS)."""
+    module_name, _, attribute = spec.partition(":")
+    module = importlib.import_module(module_name)
+    registry = getattr(module, attribute or "registry")
+    if callable(registry) and not isinstance(registry, Registry):
+        registry = registry()
+    if not isinstance(registry, Registry):
+        raise TypeError(f"{spec} is not a toolfence Registry")
+    return registry

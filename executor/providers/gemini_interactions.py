@@ -20,7 +20,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from executor.adapters.common import (
+from executor.core.tools import Registry
+from executor.core.types import ProposedCall
+from executor.providers.common import (
     AdapterError,
     AdapterErrorCode,
     CallOutcome,
@@ -36,8 +38,6 @@ from executor.adapters.common import (
     parameters_schema,
     result_text,
 )
-from executor.tools import Registry
-from executor.types import ProposedCall
 
 SURFACE = "gemini-interactions"
 # The Interactions SDK documents no name rule; its functions reach the same

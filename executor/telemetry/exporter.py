@@ -59,20 +59,19 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import make_url
 
-from executor.db import (
+from executor.core.states import State
+from executor.settings import Settings, SettingsError
+from executor.store.clock import db_now
+from executor.store.engine import make_engine, normalize_url
+from executor.store.schema import (
     ACTIVE_STATES,
     TERMINAL_STATES,
     approvals,
     calls,
-    db_now,
-    make_engine,
-    normalize_url,
     operations,
     outbox,
     receipts,
 )
-from executor.settings import Settings, SettingsError
-from executor.states import State
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,6 @@ depends on the broker delivering exactly once: the store's CAS does.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import sys
@@ -17,26 +16,14 @@ from typing import Any
 from celery import Celery, signals
 from celery.worker.consumer import Consumer
 
-from executor import metrics
-from executor.db import dispose_engines, get_engine
-from executor.runner import OperationRunner
+from executor.core.tools import load_registry
 from executor.settings import Settings
-from executor.tools import Registry
+from executor.store.engine import dispose_engines, get_engine
+from executor.telemetry import metrics
+from executor.worker.runner import OperationRunner
 
 TASK_NAME = "toolfence.execute"
 log = logging.getLogger("toolfence.worker")
-
-
-def load_registry(spec: str) -> Registry:
-    """`module:attribute` naming a Registry (TOOLFENCE_TOOLS)."""
-    module_name, _, attribute = spec.partition(":")
-    module = importlib.import_module(module_name)
-    registry = getattr(module, attribute or "registry")
-    if callable(registry) and not isinstance(registry, Registry):
-        registry = registry()
-    if not isinstance(registry, Registry):
-        raise TypeError(f"{spec} is not a toolfence Registry")
-    return registry
 
 
 def broker_options(settings: Settings) -> dict[str, Any]:
@@ -88,12 +75,12 @@ def make_celery(settings: Settings) -> Celery:
         broker_connection_max_retries=None,
         worker_hijack_root_logger=False,
         worker_send_task_events=False,
-        worker_consumer="executor.celery_app:CountingConsumer",
+        worker_consumer="executor.worker.celery_app:CountingConsumer",
         worker_cancel_long_running_tasks_on_connection_loss=True,
     )
     if settings.broker_url.startswith("filesystem://"):
         # Atomic message files: the stock transport lets a consumer read a half-written one.
-        app.conf.broker_transport = "executor.fs_transport:Transport"
+        app.conf.broker_transport = "executor.worker.fs_transport:Transport"
         # No broadcast mailbox on files: nothing would read it, and it is one more table.
         app.conf.worker_enable_remote_control = False
     return app

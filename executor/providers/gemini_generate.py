@@ -33,7 +33,9 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from executor.adapters.common import (
+from executor.core.tools import Registry
+from executor.core.types import ProposedCall, Succeeded
+from executor.providers.common import (
     AdapterError,
     AdapterErrorCode,
     CallOutcome,
@@ -51,8 +53,6 @@ from executor.adapters.common import (
     parameters_schema,
     quote,
 )
-from executor.tools import Registry
-from executor.types import ProposedCall, Succeeded
 
 SURFACE = "gemini"
 # FunctionDeclaration.name: starts with a letter or an underscore; letters,

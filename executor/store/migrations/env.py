@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from alembic import context
 
-from executor.db import make_engine, metadata
+from executor.store.engine import make_engine
+from executor.store.schema import metadata
 
 config = context.config
 url = config.get_main_option("sqlalchemy.url")

@@ -20,14 +20,16 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from executor.adapters import (
+from executor.core.tools import Registry
+from executor.core.types import ProposedCall
+from executor.providers import (
     anthropic_messages,
     gemini_generate,
     gemini_interactions,
     openai_chat,
     openai_responses,
 )
-from executor.adapters.common import (
+from executor.providers.common import (
     AdapterError,
     AdapterErrorCode,
     CallOutcome,
@@ -36,8 +38,6 @@ from executor.adapters.common import (
     decode_tool_name,
     encode_tool_name,
 )
-from executor.tools import Registry
-from executor.types import ProposedCall
 
 
 class ReadProposals(Protocol):

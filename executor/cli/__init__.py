@@ -1,0 +1,1 @@
+"""`toolfence`: the command line, the local fleet it starts, and the demo."""

@@ -1,0 +1,1 @@
+"""`toolfence demo`: see `executor.cli.demo.run` for what it does, in order."""

@@ -1,0 +1,37 @@
+"""The demo's tuning and exit codes (shared by every part of it)."""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_INVARIANT_FAILED = 1
+EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
+EXIT_USAGE = 2
+
+# Tuned on a 2-core machine running SQLite and the filesystem transport: a
+# downstream call takes ~60 ms (so a fault can be caught inside one), the relay
+# polls every 50 ms (each write of a request waits for the previous one to be
+# published), and a `queued` operation is only republished after 15 s, so a
+# backlog in the broker is not mistaken for a lost message.
+LEDGER_LATENCY_MS = 60
+RELAY_POLL_SECONDS = 0.05
+RECONCILE_EVERY_SECONDS = 1.0
+REQUEUE_QUEUED_AFTER_SECONDS = 15.0
+POLL_SECONDS = 0.25
+SETTLE_TIMEOUT_SECONDS = 90.0
+WAVES = (0.4, 0.3, 0.3)
+STEADY_QUEUED = 25  # wave 2 arrives as the fleet keeps up: the pause's takeover is not stuck in a queue
+
+APPROVER = "ops-lead@acme"
+DENIER = "ops-lead@globex"
+
+
+class DemoError(Exception):
+    """Something the user can fix; printed as one line."""
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised in the main thread so the same cleanup runs as for Ctrl-C."""
+
+
+# ---------------------------------------------------------------------- where it runs

@@ -1,0 +1,121 @@
+"""The operation store: tables, the clock, every CAS and the reads around them.
+
+One home per concern, one import for callers (`from executor import store`):
+
+- `operations`: every transition of the fencing argument (register, reserve,
+  take_over, renew, still_owner, complete, release_to_retry, mark_unknown, the
+  reconciler's expired-lease CASes, resolve);
+- `ordering`: the one "waiting on an earlier call" predicate;
+- `approvals`, `receipts`, `intake` (call and outbox rows), `reads`, `audit`;
+- `schema` (tables), `engine`, `clock`, `migrate` and `migrations/`.
+"""
+
+from __future__ import annotations
+
+from executor.store.approvals import (
+    approval_for_operation,
+    approve,
+    deny,
+    expired_approvals,
+    get_approval,
+)
+from executor.store.audit import (
+    audit_trail,
+)
+from executor.store.intake import (
+    add_outbox_row,
+    record_call,
+)
+from executor.store.operations import (
+    complete,
+    due_retries,
+    fail_unstarted,
+    mark_unknown,
+    new_owner_token,
+    promote_due_retry,
+    record_lookup_result,
+    register,
+    release_to_retry,
+    renew,
+    republish_queued,
+    requeue_stale,
+    reserve,
+    resolve,
+    stale_queued,
+    stale_started,
+    still_owner,
+    take_over,
+)
+from executor.store.ordering import (
+    predecessor_failed,
+    release_successors,
+    waiting_on_earlier,
+)
+from executor.store.reads import (
+    get_operation,
+    lease_remaining,
+    operations_in,
+)
+from executor.store.receipts import (
+    distinct_accepted_receipts,
+    record_receipt,
+)
+from executor.store.records import (
+    ApprovalRecord,
+    Conflict,
+    Created,
+    InProgress,
+    NewOperation,
+    RegisterOutcome,
+    Reservation,
+    Reused,
+    StaleOperation,
+    StoreError,
+)
+
+__all__ = [
+    "ApprovalRecord",
+    "Conflict",
+    "Created",
+    "InProgress",
+    "NewOperation",
+    "RegisterOutcome",
+    "Reservation",
+    "Reused",
+    "StaleOperation",
+    "StoreError",
+    "add_outbox_row",
+    "approval_for_operation",
+    "approve",
+    "audit_trail",
+    "complete",
+    "deny",
+    "distinct_accepted_receipts",
+    "due_retries",
+    "expired_approvals",
+    "fail_unstarted",
+    "get_approval",
+    "get_operation",
+    "lease_remaining",
+    "mark_unknown",
+    "new_owner_token",
+    "operations_in",
+    "predecessor_failed",
+    "promote_due_retry",
+    "record_call",
+    "record_lookup_result",
+    "record_receipt",
+    "register",
+    "release_successors",
+    "release_to_retry",
+    "renew",
+    "republish_queued",
+    "requeue_stale",
+    "reserve",
+    "resolve",
+    "stale_queued",
+    "stale_started",
+    "still_owner",
+    "take_over",
+    "waiting_on_earlier",
+]

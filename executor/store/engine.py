@@ -1,0 +1,110 @@
+"""Engines: URL normalisation, per-dialect connection setup, the process-wide pool.
+
+SQLite gets WAL, a busy timeout and `BEGIN IMMEDIATE` for writers; a read-only
+view of an engine (`read_only`) takes no write lock. Nothing here knows a table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Connection, Engine, Table, create_engine, event, text
+from sqlalchemy.dialects import postgresql, sqlite
+
+
+class DatabaseUrlError(ValueError):
+    pass
+
+
+def normalize_url(url: str) -> str:
+    if url.startswith("postgres://"):
+        url = "postgresql://" + url[len("postgres://") :]
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg://" + url[len("postgresql://") :]
+    if not (url.startswith("postgresql+psycopg://") or url.startswith("sqlite")):
+        raise DatabaseUrlError(
+            f"unsupported database URL scheme in {url.split('://')[0]!r}: "
+            "use postgresql+psycopg://… or sqlite:///path"
+        )
+    return url
+
+
+_engines: dict[str, Engine] = {}
+READ_ONLY_OPTION = "toolfence_read_only"
+
+
+def read_only(engine: Engine) -> Engine:
+    """The same engine (and pool) for pure reads: on SQLite they take no write lock.
+
+    Use it for reads that may run while the same process holds a write
+    transaction (an access hook reading during `enqueue`), and for read-only
+    paths such as results and the exporter.
+    """
+    return engine.execution_options(**{READ_ONLY_OPTION: True})
+
+
+def make_engine(url: str, **kwargs: Any) -> Engine:
+    """A new engine. SQLite gets WAL, a busy timeout and `BEGIN IMMEDIATE`.
+
+    `BEGIN IMMEDIATE` takes the write lock at the start of every transaction, so
+    two processes never both read-then-upgrade and deadlock (SQLite would answer
+    one of them SQLITE_BUSY at once, without waiting).
+    """
+    url = normalize_url(url)
+    if url.startswith("sqlite"):
+        engine = create_engine(
+            url, connect_args={"timeout": 60, "check_same_thread": False}, **kwargs
+        )
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
+            dbapi_connection.isolation_level = None
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.execute("PRAGMA busy_timeout=60000")
+            cursor.close()
+
+        @event.listens_for(engine, "begin")
+        def _sqlite_begin(conn: Any) -> None:
+            if conn.get_execution_options().get(READ_ONLY_OPTION):
+                conn.exec_driver_sql("BEGIN")  # a pure read: share the file with writers
+            else:
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
+    kwargs.setdefault("pool_pre_ping", True)
+    kwargs.setdefault("pool_size", 5)
+    kwargs.setdefault("max_overflow", 10)
+    return create_engine(url, **kwargs)
+
+
+def get_engine(url: str) -> Engine:
+    """A process-wide engine per URL (workers fork: call `dispose_engines` in the child)."""
+    engine = _engines.get(url)
+    if engine is None:
+        engine = _engines[url] = make_engine(url)
+    return engine
+
+
+def dispose_engines() -> None:
+    for engine in _engines.values():
+        engine.dispose(close=False)
+    _engines.clear()
+
+
+def ping(engine: Engine) -> None:
+    with engine.connect() as conn:
+        conn.execute(text("SELECT 1"))
+
+
+def insert_ignore(conn: Connection, table: Table, values: dict[str, Any], key: Sequence[str]) -> bool:
+    """INSERT … ON CONFLICT DO NOTHING on either dialect; True when a row was inserted."""
+    ins: Any
+    if conn.dialect.name == "postgresql":
+        ins = postgresql.insert(table).values(**values).on_conflict_do_nothing(index_elements=key)
+    else:
+        ins = sqlite.insert(table).values(**values).on_conflict_do_nothing(index_elements=key)
+    # RETURNING rather than rowcount: drivers disagree on rowcount for DO NOTHING.
+    return conn.execute(ins.returning(table.c[key[0]])).first() is not None

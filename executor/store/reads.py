@@ -1,0 +1,42 @@
+"""Reads of operations for the worker, the CLI and results (no state changes)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from sqlalchemy import (
+    Connection,
+    Row,
+    select,
+)
+
+from executor.core.states import State
+from executor.store.clock import DATABASE_CLOCK, Clock
+from executor.store.schema import operations
+
+
+def get_operation(conn: Connection, operation_id: str) -> Row[Any] | None:
+    return conn.execute(
+        select(operations).where(operations.c.operation_id == operation_id)
+    ).one_or_none()
+
+
+def operations_in(conn: Connection, operation_ids: Iterable[str]) -> dict[str, Row[Any]]:
+    ids = list(operation_ids)
+    if not ids:
+        return {}
+    return {
+        r.operation_id: r
+        for r in conn.execute(select(operations).where(operations.c.operation_id.in_(ids)))
+    }
+
+
+def lease_remaining(conn: Connection, operation_id: str, clock: Clock = DATABASE_CLOCK) -> float | None:
+    """Seconds until a `started` operation's lease expires, on the database clock."""
+    return conn.execute(
+        select(operations.c.lease_expires_at - clock.now()).where(
+            operations.c.operation_id == operation_id,
+            operations.c.state == State.STARTED.value,
+        )
+    ).scalar_one_or_none()

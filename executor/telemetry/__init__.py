@@ -1,0 +1,1 @@
+"""Metrics the fleet writes, and the exporter that serves them with database gauges."""

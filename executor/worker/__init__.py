@@ -1,0 +1,1 @@
+"""The worker: reserve, heartbeat, run the tool, complete; and its Celery app."""
