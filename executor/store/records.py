@@ -85,3 +85,42 @@ class ApprovalRecord:
     state: str
     requested_at: float
     expires_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class OperationRow:
+    """One row of `toolfence_operations`, typed: what the worker, the reconciler and
+    the readers get instead of an untyped SQLAlchemy row. Text columns holding
+    JSON (`arguments`, `context`, `result`, `error`, `impact`) stay text here;
+    the reader that needs them decodes them."""
+
+    operation_id: str
+    request_id: str
+    call_id: str
+    position: int
+    tool_name: str
+    schema_version: int
+    mode: str
+    state: str
+    generation: int
+    owner_token: str | None
+    lease_expires_at: float | None
+    intent_hash: str
+    arguments: str
+    context: str
+    attempts: int
+    available_at: float
+    queued_at: float | None
+    result: str | None
+    receipt: str | None
+    error_code: str | None
+    error: str | None
+    impact: str | None
+    created_at: float
+    updated_at: float
+    started_at: float | None
+    finished_at: float | None
+
+    @classmethod
+    def from_row(cls, row: Any) -> OperationRow:
+        return cls(**row._mapping)

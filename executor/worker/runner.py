@@ -208,7 +208,12 @@ class OperationRunner:
                 time.sleep(0.2 * (attempt + 1))
         else:
             return None
-        if row is None or row.owner_token != owner_token or row.state != State.STARTED.value:
+        if (
+            row is None
+            or row.owner_token != owner_token
+            or row.state != State.STARTED.value
+            or row.lease_expires_at is None
+        ):
             return None
         log.info("reservation of %s committed despite a connection error", operation_id)
         return store.Reservation(
