@@ -22,6 +22,7 @@ from executor.store.approvals import (
 from executor.store.audit import (
     audit_trail,
 )
+from executor.store.clock import DATABASE_CLOCK, Clock, ManualClock
 from executor.store.intake import (
     add_outbox_row,
     record_call,
@@ -75,6 +76,9 @@ from executor.store.records import (
 )
 
 __all__ = [
+    "DATABASE_CLOCK",
+    "Clock",
+    "ManualClock",
     "ApprovalRecord",
     "Conflict",
     "Created",
