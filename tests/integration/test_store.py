@@ -7,6 +7,7 @@ that loses must change nothing: not the row, not the audit trail, not the outbox
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import inspect
 import json
@@ -101,7 +102,7 @@ class Store:
         with self.engine.connect() as conn:
             found = store.get_operation(conn, operation_id)
         assert found is not None
-        return dict(found._mapping)
+        return dataclasses.asdict(found)
 
     def audit(self, operation_id: str) -> list[tuple[str | None, str, str, int]]:
         with self.engine.connect() as conn:
