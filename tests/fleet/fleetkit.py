@@ -79,7 +79,7 @@ def wait_until(
 # ------------------------------------------------------------------ database
 
 
-def operation(engine: Engine, operation_id: str) -> Row[Any]:
+def operation(engine: Engine, operation_id: str) -> store.OperationRow:
     with engine.connect() as conn:
         row = store.get_operation(conn, operation_id)
     assert row is not None, f"no operation {operation_id}"

@@ -8,6 +8,7 @@ on the key so that a new generation never repeats an effect already applied.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 from collections.abc import Callable
@@ -76,7 +77,7 @@ def _snapshot(engine: Engine, operation_id: str) -> tuple[Any, ...]:
             .where(receipts.c.operation_id == operation_id)
             .order_by(receipts.c.receipt_row_id)
         ).all()
-    row = tuple(operation(engine, operation_id))
+    row = dataclasses.astuple(operation(engine, operation_id))
     trail = tuple(tuple(event) for event in audit(engine, operation_id))
     return row, trail, tuple(tuple(receipt) for receipt in receipt_rows)
 
