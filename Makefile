@@ -1,11 +1,16 @@
 # The README's two commands: `make demo` runs the main job, `make test` the tests.
-# Each creates and fills the virtual environment on a fresh machine.
+# Each creates and fills the virtual environment on a fresh machine. `make test`
+# (and `make chaos`) also install the system packages the suite needs
+# (scripts/ci-deps.sh, as root) and start PostgreSQL, Redis and RabbitMQ when they
+# are down (scripts/services.sh); not root, each says in one line what is missing.
+# `make demo` needs neither: it runs on the embedded SQLite default.
 PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+SERVICES ?= postgres redis rabbitmq
 
-.PHONY: demo test lint chaos chaos-long bench clean
+.PHONY: demo test deps services lint chaos chaos-long bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,10 +21,16 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/toolfence demo
 
-test: $(STAMP)
+deps:
+	sh scripts/ci-deps.sh
+
+services: deps
+	bash scripts/services.sh $(SERVICES)
+
+test: deps services $(STAMP)
 	$(BIN)/python -m pytest -q tests
 
-chaos: $(STAMP)
+chaos: deps services $(STAMP)
 	$(BIN)/python -m pytest -q -m chaos tests/chaos
 
 chaos-long: $(STAMP)

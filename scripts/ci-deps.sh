@@ -1,19 +1,71 @@
 #!/bin/sh
-# System packages the test suite needs beyond Python: Prometheus's server and
-# promtool (Debian package `prometheus`), for tests/integration/test_ops_prometheus.py.
-# Idempotent: installs nothing when promtool and prometheus are already there.
+# Every system package the test suite needs beyond Python and make, checked and,
+# as root, installed from Debian's archive. `make test` and `make chaos` run it
+# first (target `deps`); scripts/services.sh then starts the servers.
 #
-# The Debian package's post-install would start a prometheus service on :9090;
-# the tests run their own server on a free loopback port, so a policy-rc.d that
-# refuses service starts is put in place for the install (unless one exists).
+#   command (where)                      Debian package     used by
+#   pg_isready, psql                     postgresql-client  scripts/services.sh, bench
+#   pg_ctlcluster                        postgresql-common  scripts/services.sh
+#   initdb, pg_ctl ($TOOLFENCE_PG_BIN)   postgresql         tests/chaos (private cluster)
+#   redis-server                         redis-server       tests/fleet, tests/chaos, services
+#   redis-cli                            redis-tools        tests/fleet, scripts/services.sh
+#   rabbitmq-server                      rabbitmq-server    scripts/services.sh
+#   promtool, prometheus                 prometheus         tests/integration/test_ops_prometheus.py
+#   setpriv                              util-linux         tests/integration/test_setup_scripts.py
+#
+# Idempotent and silent when everything is there. Not root and something is
+# missing: one line on stderr naming the packages to install, exit 1. Commands
+# are looked up in $PATH (plus /usr/sbin and /sbin, where rabbitmq-server lives),
+# so a test can hide one by narrowing PATH; $TOOLFENCE_PG_BIN (default
+# /usr/lib/postgresql/15/bin, as in tests/chaos/services.py) is checked by path.
+#
+# Package post-install scripts would start services (prometheus on :9090, the
+# servers under their packaged configuration); a policy-rc.d that refuses
+# service starts is put in place for the install (unless one exists), and
+# scripts/services.sh starts the servers the way the suite expects.
 set -eu
 
-if command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1; then
+PATH="$PATH:/usr/sbin:/sbin"
+PG_BIN="${TOOLFENCE_PG_BIN:-/usr/lib/postgresql/15/bin}"
+
+missing=""     # what is absent, for the message
+packages=""    # the Debian packages that provide it, deduplicated
+
+need() {  # package, what, present (0/1)
+    if [ "$3" = 1 ]; then return 0; fi
+    missing="${missing:+$missing, }$2"
+    case " $packages " in
+        *" $1 "*) ;;
+        *) packages="${packages:+$packages }$1" ;;
+    esac
+}
+
+has() { if command -v "$1" >/dev/null 2>&1; then echo 1; else echo 0; fi; }
+has_file() { if [ -x "$1" ]; then echo 1; else echo 0; fi; }
+
+check() {
+    missing=""
+    packages=""
+    need postgresql-client pg_isready "$(has pg_isready)"
+    need postgresql-client psql "$(has psql)"
+    need postgresql-common pg_ctlcluster "$(has pg_ctlcluster)"
+    need postgresql "$PG_BIN/initdb" "$(has_file "$PG_BIN/initdb")"
+    need postgresql "$PG_BIN/pg_ctl" "$(has_file "$PG_BIN/pg_ctl")"
+    need redis-server redis-server "$(has redis-server)"
+    need redis-tools redis-cli "$(has redis-cli)"
+    need rabbitmq-server rabbitmq-server "$(has rabbitmq-server)"
+    need prometheus promtool "$(has promtool)"
+    need prometheus prometheus "$(has prometheus)"
+    need util-linux setpriv "$(has setpriv)"
+}
+
+check
+if [ -z "$missing" ]; then
     exit 0
 fi
 
 if [ "$(id -u)" -ne 0 ]; then
-    echo "ci-deps: promtool/prometheus missing and not root: install the 'prometheus' package" >&2
+    echo "ci-deps: missing $missing; install as root: apt-get install $packages (or run make test as root)" >&2
     exit 1
 fi
 
@@ -29,16 +81,24 @@ cleanup() {
 }
 trap cleanup EXIT
 
+echo "ci-deps: installing $packages (for $missing)" >&2
 export DEBIAN_FRONTEND=noninteractive
-apt-get -o DPkg::Lock::Timeout=300 update
-apt-get -o DPkg::Lock::Timeout=300 install -y --no-install-recommends prometheus
+# shellcheck disable=SC2086  # $packages is a list of words
+if ! { apt-get -o DPkg::Lock::Timeout=300 update &&
+       apt-get -o DPkg::Lock::Timeout=300 install -y --no-install-recommends $packages; }; then
+    echo "ci-deps: apt-get could not install $packages (see above)" >&2
+    exit 1
+fi
 
-# Belt and braces: if a service manager started it anyway, stop it (it would
-# hold :9090 and write to /var/lib/prometheus for nothing).
+# Belt and braces: if a service manager started prometheus anyway, stop it (it
+# would hold :9090 and write to /var/lib/prometheus for nothing).
 if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet prometheus 2>/dev/null; then
     systemctl stop prometheus || true
     systemctl disable prometheus || true
 fi
 
-command -v promtool >/dev/null
-command -v prometheus >/dev/null
+check
+if [ -n "$missing" ]; then
+    echo "ci-deps: still missing after installing $packages: $missing (for PostgreSQL binaries elsewhere, set TOOLFENCE_PG_BIN)" >&2
+    exit 1
+fi
