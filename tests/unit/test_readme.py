@@ -217,8 +217,8 @@ def _metric_base(name: str) -> str:
 
 
 def test_readme__every_metric_it_names_is_defined_in_the_code() -> None:
-
-    code = (ROOT / "executor" / "telemetry" / "metrics.py").read_text() + (ROOT / "executor" / "telemetry" / "exporter.py").read_text()
+    telemetry = ROOT / "executor" / "telemetry"
+    code = (telemetry / "metrics.py").read_text() + (telemetry / "exporter.py").read_text()
     defined = {_metric_base(n) for n in re.findall(r'"(toolfence_[a-z0-9_]+)"', code)}
     from executor.store import schema
 
