@@ -7,7 +7,7 @@
 # counts. With TOOLFENCE_METRICS_ROOT set, this container writes into
 # $TOOLFENCE_METRICS_ROOT/<container hostname>/; the exporter, whose
 # PROMETHEUS_MULTIPROC_DIR is the root itself, sums the root and every
-# subdirectory (executor.exporter.MultiprocessTreeCollector). A restarted
+# subdirectory (executor.telemetry.exporter.MultiprocessTreeCollector). A restarted
 # container keeps its hostname and so its files: counters stay monotonic.
 set -eu
 

@@ -47,13 +47,13 @@ Fixed (each with a commit and an entry in docs/decisions.md):
    generations under the same row lock, recorded in `ledger_fenced`).
 2. **Calls stuck `queued` for ever behind a `reconciliation_pending` write (I2).**
    Later writes waited for a terminal predecessor and nothing woke them
-   (`executor/store.py`): now `predecessor_failed` counts a pending predecessor,
+   (`executor/store/ordering.py`): now `predecessor_failed` counts a pending predecessor,
    a read's reservation needs settled (not terminal) predecessors, and
-   `mark_unknown` wakes the successors.
+   `mark_unknown` (`executor/store/operations.py`) wakes the successors.
 3. **Ambiguous-commit fault points rolled back instead of committing**
-   (`executor/runner.py`): `reserve_commit`/`complete_commit` fired inside the
+   (`executor/worker/runner.py`): `reserve_commit`/`complete_commit` fired inside the
    transaction, so "ambiguous" was an abort; they now fire after the commit.
-4. **Database errors escaping the worker** (`executor/runner.py`): before the
+4. **Database errors escaping the worker** (`executor/worker/runner.py`): before the
    handler (approval check), while recording a receipt, releasing to retry or
    marking an unknown outcome, an error went into Celery and left the
    operation `started` until its lease expired — an `unsafe` write then went to
@@ -69,7 +69,7 @@ Seen and left alone (reported):
   campaign's supervisor replaces it, as `restart: unless-stopped` does in
   docker-compose; a supervisor with `Restart=on-failure` would not.
 - A transient database error inside a tool's access rule at run time ends the
-  call `permission_denied` (hooks fail closed, `executor/admission.py`).
+  call `permission_denied` (hooks fail closed, `executor/core/admission.py`).
 - A lookup that raises in the reconciler sends the operation to
   `reconciliation_pending` (`lookup_failed`) rather than asking again on the
   next sweep (`reconciler/sweep.py`).

@@ -472,10 +472,25 @@ def test_mark_process_dead__removes_only_live_gauge_files(tmp_path: Path) -> Non
 
 
 def test_mark_process_dead__not_multiprocess__does_nothing(
-    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # Given no multiprocess directory configured, and a dead pid's live gauge file
+    # in the working directory (where a path-less call would look)
+    from prometheus_client import multiprocess as prometheus_multiprocess
+
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
-    mark_process_dead(os.getpid())
+    monkeypatch.delenv("prometheus_multiproc_dir", raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "gauge_livesum_4242.db").write_bytes(b"")
+    forwarded: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(prometheus_multiprocess, "mark_process_dead", lambda *a: forwarded.append(a))
+
+    # When the exit hook runs
+    mark_process_dead(4242)
+
+    # Then nothing is forwarded to prometheus_client and no file is touched
+    assert forwarded == []
+    assert [p.name for p in tmp_path.iterdir()] == ["gauge_livesum_4242.db"]
 
 
 def test_prepare_multiprocess_dir__keeps_files_that_are_not_metrics(tmp_path: Path) -> None:

@@ -217,8 +217,8 @@ def _metric_base(name: str) -> str:
 
 
 def test_readme__every_metric_it_names_is_defined_in_the_code() -> None:
-
-    code = (ROOT / "executor" / "telemetry" / "metrics.py").read_text() + (ROOT / "executor" / "telemetry" / "exporter.py").read_text()
+    telemetry = ROOT / "executor" / "telemetry"
+    code = (telemetry / "metrics.py").read_text() + (telemetry / "exporter.py").read_text()
     defined = {_metric_base(n) for n in re.findall(r'"(toolfence_[a-z0-9_]+)"', code)}
     from executor.store import schema
 
@@ -257,3 +257,59 @@ def test_readme__the_two_commands_are_make_targets(target: str) -> None:
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(rf"^{target}:", makefile, re.M)
     assert f"make {target}" in readme()
+
+
+# ------------------------------------------------------------------ paths and modules it names
+
+# The documents that point readers at files: the README, the decisions, the
+# benchmark and chaos reports (and the template the chaos report is written from).
+DOCUMENTS = [README, ROOT / "docs" / "decisions.md", *sorted((ROOT / "bench").glob("*.md")),
+             ROOT / "tests" / "chaos" / "report.py"]
+_REPO_PATH = re.compile(r"`((?:executor|outbox|reconciler|ledger|ops|tests|bench|docs)/[^`\s]*)`")
+_DOTTED_NAME = re.compile(r"\bexecutor(?:\.[A-Za-z_]\w*)+")
+
+
+def _resolves(dotted: str) -> bool:
+    """`a.b.c.name` is a module, or an attribute of the longest module prefix."""
+    import importlib
+
+    parts = dotted.split(".")
+    for split in range(len(parts), 0, -1):
+        try:
+            target: object = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        for attribute in parts[split:]:
+            if not hasattr(target, attribute):
+                return False
+            target = getattr(target, attribute)
+        return True
+    return False
+
+
+def test_resolves__modules_and_their_attributes_only() -> None:
+    assert _resolves("executor.store.clock") and _resolves("executor.store.clock.db_now")
+    assert not _resolves("executor.exporter.MultiprocessTreeCollector")
+    assert not _resolves("executor.store.clock.no_such_function")
+
+
+def test_docs__every_repository_path_they_name_exists() -> None:
+    named = [(doc, path) for doc in DOCUMENTS for path in _REPO_PATH.findall(doc.read_text(encoding="utf-8"))]
+    assert any(path.startswith("executor/") and path.endswith(".py") for _, path in named)
+    missing = sorted(f"{doc.relative_to(ROOT)}: {path}" for doc, path in named if not (ROOT / path).exists())
+    assert not missing, f"paths that no longer exist (moved?): {missing}"
+
+
+def test_docs__every_executor_module_they_name_resolves() -> None:
+    # Markdown spans, and comments in ops/ files (entrypoint, units, config).
+    sources = [doc for doc in DOCUMENTS if doc.suffix == ".md"]
+    sources += [p for p in sorted((ROOT / "ops").rglob("*")) if p.is_file() and p.suffix != ".json"]
+    sources += [ROOT / "Dockerfile"]
+    named = {
+        (source.relative_to(ROOT), name.rstrip("."))
+        for source in sources
+        for name in _DOTTED_NAME.findall(source.read_text(encoding="utf-8", errors="replace"))
+    }
+    assert named
+    unresolved = sorted(f"{source}: {name}" for source, name in named if not _resolves(name))
+    assert not unresolved, f"module names that no longer resolve (moved?): {unresolved}"

@@ -9,6 +9,11 @@ corrupt exactly one field.
 from __future__ import annotations
 
 import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -37,6 +42,8 @@ from executor.core.types import ErrorCode, ProposedCall
 from executor.providers import openai_chat
 from executor.providers.common import AdapterError, AdapterErrorCode, encode_tool_name
 
+ADAPTER_TESTS = Path(__file__).resolve().parent
+ROOT = ADAPTER_TESTS.parents[2]
 WEATHER_ARGS = '{"city": "Zürich" ,"unit":"c"}'
 
 
@@ -273,5 +280,46 @@ def test_export__every_tool__valid_sdk_tool_param_with_provider_safe_name() -> N
     assert "tf--mcp_2etime_2fget" in by_name
 
 
-def test_export__same_registry__same_declarations() -> None:
-    assert openai_chat.export_tools(make_registry()) == openai_chat.export_tools(make_registry())
+# Run in a fresh interpreter: registers the tools in the order of a set of their
+# names (which depends on the hash seed) and prints the export as JSON.
+_EXPORT_IN_A_FRESH_PROCESS = """
+import json
+from adapter_testkit import make_registry
+from executor.core.tools import Registry
+from executor.providers import openai_chat
+
+tools = {tool.name: tool for tool in make_registry()}
+registry = Registry(tools[name] for name in {name for name in tools})
+print(json.dumps(openai_chat.export_tools(registry)))
+"""
+
+
+def _export_with_hash_seed(seed: str) -> list[dict[str, Any]]:
+    env = {**os.environ, "PYTHONHASHSEED": seed}
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(ADAPTER_TESTS), str(ROOT), *filter(None, [env.get("PYTHONPATH")])]
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", _EXPORT_IN_A_FRESH_PROCESS],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    exported: list[dict[str, Any]] = json.loads(completed.stdout)
+    return exported
+
+
+def test_export__different_hash_seeds__identical_declarations_sorted_by_tool_name() -> None:
+    # Given fresh interpreters with different hash seeds, each registering the tools
+    # in its own (set) order
+    # When each exports the registry
+    exports = {seed: _export_with_hash_seed(seed) for seed in ("0", "1", "12345")}
+    # Then every export is the same, byte for byte once serialised
+    first = exports["0"]
+    for seed, exported in exports.items():
+        assert json.dumps(exported) == json.dumps(first), f"PYTHONHASHSEED={seed} changed the export"
+    # and in tool-name order, as `declared_tools` promises
+    names = sorted(tool.name for tool in make_registry())
+    assert [tool["function"]["name"] for tool in first] == [
+        encode_tool_name(name, openai_chat.NAME_RULE) for name in names
+    ]
+    assert first == openai_chat.export_tools(make_registry())

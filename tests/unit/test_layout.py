@@ -1,0 +1,322 @@
+"""The package layout's rules, checked statically over every module's imports.
+
+DESIGN.md ("Layout"): dependencies point down. Pure `executor/core` imports no
+database, broker or HTTP library and no other part of toolfence; `providers`
+and `mcp` import only `core`; nothing but `cli` imports `ledger`. And: the
+reconciler never loads the worker, and the clock never imports the engine
+(the engine builds on the clock).
+
+Every import counts, at module level or inside a function (`ast.walk`), and so
+does `importlib.import_module("literal")`. An import under `if TYPE_CHECKING:`
+loads nothing, so it is exempt from the rules about what a module *loads*
+(libraries, the clock's cycle); it still counts as a dependency for the rules
+about which part of toolfence may depend on which.
+
+`from P import X` resolves to `P.X` when that is a module, to the module P's
+`__init__` re-exports X from when it does (for the `executor` facade, the
+module `_EXPORTS` names), else to P.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("executor", "outbox", "reconciler", "ledger")
+
+DATABASE_LIBRARIES = ("sqlalchemy", "alembic", "psycopg", "psycopg2", "psycopg_pool", "asyncpg", "sqlite3")
+BROKER_LIBRARIES = ("celery", "kombu", "redis", "amqp", "billiard", "fakeredis", "pika")
+HTTP_LIBRARIES = (
+    "httpx", "requests", "aiohttp", "urllib3", "http", "urllib.request", "socket",
+    # provider and MCP SDKs: network clients
+    "openai", "anthropic", "google.genai", "mcp", "mcp_types",
+)
+
+# executor's parts, and the parts of toolfence each may import (its own included).
+# `executor` is the public facade (executor/__init__.py), above every part.
+LAYERS: dict[str, set[str]] = {
+    "executor.core": {"executor.core"},
+    "executor.settings": {"executor.core", "executor.settings"},
+    "executor.store": {"executor.core", "executor.settings", "executor.store"},
+    "executor.providers": {"executor.core", "executor.providers"},
+    "executor.mcp": {"executor.core", "executor.mcp"},
+    "executor.telemetry": {"executor.core", "executor.settings", "executor.store", "executor.telemetry"},
+    "executor.worker": {
+        "executor.core", "executor.settings", "executor.store", "executor.telemetry", "executor.worker",
+    },
+    "executor.cli": {"executor", "outbox", "reconciler", "ledger"},  # the top: anything
+}
+
+
+@dataclass(frozen=True)
+class Import:
+    path: Path  # relative to ROOT
+    line: int
+    module: str  # absolute, resolved
+    type_checking: bool
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line} imports {self.module}"
+
+
+def is_within(module: str, prefixes: Iterable[str]) -> bool:
+    return any(module == prefix or module.startswith(prefix + ".") for prefix in prefixes)
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def module_path(module: str) -> Path | None:
+    base = ROOT.joinpath(*module.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def is_package(module: str) -> bool:
+    return (ROOT.joinpath(*module.split(".")) / "__init__.py").is_file()
+
+
+def source_files() -> list[Path]:
+    return sorted(path for package in PACKAGES for path in (ROOT / package).rglob("*.py"))
+
+
+@cache
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+def _type_checking_nodes(tree: ast.Module) -> set[int]:
+    inside: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and (
+            (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")
+            or (isinstance(node.test, ast.Attribute) and node.test.attr == "TYPE_CHECKING")
+        ):
+            for statement in node.body:
+                inside.update(id(child) for child in ast.walk(statement))
+    return inside
+
+
+@cache
+def reexports(package: str) -> dict[str, str]:
+    """Names a toolfence package's `__init__` takes from elsewhere: name -> module."""
+    path = module_path(package)
+    if path is None or path.name != "__init__.py":
+        return {}
+    tree = _tree(path)
+    if package == "executor":
+        # The facade imports lazily: `_EXPORTS` is its map.
+        for node in tree.body:
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) \
+                    and node.target.id == "_EXPORTS" and node.value is not None:
+                exports: dict[str, str] = ast.literal_eval(node.value)
+                return exports
+        raise AssertionError("executor/__init__.py has no literal _EXPORTS")
+    found: dict[str, str] = {}
+    skip = _type_checking_nodes(tree)
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and id(node) not in skip:
+            for alias in node.names:
+                found[alias.asname or alias.name] = node.module
+    return found
+
+
+def _resolve_from(package: str, name: str) -> str:
+    if module_path(f"{package}.{name}") is not None:
+        return f"{package}.{name}"
+    return reexports(package).get(name, package)
+
+
+def imports_of(path: Path) -> list[Import]:
+    this = module_name(path)
+    this_package = this if path.name == "__init__.py" else this.rpartition(".")[0]
+    return imports_in(_tree(path), path.relative_to(ROOT), this_package)
+
+
+def imports_in(tree: ast.Module, relative: Path, this_package: str) -> list[Import]:
+    type_checking = _type_checking_nodes(tree)
+    found: list[Import] = []
+
+    def add(node: ast.AST, module: str) -> None:
+        found.append(Import(relative, getattr(node, "lineno", 0), module, id(node) in type_checking))
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                add(node, alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                anchor = this_package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, *([node.module] if node.module else [])])
+            else:
+                base = node.module or ""
+            for alias in node.names:
+                add(node, _resolve_from(base, alias.name) if base.split(".")[0] in PACKAGES else base)
+        elif (
+            isinstance(node, ast.Call)
+            and (
+                (isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")
+                or (isinstance(node.func, ast.Name) and node.func.id in {"import_module", "__import__"})
+            )
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            add(node, node.args[0].value)
+    return found
+
+
+def all_imports() -> Iterator[Import]:
+    for path in source_files():
+        yield from imports_of(path)
+
+
+def part_of(module: str) -> str:
+    """The layer a toolfence module belongs to: `executor.<part>` or its top package."""
+    parts = module.split(".")
+    if parts[0] == "executor" and len(parts) > 1:
+        return f"executor.{parts[1]}"
+    return parts[0]
+
+
+def _report(violations: list[Import], rule: str) -> str:
+    return f"{rule}:\n" + "\n".join(f"  {v}" for v in violations)
+
+
+# ------------------------------------------------------------------ the checker itself
+
+
+def test_imports_in__resolves_relative_facade_reexported_and_function_level_imports() -> None:
+    # Given a module of executor/core with one import of each kind the rules depend on
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "from . import states\n"
+        "from executor import make_engine, store\n"
+        "from executor.store import reserve\n"
+        "if TYPE_CHECKING:\n"
+        "    import celery\n"
+        "def later() -> None:\n"
+        "    import sqlalchemy\n"
+        "    importlib.import_module('ledger.tools')\n"
+    )
+    # When its imports are read
+    imports = imports_in(ast.parse(source), Path("executor/core/probe.py"), "executor.core")
+    found = {(i.module, i.type_checking) for i in imports}
+    # Then each resolves to the module that is really loaded
+    assert found == {
+        ("typing", False),
+        ("executor.core.states", False),
+        ("executor.store.engine", False),
+        ("executor.store", False),
+        ("executor.store.operations", False),
+        ("celery", True),
+        ("sqlalchemy", False),
+        ("ledger.tools", False),
+    }
+
+
+def test_layout__every_package_is_read() -> None:
+    files = {path.relative_to(ROOT).parts[0] for path in source_files()}
+    assert files == set(PACKAGES)
+    parts = {part_of(module_name(path)) for path in (ROOT / "executor").rglob("*.py")}
+    assert parts - {"executor"} == set(LAYERS), "a new part of executor/ needs its place in LAYERS"
+
+
+# ------------------------------------------------------------------ the rules
+
+
+def test_core__imports_no_database_broker_or_http_library() -> None:
+    violations = [
+        i for i in all_imports()
+        if i.path.parts[:2] == ("executor", "core") and not i.type_checking
+        and is_within(i.module, DATABASE_LIBRARIES + BROKER_LIBRARIES + HTTP_LIBRARIES)
+    ]
+    assert not violations, _report(violations, "executor/core is pure")
+
+
+def test_providers_and_mcp__import_no_database_or_broker_library() -> None:
+    violations = [
+        i for i in all_imports()
+        if i.path.parts[:2] in {("executor", "providers"), ("executor", "mcp")} and not i.type_checking
+        and is_within(i.module, DATABASE_LIBRARIES + BROKER_LIBRARIES)
+    ]
+    assert not violations, _report(violations, "providers and mcp stay off the database and broker")
+
+
+@pytest.mark.parametrize("part", sorted(LAYERS))
+def test_dependencies_point_down(part: str) -> None:
+    allowed = LAYERS[part]
+    violations = [
+        i for i in all_imports()
+        if part_of(module_name(ROOT / i.path)) == part
+        and i.module.split(".")[0] in PACKAGES
+        and not is_within(i.module, allowed)
+    ]
+    assert not violations, _report(violations, f"{part} may import only {sorted(allowed)}")
+
+
+def test_ledger__imported_by_nothing_but_cli() -> None:
+    # DESIGN.md: "nothing but `cli` imports `ledger`" (outbox and reconciler included).
+    violations = [
+        i for i in all_imports()
+        if is_within(i.module, ["ledger"])
+        and i.path.parts[0] != "ledger"
+        and i.path.parts[:2] != ("executor", "cli")
+    ]
+    assert not violations, _report(violations, "only executor/cli imports ledger")
+
+
+def _reachable(start: Iterable[str]) -> dict[str, Import | None]:
+    """Every toolfence module loaded by importing `start`, each with the import that
+    first reached it; type-only imports load nothing and are not followed."""
+    reached: dict[str, Import | None] = {module: None for module in start}
+    queue = list(reached)
+    while queue:
+        path = module_path(queue.pop())
+        if path is None:
+            continue
+        for found in imports_of(path):
+            if found.type_checking or found.module.split(".")[0] not in PACKAGES:
+                continue
+            # Importing a.b.c runs a/__init__ and a/b/__init__ first.
+            parts = found.module.split(".")
+            for depth in range(1, len(parts) + 1):
+                module = ".".join(parts[:depth])
+                if module not in reached:
+                    reached[module] = found
+                    queue.append(module)
+    return reached
+
+
+def test_reconciler__loads_no_worker_module() -> None:
+    reconciler_modules = [module_name(path) for path in (ROOT / "reconciler").rglob("*.py")]
+    reached = _reachable(reconciler_modules)
+    violations = sorted(
+        f"{module} (through {via})" for module, via in reached.items()
+        if is_within(module, ["executor.worker"])
+    )
+    assert not violations, "the reconciler must not load the worker:\n  " + "\n  ".join(violations)
+
+
+def test_clock__imports_nothing_from_the_engine() -> None:
+    clock = ROOT / "executor" / "store" / "clock.py"
+    violations = [
+        i for i in imports_of(clock)
+        if not i.type_checking
+        # The store package's __init__ imports the engine as well.
+        and (is_within(i.module, ["executor.store.engine"]) or i.module in {"executor", "executor.store"})
+    ]
+    assert not violations, _report(violations, "executor/store/clock.py must not import the engine")
