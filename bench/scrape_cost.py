@@ -3,7 +3,7 @@
 For each size it creates a scratch database, migrates it, fills it with
 `INSERT … SELECT generate_series` (a million operations in about a minute),
 VACUUM ANALYZEs it (the steady state autovacuum keeps), then times
-`executor.exporter.scrape` — every database gauge — and, for comparison, the
+`executor.telemetry.exporter.scrape` — every database gauge — and, for comparison, the
 same gauges computed over the whole history (what the exporter does NOT do).
 
 The shape of the data does not change with size: `--active` operations in

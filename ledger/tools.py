@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from executor.core.tools import (
+from executor import (
     Access,
     Approval,
     BusinessRuleViolation,
@@ -20,11 +20,11 @@ from executor.core.tools import (
     Mode,
     Registry,
     RunContext,
+    ServerContext,
     TerminalError,
     Tool,
     Written,
 )
-from executor.core.types import ServerContext
 from ledger.service import AccountNotFound, default_ledger
 
 APPROVAL_THRESHOLD_CENTS = 50_000

@@ -4,7 +4,7 @@ Names under `toolfence_`, base units, `_total` counters, bounded labels only
 (tool, outcome, stage, gate, action, effect): never an operation id, principal or
 hostname. Prefork workers write to `PROMETHEUS_MULTIPROC_DIR` (prometheus-client
 multiprocess mode) and `toolfence metrics` aggregates them; the gauges computed
-from the database live in `executor.exporter`.
+from the database live in `executor.telemetry.exporter`.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 One run: a private PostgreSQL cluster and a private Redis (so restarting them
 disturbs nobody else), the proxy on the workers' path to both, a fleet of
-relays, workers and a reconciler (`executor.fleet`), the reference ledger, the
+relays, workers and a reconciler (`executor.cli.fleet`), the reference ledger, the
 workload's clients, and the nemesis. Then:
 
 1. chaos window: clients enqueue and await results while the nemesis fires;

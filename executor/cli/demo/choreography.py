@@ -80,7 +80,7 @@ class Owned:
 
 
 def owned_by(reader: Engine, pid: int) -> Owned | None:
-    # Owner tokens start with the pid of the process that reserved (executor.runner).
+    # Owner tokens start with the pid of the process that reserved (executor.worker.runner).
     with reader.connect() as conn:
         row = conn.execute(
             select(operations.c.operation_id, operations.c.tool_name, operations.c.generation)

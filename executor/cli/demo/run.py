@@ -11,7 +11,7 @@ What it does, in order:
    `TOOLFENCE_BROKER_URL` it uses a queue of its own and deletes it at the end.
 2. Migrates, creates the reference ledger and accounts for two tenants, starts
    a relay, the workers and the reconciler (`reconcile --every 1`) as real
-   subprocesses (`executor.fleet`).
+   subprocesses (`executor.cli.fleet`).
 3. Enqueues the workload in three waves (the second arriving as the fleet keeps
    up), one producer transaction per request:
    parallel reads, ordered writes on every effect contract, two transfers that
