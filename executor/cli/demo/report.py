@@ -136,7 +136,8 @@ def gather(engine: Engine, requests: Sequence[DemoRequest], metrics_dir: Path | 
     i3_bad = [str(v) for v in stale.violations]
     figures.checks.append(Check(
         "I3", "no stale write accepted", not i3_bad,
-        f"{len(effect_rows)} ledger effects, none with a fencing token below one the ledger had seen; "
+        f"{sum(e.fenced for e in rules.effects)} fenced ledger effects, none with a token below one "
+        "the ledger had seen; "
         f"{stale.exits_from_started} exits from started by the current generation; "
         f"{len(fenced_rows)} stale token{'s' if len(fenced_rows) != 1 else ''} refused, none accepted"
         if not i3_bad else f"{len(i3_bad)} stale writes accepted: {_examples(i3_bad)}",
