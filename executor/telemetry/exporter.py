@@ -46,19 +46,21 @@ from sqlalchemy import (
     Connection,
     Engine,
     and_,
+    case,
     create_engine,
     event,
     exists,
     func,
     literal,
     literal_column,
-    or_,
+    null,
     select,
     text,
     true,
 )
 from sqlalchemy.engine import make_url
 
+from executor.core import invariants
 from executor.core.states import State
 from executor.settings import Settings, SettingsError
 from executor.store.clock import db_now
@@ -274,58 +276,70 @@ def stuck_operations(conn: Connection, now: float, stuck_after_seconds: float) -
 
 
 def i1_violations(conn: Connection, now: float, window_seconds: float | None) -> int:
-    """Operations with more than one distinct accepted receipt (I1).
+    """Operations with more than one accepted side effect (I1, `invariants.i1_more_than_one_effect`).
 
     Bounded: only operations that had an accepted receipt recorded within the
     window are examined (range scan on ix_toolfence_receipts_accepted_recorded),
-    all of their accepted receipts counted. A second effect, including a stale
-    owner's late one after the operation ended, is always a fresh receipt, so it
-    is seen within the window after it happens.
+    and of those only the ones with two or more accepted receipt rows, the least
+    an operation needs for two distinct receipts, have their receipts read and
+    judged. A second effect, including a stale owner's late one after the
+    operation ended, is always a fresh receipt, so it is seen within the window
+    after it happens.
     """
     accepted = receipts.c.accepted == true()
     candidates = select(receipts.c.operation_id).where(accepted)
     if window_seconds is not None:
         candidates = candidates.where(receipts.c.recorded_at >= now - window_seconds)
-    offending = (
+    several = (
         select(receipts.c.operation_id)
         .where(accepted, receipts.c.operation_id.in_(candidates))
         .group_by(receipts.c.operation_id)
-        .having(func.count(func.distinct(receipts.c.receipt)) > 1)
-        .subquery()
+        .having(func.count() > 1)
     )
-    return int(conn.execute(select(func.count()).select_from(offending)).scalar_one())
+    rows = conn.execute(
+        select(receipts.c.operation_id, receipts.c.generation, receipts.c.receipt,
+               receipts.c.recorded_at)
+        .where(accepted, receipts.c.operation_id.in_(several))
+    )
+    return len(invariants.i1_more_than_one_effect(
+        invariants.ReceiptRecord(row.operation_id, row.generation, row.receipt, True, row.recorded_at)
+        for row in rows
+    ))
 
 
 def i6_violations(conn: Connection, now: float, window_seconds: float | None) -> int:
-    """Calls whose result is not exactly one terminal result of their own tool (I6).
+    """Calls whose result is not exactly one result of their own tool (I6,
+    `invariants.result_problem`; terminality is I2's, a live system has calls in flight).
 
-    A call row (one per proposed call id, unique by its primary key) gets its
-    result from exactly one source: the result stored when admission decided it,
-    or else its operation. A call violates I6 when
-    - it has neither: no stored result and no operation id (it was neither
-      rejected nor admitted, so nothing will ever answer it);
-    - it names an operation that does not exist (its result can never be read);
-    - it takes its result from an operation of another tool (the result would
-      carry the wrong tool name).
+    A call row (one per proposed call id) is answered by the result stored when
+    admission decided it, or else by its operation, under that operation's tool
+    name; a call naming an operation that does not exist has no readable result.
+    Calls are grouped by (their tool, their answer's tool) in the database and
+    each group judged once, so a scrape reads a row per tool pair, not per call.
     Bounded: only calls created within the window (index on created_at); the
     operation is looked up by primary key.
     """
     op = operations.alias("op")
-    missing = and_(calls.c.operation_id.is_(None), calls.c.result.is_(None))
-    dangling = and_(calls.c.operation_id.is_not(None), op.c.operation_id.is_(None))
-    wrong_tool = and_(
-        calls.c.operation_id.is_not(None),
-        calls.c.result.is_(None),
-        op.c.tool_name != calls.c.tool_name,
+    answer_tool = case(
+        (and_(calls.c.operation_id.is_not(None), op.c.operation_id.is_(None)), null()),
+        (calls.c.result.is_not(None), calls.c.tool_name),
+        else_=op.c.tool_name,
     )
     query = (
-        select(func.count())
+        select(calls.c.tool_name, answer_tool.label("answer_tool"), func.count().label("calls"))
         .select_from(calls.outerjoin(op, op.c.operation_id == calls.c.operation_id))
-        .where(or_(missing, dangling, wrong_tool))
+        .group_by(calls.c.tool_name, answer_tool)
     )
     if window_seconds is not None:
         query = query.where(calls.c.created_at >= now - window_seconds)
-    return int(conn.execute(query).scalar_one())
+    violating = 0
+    for row in conn.execute(query):
+        answers = [] if row.answer_tool is None else [
+            invariants.ResultRecord("", "", row.answer_tool, status="pending")
+        ]
+        if invariants.result_problem(row.tool_name, answers, quiet=False) is not None:
+            violating += int(row.calls)
+    return violating
 
 
 def invariant_violations(

@@ -1,24 +1,27 @@
 """Read a campaign's history and judge it: counts, and each invariant I1–I7 of DESIGN.md.
 
-Definitions (per run):
+Each invariant is defined once, in `executor.core.invariants`; this module turns
+the history into its records and reports. Definitions (per run):
 
 - **admitted**: a call the producer's `enqueue` answered with an operation id and
   a pending status (from the history's `admission` events and the calls table).
-- **lost**: an admitted operation with no row, no call row, not settled once the
-  fleet went quiet, or `succeeded` as a write without any accepted effect in the
-  ledger (the caller was told it happened and it did not).
-- **duplicated**: an operation with more than one accepted effect in the ledger
-  (`ledger_effects`, distinct receipts or rows) — I1.
-- **unexpected**: an operation nobody admitted, an effect for an operation that
-  is not an admitted write (or for a rejected call), an effect on an operation
-  that ended `failed_terminal`, or a succeeded write whose recorded receipt is
-  not the ledger's.
+- **lost** (I4): a proposal with no call row, or an admitted operation with no
+  row, no call row, the row of another call, not settled once the fleet went
+  quiet, or `succeeded` as a write without any accepted effect in the ledger (the
+  caller was told it happened and it did not).
+- **duplicated** (I1): an operation with more than one accepted effect: more than
+  one ledger effect row, or more than one distinct receipt among the ledger's
+  effects and toolfence's accepted receipts together.
+- **unexpected**: an operation nobody admitted, an effect for an operation nobody
+  admitted or for a rejected call (these three are I4), an effect of the wrong
+  kind, an effect on an operation that ended `failed_terminal`, or a succeeded
+  write whose recorded receipt is not the ledger's.
 - **recovered**: settled operations that needed recovery on the way (a second
   generation, a retry, or an action of the reconciler).
 - **fenced**: stale writes the fenced downstream refused (`ledger_fenced`).
 - **accepted stale writes** (I3): an effect the fenced downstream accepted with a
-  token lower than one it had already seen for the key, or a completion recorded
-  for a generation older than one already handed out.
+  token lower than one it had already seen for the key, or an exit from `started`
+  recorded for a generation older than one already handed out.
 
 I2 is judged on time: every admitted operation must be terminal or
 `reconciliation_pending` within 2 × lease + one reconciler period after the last
@@ -34,12 +37,12 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from executor.core.states import SETTLED, TERMINAL, State, is_legal
+from executor.core import invariants
+from executor.core.states import TERMINAL, State
 from outbox.producer import default_operation_id
 from tests.chaos.history import by_kind
 from tests.chaos.nemesis import AMBIGUOUS_KINDS, KILL_KINDS, PAUSE_KINDS
 
-SETTLED_STATES = {s.value for s in SETTLED}
 TERMINAL_STATES = {s.value for s in TERMINAL}
 EFFECT_TOOL = {
     "credit": "ledger.credit",
@@ -47,11 +50,42 @@ EFFECT_TOOL = {
     "invoice": "ledger.create_invoice",
     "notice": "ledger.send_notice",
 }
+# The ledger's effects that refuse a stale fencing token (`transfer`, effect `fenced`).
+FENCED_KINDS = frozenset({"transfer"})
 MAX_EXAMPLES = 10
 
 
 def _examples(items: Any) -> list[Any]:
     return sorted(items)[:MAX_EXAMPLES] if not isinstance(items, list) else items[:MAX_EXAMPLES]
+
+
+def _records(h: dict[str, list[dict[str, Any]]]) -> invariants.Records:
+    return invariants.Records(
+        operations=[
+            invariants.OperationRecord(r["operation_id"], r["request_id"], r["call_id"], r["tool_name"],
+                                       r["mode"], r["state"], r["generation"])
+            for r in h.get("db.operations", [])
+        ],
+        audit=[
+            invariants.AuditRecord(e["event_id"], e["operation_id"], e["from_state"], e["to_state"],
+                                   e["generation"], e["at"])
+            for e in h.get("db.audit", [])
+        ],
+        receipts=[
+            invariants.ReceiptRecord(r["operation_id"], r["generation"], r["receipt"], bool(r["accepted"]),
+                                     r["recorded_at"])
+            for r in h.get("db.receipts", [])
+        ],
+        calls=[invariants.CallRecord(c["request_id"], c["call_id"], c.get("operation_id"))
+               for c in h.get("db.calls", [])],
+        effects=[
+            invariants.EffectRecord(e["operation_id"], e["receipt"], e["generation"], e["at"],
+                                    e["effect_kind"], fenced=e["effect_kind"] in FENCED_KINDS)
+            for e in h.get("db.effects", [])
+        ],
+        refusals=[invariants.RefusalRecord(f["operation_id"], f["token"], f["at"])
+                  for f in h.get("db.fenced", [])],
+    )
 
 
 def check(history_path: Path) -> dict[str, Any]:
@@ -60,12 +94,12 @@ def check(history_path: Path) -> dict[str, Any]:
     operations = {r["operation_id"]: r for r in h.get("db.operations", [])}
     calls = h.get("db.calls", [])
     audit = sorted(h.get("db.audit", []), key=lambda e: e["event_id"])
-    receipts = h.get("db.receipts", [])
     effects = h.get("db.effects", [])
     fenced = h.get("db.fenced", [])
     finals = h.get("db.final_results", [])
     quiet = (h.get("quiet") or [{}])[-1]
 
+    records = _records(h)
     violations: dict[str, list[Any]] = defaultdict(list)
 
     # ------------------------------------------------------------- admissions
@@ -76,154 +110,71 @@ def check(history_path: Path) -> dict[str, Any]:
             admitted_ops[a["operation_id"]] = a
         elif a.get("status") == "failed_terminal" and not a.get("operation_id"):
             rejected_calls.append(a)
-    call_ops = {c["operation_id"]: c for c in calls if c.get("operation_id")}
     # An admission the client could only read back (ambiguous commit) is in the
     # calls table too; the calls table is the producer's own truth.
-    for op_id, c in call_ops.items():
-        admitted_ops.setdefault(op_id, {"request_id": c["request_id"], "call_id": c["call_id"],
-                                        "tool": c["tool_name"], "operation_id": op_id})
-    write_ops = {op for op, r in operations.items() if r["mode"] == "write"}
+    for c in calls:
+        if c.get("operation_id"):
+            admitted_ops.setdefault(c["operation_id"], {
+                "request_id": c["request_id"], "call_id": c["call_id"], "tool": c["tool_name"],
+                "operation_id": c["operation_id"],
+            })
+    rejected = [
+        invariants.RejectedCall(r["request_id"], r["call_id"],
+                                default_operation_id(r["request_id"], r["call_id"]))
+        for r in rejected_calls
+    ]
+    proposals = [
+        invariants.Proposal(a["request_id"], a["call_id"], a.get("proposed_tool", a["tool"]))
+        for a in admissions
+    ]
 
-    # ------------------------------------------------------------- lost
-    lost: dict[str, str] = {}
-    for op_id in admitted_ops:
-        row = operations.get(op_id)
-        if row is None:
-            lost[op_id] = "no operation row"
-        elif op_id not in call_ops:
-            lost[op_id] = "no call row"
-        elif row["state"] not in SETTLED_STATES:
-            lost[op_id] = f"not settled: {row['state']}"
-
-    effects_by_op: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for e in effects:
-        effects_by_op[e["operation_id"]].append(e)
-    for op_id in write_ops:
-        row = operations[op_id]
-        if row["state"] == State.SUCCEEDED.value and not effects_by_op.get(op_id):
-            lost.setdefault(op_id, "succeeded write without an accepted effect")
+    # ------------------------------------------------------------- lost and invented (I4)
+    # The campaign's client gives up on a request whose commit it cannot confirm
+    # at shutdown, so it may not have heard back from every request it sent.
+    admission = invariants.i4_lost_or_invented(
+        proposals=proposals, admitted=admitted_ops, calls=records.calls,
+        operations=records.operations, effects=records.effects, rejected=rejected,
+        every_request_answered=False,
+    )
+    lost = {v.subject: v.reason for v in admission.lost}
 
     # ------------------------------------------------------------- duplicated (I1)
     duplicated = {
-        op_id: len(rows) for op_id, rows in effects_by_op.items()
-        if len(rows) > 1 or len({r["receipt"] for r in rows}) > 1
+        v.subject: v.reason for v in invariants.i1_more_than_one_effect(records.receipts, records.effects)
     }
-    toolfence_receipts: dict[str, set[str]] = defaultdict(set)
-    for r in receipts:
-        if r["accepted"]:
-            toolfence_receipts[r["operation_id"]].add(r["receipt"])
-    for op_id, seen in toolfence_receipts.items():
-        if len(seen) > 1:
-            duplicated.setdefault(op_id, len(seen))
 
     # ------------------------------------------------------------- unexpected
+    # Beyond I4's invented operations and effects: effects that contradict what
+    # toolfence recorded as the operation's outcome.
+    effects_by_op: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for e in effects:
+        effects_by_op[e["operation_id"]].append(e)
     unexpected: dict[str, str] = {}
-    for op_id in operations:
-        if op_id not in admitted_ops:
-            unexpected[op_id] = "operation nobody admitted"
-    rejected_op_ids = {default_operation_id(r["request_id"], r["call_id"]) for r in rejected_calls}
     for op_id, rows in effects_by_op.items():
         row = operations.get(op_id)
-        if op_id in rejected_op_ids:
-            unexpected[op_id] = "effect for a rejected call"
-        elif row is None or op_id not in admitted_ops:
-            unexpected[op_id] = "effect for an operation nobody admitted"
-        elif row["mode"] != "write" or EFFECT_TOOL.get(rows[0]["effect_kind"]) != row["tool_name"]:
+        if row is None:
+            continue
+        if row["mode"] != "write" or EFFECT_TOOL.get(rows[0]["effect_kind"]) != row["tool_name"]:
             unexpected[op_id] = "effect of the wrong kind"
         elif row["state"] == State.FAILED_TERMINAL.value:
             unexpected[op_id] = f"effect on an operation that failed ({row['error_code']})"
         elif row["state"] == State.SUCCEEDED.value and row["receipt"] not in {r["receipt"] for r in rows}:
             unexpected[op_id] = "recorded receipt is not the ledger's"
+    unexpected.update((v.subject, v.reason) for v in admission.invented)
 
-    # ------------------------------------------------------------- I5: transitions
-    events_by_op: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for e in audit:
-        events_by_op[e["operation_id"]].append(e)
-    for op_id, row in operations.items():
-        trail = events_by_op.get(op_id, [])
-        previous: str | None = None
-        highest = 0
-        for e in trail:
-            if e["from_state"] != previous:
-                violations["I5"].append(f"{op_id}: event {e['event_id']} from {e['from_state']} "
-                                        f"but the operation was {previous}")
-            if not is_legal(e["from_state"], e["to_state"]):
-                violations["I5"].append(f"{op_id}: illegal {e['from_state']} -> {e['to_state']}")
-            if e["generation"] < highest:
-                violations["I5"].append(f"{op_id}: generation went back {highest} -> {e['generation']}")
-            highest = max(highest, e["generation"])
-            previous = e["to_state"]
-        if previous != row["state"]:
-            violations["I5"].append(f"{op_id}: audit ends in {previous}, row says {row['state']}")
-        if row["generation"] != highest:
-            violations["I5"].append(f"{op_id}: row generation {row['generation']} != audit {highest}")
-
-    # ------------------------------------------------------------- I3: stale writes
-    stale_accepted: list[str] = []
-    # (a) completions: a terminal event must carry the newest generation handed out.
-    for op_id, trail in events_by_op.items():
-        highest = 0
-        for e in trail:
-            if e["to_state"] == State.STARTED.value:
-                highest = max(highest, e["generation"])
-            elif e["from_state"] == State.STARTED.value and e["generation"] < highest:
-                stale_accepted.append(f"{op_id}: {e['to_state']} recorded for generation "
-                                      f"{e['generation']} after {highest} was reserved")
-    # (b) the fenced downstream: tokens it had seen for the key (effects, refusals, and
-    # receipts toolfence recorded after the ledger answered) before each accepted effect.
-    seen_tokens: dict[str, list[tuple[float, int]]] = defaultdict(list)
-    for e in effects:
-        if e["effect_kind"] == "transfer":
-            seen_tokens[e["idempotency_key"]].append((e["at"], e["generation"]))
-    for f in fenced:
-        seen_tokens[f["idempotency_key"]].append((f["at"], f["token"]))
-    transfer_ops = {op for op, r in operations.items() if r["tool_name"] == "ledger.transfer"}
-    for r in receipts:
-        if r["operation_id"] in transfer_ops and r["accepted"]:
-            seen_tokens[f"toolfence:{r['operation_id']}"].append((r["recorded_at"], r["generation"]))
-    for e in effects:
-        if e["effect_kind"] != "transfer":
-            continue
-        earlier = [token for at, token in seen_tokens[e["idempotency_key"]] if at < e["at"]]
-        if earlier and max(earlier) > e["generation"]:
-            stale_accepted.append(f"{e['operation_id']}: transfer accepted token {e['generation']} "
-                                  f"after {max(earlier)}")
-    # Non-fencing downstreams accepting an older generation's write (harmless when
-    # deduplicated; reported so a duplicate can be traced to its cause).
-    reserved_at: dict[str, list[tuple[float, int]]] = defaultdict(list)
-    for e in audit:
-        if e["to_state"] == State.STARTED.value:
-            reserved_at[e["operation_id"]].append((e["at"], e["generation"]))
-    late_unfenced: Counter[str] = Counter()
-    for e in effects:
-        newer = [g for at, g in reserved_at.get(e["operation_id"], [])
-                 if at < e["at"] and g > e["generation"]]
-        if newer and e["effect_kind"] != "transfer":
-            late_unfenced[e["effect_kind"]] += 1
-
-    # ------------------------------------------------------------- I6: results
-    proposed = {(a["request_id"], a["call_id"]): a.get("proposed_tool", a["tool"]) for a in admissions}
-    final_by_call: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for f in finals:
-        final_by_call[(f["request_id"], f["call_id"])].append(f)
-    for key, tool in proposed.items():
-        got = final_by_call.get(key, [])
-        if len(got) != 1:
-            violations["I6"].append(f"{key}: {len(got)} results")
-            continue
-        if got[0]["tool_name"] != tool:
-            violations["I6"].append(f"{key}: result names {got[0]['tool_name']}, call was {tool}")
-        if got[0]["status"] == "pending" and got[0].get("state") not in SETTLED_STATES:
-            violations["I6"].append(f"{key}: no terminal result ({got[0].get('state')})")
-    for key in final_by_call:
-        if key not in proposed:
-            violations["I6"].append(f"{key}: a result for a call nobody proposed")
-
-    # ------------------------------------------------------------- I7: rejected calls
-    for r in rejected_calls:
-        op_id = default_operation_id(r["request_id"], r["call_id"])
-        if op_id in operations or op_id in events_by_op or op_id in effects_by_op:
-            violations["I7"].append(f"rejected call {r['request_id']}/{r['call_id']} reached {op_id}")
+    # ------------------------------------------------------------- I3, I5, I6, I7
+    stale = invariants.i3_stale_writes(records.audit, records.effects, records.refusals, records.receipts)
+    stale_accepted = [str(v) for v in stale.violations]
+    violations["I5"].extend(str(v) for v in invariants.i5_illegal_trails(records.operations, records.audit))
+    results = [
+        invariants.ResultRecord(f["request_id"], f["call_id"], f["tool_name"], f["status"], f.get("state"))
+        for f in finals
+    ]
+    violations["I6"].extend(str(v) for v in invariants.i6_one_result_per_call(proposals, results, quiet=True))
+    violations["I7"].extend(str(v) for v in invariants.i7_rejected_calls_ran(
+        rejected, operations=operations, audit=records.audit, receipts=records.receipts,
+        effects=records.effects,
+    ))
 
     # ------------------------------------------------------------- I2: quiet in time
     bound = quiet.get("bound_seconds")
@@ -242,6 +193,9 @@ def check(history_path: Path) -> dict[str, Any]:
             by_tool_state[operations[op]["tool_name"]][operations[op]["state"]] += 1
     recovered = 0
     recovered_pending = 0
+    events_by_op: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for e in audit:
+        events_by_op[e["operation_id"]].append(e)
     for op_id, trail in events_by_op.items():
         needed = any(
             e["generation"] > 1 or e["actor"] == "reconciler" or e["to_state"] == State.RETRY_WAIT.value
@@ -270,16 +224,12 @@ def check(history_path: Path) -> dict[str, Any]:
     }
     latencies = sorted(r["seconds"] for r in h.get("result", []) if "seconds" in r)
 
-    if lost:
-        violations["I4"].extend(f"lost {op}: {why}" for op, why in sorted(lost.items()))
-    for op, why in sorted(unexpected.items()):
-        if "nobody admitted" in why or "rejected" in why:
-            violations["I4"].append(f"unexpected {op}: {why}")
-    if duplicated:
-        violations["I1"].extend(f"{op}: {n} effects" for op, n in sorted(duplicated.items()))
+    violations["I4"].extend(f"lost {v}" for v in admission.lost)
+    violations["I4"].extend(f"unexpected {v}" for v in admission.invented)
+    violations["I1"].extend(f"{op}: {why}" for op, why in sorted(duplicated.items()))
     violations["I3"].extend(stale_accepted)
 
-    invariants = {
+    verdicts = {
         name: {"ok": not violations.get(name), "violations": len(violations.get(name, [])),
                "examples": violations.get(name, [])[:MAX_EXAMPLES]}
         for name in ("I1", "I2", "I3", "I4", "I5", "I6", "I7")
@@ -298,7 +248,7 @@ def check(history_path: Path) -> dict[str, Any]:
         "recovered_then_pending": recovered_pending,
         "fenced": len(fenced),
         "accepted_stale_writes": len(stale_accepted),
-        "late_unfenced_effects": dict(late_unfenced),
+        "late_unfenced_effects": dict(stale.late_unfenced),
         "ambiguous_enqueues": len(h.get("enqueue_ambiguous", [])),
         "result_timeouts": len(h.get("result_timeout", [])),
         "unexpected_member_exits": len(h.get("member_exit", [])),
@@ -311,7 +261,7 @@ def check(history_path: Path) -> dict[str, Any]:
             reason = "Unrecoverable error: " + reason.split("Unrecoverable error:", 1)[1].strip()
         exits[f"{e['role']} exit {e.get('returncode')}: {reason[:160]}"] += 1
     ok = (
-        all(v["ok"] for v in invariants.values())
+        all(v["ok"] for v in verdicts.values())
         and not lost and not duplicated and not unexpected and not stale_accepted
     )
     return {
@@ -323,7 +273,7 @@ def check(history_path: Path) -> dict[str, Any]:
         "failed_codes": dict(failed_codes.most_common()),
         "faults": dict(sorted(faults.items())),
         "fault_groups": group,
-        "invariants": invariants,
+        "invariants": verdicts,
         "examples": {
             "lost": _examples([f"{k}: {v}" for k, v in sorted(lost.items())]),
             "duplicated": _examples(sorted(duplicated)),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,15 +15,14 @@ from sqlalchemy import Engine, select
 
 from executor.cli.demo.place import Place
 from executor.cli.demo.workload import DemoRequest
-from executor.core.states import SETTLED, State, is_legal
-from executor.core.types import (
-    FailedRetryable,
-    FailedTerminal,
-    Succeeded,
-)
+from executor.core import invariants
+from executor.core.states import SETTLED, State
+from executor.core.types import Succeeded
 from executor.store.engine import read_only
 from executor.store.schema import audit_events, calls, operations, receipts
 
+# The ledger's effects that refuse a stale fencing token (`transfer`, effect `fenced`).
+FENCED_EFFECT_KINDS = frozenset({"transfer"})
 
 @dataclass(frozen=True)
 class Check:
@@ -68,7 +67,7 @@ def _examples(items: Sequence[str], limit: int = 3) -> str:
 def gather(engine: Engine, requests: Sequence[DemoRequest], metrics_dir: Path | None) -> Figures:
     """Every figure and invariant, from the database and the ledger's own tables."""
     from ledger.service import effects, fenced_writes
-    from outbox.producer import default_operation_id, final, results, settled
+    from outbox.producer import default_operation_id, results
 
     figures = Figures()
     reader = read_only(engine)
@@ -92,19 +91,16 @@ def gather(engine: Engine, requests: Sequence[DemoRequest], metrics_dir: Path | 
             gate = row.gate or "?"
             figures.gates[gate] += 1
             figures.gate_codes[gate][json.loads(row.result).get("error", {}).get("code", "?")] += 1
-    ledger_receipts: dict[str, set[str]] = defaultdict(set)
-    for effect in effect_rows:
-        ledger_receipts[effect.operation_id].add(effect.receipt)
-    accepted: dict[str, set[str]] = defaultdict(set)
-    for receipt in receipt_rows:
-        if receipt.accepted:
-            accepted[receipt.operation_id].add(receipt.receipt)
+    rules = _records(ops.values(), call_rows, events, receipt_rows, effect_rows, fenced_rows)
+    # Side effects per write, by each party's records alone (I1 judges them together).
+    by_ledger = invariants.side_effects((), rules.effects)
+    by_toolfence = invariants.side_effects(rules.receipts, ())
     write_ops = [op for op in ops.values() if op.mode == "write"]
     figures.writes = len(write_ops)
     for op in write_ops:
-        figures.ledger_effects[len(ledger_receipts.get(op.operation_id, ()))] += 1
-        figures.receipt_effects[len(accepted.get(op.operation_id, ()))] += 1
-        if ledger_receipts.get(op.operation_id) and not accepted.get(op.operation_id):
+        figures.ledger_effects[by_ledger.get(op.operation_id, 0)] += 1
+        figures.receipt_effects[by_toolfence.get(op.operation_id, 0)] += 1
+        if by_ledger.get(op.operation_id) and not by_toolfence.get(op.operation_id):
             figures.ledger_only += 1
     figures.fenced_refusals = len(fenced_rows)
     decisions = Counter(e.decision_code for e in events)
@@ -113,14 +109,14 @@ def gather(engine: Engine, requests: Sequence[DemoRequest], metrics_dir: Path | 
     figures.lookups_resolved = decisions["lookup_done"]
     figures.stale_counters = _stale_counters(metrics_dir)
 
-    # ---- I1: at most one distinct receipt per operation, in either party's records
-    over: list[str] = []
-    for operation_id in set(ledger_receipts) | set(accepted):
-        if len(ledger_receipts.get(operation_id, set()) | accepted.get(operation_id, set())) > 1:
-            over.append(operation_id)
-    most = max(
-        [len(ledger_receipts.get(o, set()) | accepted.get(o, set())) for o in ops] or [0]
-    )
+    proposals = [
+        invariants.Proposal(r.request_id, c.call_id, c.tool_name) for r in requests for c in r.calls
+    ]
+
+    # ---- I1: at most one side effect per operation, in either party's records
+    effects_per_op = invariants.side_effects(rules.receipts, rules.effects)
+    over = [v.subject for v in invariants.i1_more_than_one_effect(rules.receipts, rules.effects)]
+    most = max(effects_per_op.values(), default=0)
     figures.checks.append(Check(
         "I1", "≤ 1 side effect per operation", not over,
         f"max {most} distinct receipt per operation (ledger records ∪ toolfence receipts)"
@@ -128,7 +124,7 @@ def gather(engine: Engine, requests: Sequence[DemoRequest], metrics_dir: Path | 
     ))
 
     # ---- I2: quiet → terminal or reconciliation_pending
-    unsettled = [o for o, op in ops.items() if State(op.state) not in SETTLED]
+    unsettled = [v.subject for v in invariants.i2_unsettled(rules.operations)]
     figures.checks.append(Check(
         "I2", "everything settled once quiet", not unsettled,
         f"{len(ops)} of {len(ops)} operations terminal or reconciliation_pending" if not unsettled
@@ -136,132 +132,115 @@ def gather(engine: Engine, requests: Sequence[DemoRequest], metrics_dir: Path | 
     ))
 
     # ---- I3: no write from a stale generation accepted
-    grants: dict[str, list[tuple[int, float]]] = defaultdict(list)
-    for event in events:
-        if event.decision_code in ("reserved", "lease_takeover"):
-            grants[event.operation_id].append((int(event.generation), float(event.at)))
-    stale_effects: list[str] = []
-    for effect in effect_rows:
-        superseded = [
-            at for generation, at in grants.get(effect.operation_id, []) if generation > effect.generation
-        ]
-        if superseded and min(superseded) < effect.at:
-            stale_effects.append(effect.operation_id)
-    refused = {(row.operation_id, int(row.token)) for row in fenced_rows}
-    accepted_after_refusal = [
-        e.operation_id for e in effect_rows if (e.operation_id, int(e.generation)) in refused
-    ]
-    finished = (State.SUCCEEDED.value, State.FAILED_TERMINAL.value)
-    completions = [e for e in events if e.from_state == State.STARTED.value and e.to_state in finished]
-    stale_completions = [
-        e.operation_id for e in completions
-        if int(e.generation) != max((g for g, _ in grants.get(e.operation_id, [])), default=0)
-    ]
-    i3_bad = stale_effects + accepted_after_refusal + stale_completions
+    stale = invariants.i3_stale_writes(rules.audit, rules.effects, rules.refusals, rules.receipts)
+    i3_bad = [str(v) for v in stale.violations]
     figures.checks.append(Check(
         "I3", "no stale write accepted", not i3_bad,
-        f"{len(effect_rows)} ledger effects, each by the generation that owned the operation then; "
-        f"{len(completions)} completions by the current generation; "
+        f"{sum(e.fenced for e in rules.effects)} fenced ledger effects, none with a token below one "
+        "the ledger had seen; "
+        f"{stale.exits_from_started} exits from started by the current generation; "
         f"{len(fenced_rows)} stale token{'s' if len(fenced_rows) != 1 else ''} refused, none accepted"
-        if not i3_bad else
-        f"stale effects {len(stale_effects)}, accepted after refusal {len(accepted_after_refusal)}, "
-        f"stale completions {len(stale_completions)}: {_examples(i3_bad)}",
+        if not i3_bad else f"{len(i3_bad)} stale writes accepted: {_examples(i3_bad)}",
     ))
 
     # ---- I4: no admitted proposal lost; no operation that was not admitted
-    proposed = {(r.request_id, c.call_id) for r in requests for c in r.calls}
-    recorded = {(row.request_id, row.call_id) for row in call_rows}
-    admitted = [row for row in call_rows if row.operation_id is not None]
-    orphan_calls = [
-        row.call_id for row in admitted
-        if row.operation_id not in ops
-        or (ops[row.operation_id].request_id, ops[row.operation_id].call_id) != (row.request_id, row.call_id)
+    rejected = [
+        invariants.RejectedCall(
+            row.request_id, row.call_id, default_operation_id(row.request_id, row.call_id)
+        )
+        for row in call_rows if row.operation_id is None
     ]
-    referenced = {row.operation_id for row in admitted}
-    unadmitted_ops = [o for o in ops if o not in referenced]
-    i4_ok = proposed == recorded and not orphan_calls and not unadmitted_ops
+    # The demo heard back from every request it sent: a call row it did not propose was invented.
+    admission = invariants.i4_lost_or_invented(
+        proposals=proposals, admitted=(), calls=rules.calls, operations=rules.operations,
+        effects=rules.effects, rejected=rejected, every_request_answered=True,
+    )
+    admitted = [row for row in call_rows if row.operation_id is not None]
     figures.checks.append(Check(
-        "I4", "no proposal lost or invented", i4_ok,
-        f"{len(proposed)} proposals recorded; {len(admitted)} admitted = {len(ops)} operations"
-        if i4_ok else
-        f"missing proposals {len(proposed - recorded)}, unknown {len(recorded - proposed)}, "
-        f"admitted without operation {len(orphan_calls)}, operations without admission {len(unadmitted_ops)}",
+        "I4", "no proposal lost or invented", not admission.violations,
+        f"{len(proposals)} proposals recorded; {len(admitted)} admitted = {len(ops)} operations"
+        if not admission.violations else
+        f"{len(admission.lost)} lost, {len(admission.invented)} invented: "
+        f"{_examples([str(v) for v in admission.violations])}",
     ))
 
     # ---- I5: legal transitions, consistent trail, monotonic generation
-    by_op: dict[str, list[Any]] = defaultdict(list)
-    for event in events:
-        by_op[event.operation_id].append(event)
-    illegal: list[str] = []
-    for operation_id, trail in by_op.items():
-        previous_state: str | None = None
-        previous_generation = 0
-        for event in trail:
-            if (
-                not is_legal(event.from_state, event.to_state)
-                or event.from_state != previous_state
-                or event.generation < previous_generation
-            ):
-                illegal.append(operation_id)
-                break
-            previous_state, previous_generation = event.to_state, int(event.generation)
-        else:
-            current = ops.get(operation_id)
-            if (
-                current is None
-                or current.state != previous_state
-                or current.generation != previous_generation
-            ):
-                illegal.append(operation_id)
-    untraced = [o for o in ops if o not in by_op]
+    bad_trails = sorted({v.subject for v in invariants.i5_illegal_trails(rules.operations, rules.audit)})
+    traced = {e.operation_id for e in events}
     figures.checks.append(Check(
-        "I5", "legal transitions, generation grows", not illegal and not untraced,
-        f"{len(events)} audit events over {len(by_op)} operations, each trail legal and "
+        "I5", "legal transitions, generation grows", not bad_trails,
+        f"{len(events)} audit events over {len(traced)} operations, each trail legal and "
         "ending in the operation's state and generation"
-        if not illegal and not untraced
-        else f"{len(illegal)} bad trails, {len(untraced)} untraced: {_examples(illegal + untraced)}",
+        if not bad_trails else f"{len(bad_trails)} bad trails: {_examples(bad_trails)}",
     ))
 
     # ---- I6: one terminal result per call id, with its own tool name
-    wrong: list[str] = []
-    for request in requests:
-        statuses = results(engine, request.request_id)
-        if [s.call_id for s in statuses] != [c.call_id for c in request.calls]:
-            wrong.append(request.request_id)
-            continue
-        for proposal, status in zip(request.calls, statuses, strict=True):
-            outcome = final(status)
-            if (
-                status.tool_name != proposal.tool_name
-                or not settled(status)
-                or getattr(status, "state", None) == State.PENDING_APPROVAL.value
-                or not isinstance(outcome, Succeeded | FailedTerminal | FailedRetryable)
-                or outcome.call_id != proposal.call_id
-            ):
-                wrong.append(f"{request.request_id}/{proposal.call_id}")
+    answers = [
+        invariants.ResultRecord(
+            request.request_id, status.call_id, status.tool_name, status.status,
+            getattr(status, "state", None),
+        )
+        for request in requests
+        for status in results(engine, request.request_id)
+    ]
+    wrong = [v.subject for v in invariants.i6_one_result_per_call(proposals, answers, quiet=True)]
     figures.checks.append(Check(
         "I6", "one result per call id", not wrong,
-        f"{len(proposed)} calls in {len(requests)} requests: one terminal result each, in proposal "
+        f"{len(proposals)} calls in {len(requests)} requests: one terminal result each, in proposal "
         "order, with its own tool name"
         if not wrong else f"{len(wrong)} wrong: {_examples(wrong)}",
     ))
 
     # ---- I7: a rejected call invoked its handler zero times
-    rejected_ids = {
-        default_operation_id(row.request_id, row.call_id) for row in call_rows if row.operation_id is None
-    }
-    traced = (
-        rejected_ids & set(ops)
-        | rejected_ids & set(by_op)
-        | rejected_ids & {r.operation_id for r in receipt_rows}
-        | rejected_ids & {e.operation_id for e in effect_rows}
-    )
+    ran = [
+        v.subject for v in invariants.i7_rejected_calls_ran(
+            rejected, operations=ops, audit=rules.audit, receipts=rules.receipts, effects=rules.effects,
+        )
+    ]
     figures.checks.append(Check(
-        "I7", "rejected calls never ran", not traced,
-        f"{len(rejected_ids)} rejected calls: no operation, audit event, receipt or ledger effect"
-        if not traced else f"{len(traced)} rejected calls left traces: {_examples(sorted(traced))}",
+        "I7", "rejected calls never ran", not ran,
+        f"{len(rejected)} rejected calls: no operation, audit event, receipt or ledger effect"
+        if not ran else f"{len(ran)} rejected calls left traces: {_examples(sorted(ran))}",
     ))
     return figures
+
+
+def _records(
+    ops: Iterable[Any], call_rows: Iterable[Any], events: Iterable[Any], receipt_rows: Iterable[Any],
+    effect_rows: Iterable[Any], fenced_rows: Iterable[Any],
+) -> invariants.Records:
+    """The database's and the ledger's rows as the records the invariants judge."""
+    return invariants.Records(
+        operations=[
+            invariants.OperationRecord(
+                o.operation_id, o.request_id, o.call_id, o.tool_name, o.mode, o.state, int(o.generation)
+            )
+            for o in ops
+        ],
+        audit=[
+            invariants.AuditRecord(
+                int(e.event_id), e.operation_id, e.from_state, e.to_state, int(e.generation), float(e.at)
+            )
+            for e in events
+        ],
+        receipts=[
+            invariants.ReceiptRecord(
+                r.operation_id, int(r.generation), r.receipt, bool(r.accepted), float(r.recorded_at)
+            )
+            for r in receipt_rows
+        ],
+        calls=[invariants.CallRecord(c.request_id, c.call_id, c.operation_id) for c in call_rows],
+        effects=[
+            invariants.EffectRecord(
+                e.operation_id, e.receipt, int(e.generation), float(e.at), e.kind,
+                fenced=e.kind in FENCED_EFFECT_KINDS,
+            )
+            for e in effect_rows
+        ],
+        refusals=[
+            invariants.RefusalRecord(f.operation_id, int(f.token), float(f.at)) for f in fenced_rows
+        ],
+    )
 
 
 def _stale_counters(metrics_dir: Path | None) -> dict[str, float]:
