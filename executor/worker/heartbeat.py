@@ -1,4 +1,14 @@
-"""The lease renewal loop of one owned operation (DESIGN.md "Worker")."""
+"""The lease renewal loop of one owned operation (DESIGN.md "Worker").
+
+Every TTL/3 the heartbeat renews the lease with a CAS on (operation, generation,
+owner). The lease lives on the database clock; the worker cannot read that clock
+for free, so it keeps a conservative local deadline on its own monotonic clock:
+90% of the lease, counted from *before* the statement that set the lease was
+sent. Any time spent after that moment (waiting for the reply, recovering from an
+ambiguous commit, starting this thread) only makes the local deadline earlier
+than the database's, never later, so `owned()` turns False before the lease can
+expire on the database.
+"""
 
 from __future__ import annotations
 
@@ -13,13 +23,19 @@ from executor.telemetry import metrics
 
 log = logging.getLogger("toolfence.worker")
 
+# The share of the lease the worker trusts by its own clock. The rest is margin for
+# the time between a check of `owned()` and the write it guards, and for the two
+# clocks' rates differing.
+LOCAL_SHARE_OF_LEASE = 0.9
+
 
 class Heartbeat(threading.Thread):
     """Renews the lease every TTL/3 with a CAS on (operation, generation, owner).
 
-    `owned()` is False as soon as a renewal fails or the lease, as last renewed,
-    would have expired by the local clock: the worker must then stop before its
-    next downstream write.
+    `reserve_sent_at` is `time.monotonic()` taken before the reserve (or take_over)
+    statement that granted `reservation` was sent. `owned()` is False as soon as a
+    renewal fails or the lease, as last renewed, would have expired by the local
+    clock: the worker must then stop before its next downstream write.
     """
 
     def __init__(
@@ -27,6 +43,8 @@ class Heartbeat(threading.Thread):
         engine: Engine,
         reservation: store.Reservation,
         lease_seconds: float,
+        *,
+        reserve_sent_at: float,
     ) -> None:
         super().__init__(name=f"heartbeat-{reservation.operation_id}", daemon=True)
         self._engine = engine
@@ -34,8 +52,7 @@ class Heartbeat(threading.Thread):
         self._lease = lease_seconds
         self._stop_event = threading.Event()
         self._lost = threading.Event()
-        # Local deadline, measured from *before* the reserve statement returned: conservative.
-        self._local_deadline = time.monotonic() + lease_seconds * 0.9
+        self._local_deadline = reserve_sent_at + lease_seconds * LOCAL_SHARE_OF_LEASE
 
     def owned(self) -> bool:
         return not self._lost.is_set() and time.monotonic() < self._local_deadline
@@ -64,7 +81,8 @@ class Heartbeat(threading.Thread):
                 metrics.STALE_WRITES_FENCED.labels("renew").inc()
                 self._lost.set()
                 return
-            self._local_deadline = sent_at + self._lease * 0.9
+            # Measured from before the renewal was sent, as the first deadline is.
+            self._local_deadline = sent_at + self._lease * LOCAL_SHARE_OF_LEASE
 
     def stop(self) -> None:
         self._stop_event.set()

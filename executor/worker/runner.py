@@ -56,6 +56,15 @@ class Outcome:
     state: str | None = None
 
 
+@dataclass(frozen=True)
+class Acquired:
+    """A won reservation, and `time.monotonic()` taken before the statement that won it
+    was sent: the heartbeat counts its first local deadline from there."""
+
+    reservation: store.Reservation
+    reserve_sent_at: float
+
+
 class OperationRunner:
     def __init__(self, settings: Settings, registry: Registry, engine: Engine) -> None:
         self.settings = settings
@@ -87,12 +96,12 @@ class OperationRunner:
         if state is State.RETRY_WAIT:
             # The relay/reconciler promotes it when due and publishes a fresh message.
             return Outcome("not_due", state.value)
-        reservation = self._acquire(row, tool)
-        if isinstance(reservation, Outcome):
-            return reservation
-        return self._execute(row, tool, reservation)
+        acquired = self._acquire(row, tool)
+        if isinstance(acquired, Outcome):
+            return acquired
+        return self._execute(row, tool, acquired)
 
-    def _acquire(self, row: Any, tool: Tool[Any] | None) -> store.Reservation | Outcome:
+    def _acquire(self, row: Any, tool: Tool[Any] | None) -> Acquired | Outcome:
         owner_token = store.new_owner_token()
         lease = self.settings.lease_seconds
         state = State(row.state)
@@ -107,6 +116,9 @@ class OperationRunner:
                     if won:
                         metrics.OPERATIONS_TERMINAL.labels(row.tool_name, "failed_terminal").inc()
                     return Outcome("predecessor_failed")
+        # Before the statement is sent, so also before the lease it sets begins on the
+        # database clock. After an ambiguous commit this is still the time to keep.
+        reserve_sent_at = time.monotonic()
         try:
             with self.engine.begin() as conn:
                 if state is State.QUEUED:
@@ -126,15 +138,16 @@ class OperationRunner:
             reservation = self._recover_reservation(row.operation_id, owner_token)
             if reservation is None:
                 raise
-        if reservation is None and state is State.STARTED and tool is not None:
-            reservation = self._take_over_when_expired(row.operation_id, owner_token)
-        if reservation is None:
+        acquired = None if reservation is None else Acquired(reservation, reserve_sent_at)
+        if acquired is None and state is State.STARTED and tool is not None:
+            acquired = self._take_over_when_expired(row.operation_id, owner_token)
+        if acquired is None:
             return Outcome("not_ready", state.value)
-        if reservation.took_over:
+        if acquired.reservation.took_over:
             metrics.LEASE_TAKEOVERS.labels(row.tool_name).inc()
-        return reservation
+        return acquired
 
-    def _take_over_when_expired(self, operation_id: str, owner_token: str) -> store.Reservation | None:
+    def _take_over_when_expired(self, operation_id: str, owner_token: str) -> Acquired | None:
         """A redelivered message (its worker died) usually arrives while the dead
         owner's lease still runs. Waiting out a lease this short, then taking over,
         finishes the operation now instead of at the reconciler's next sweep; if the
@@ -144,8 +157,10 @@ class OperationRunner:
         if remaining is None or not 0 < remaining <= self.settings.lease_seconds:
             return None
         time.sleep(remaining + 0.05)
+        take_over_sent_at = time.monotonic()
         with self.engine.begin() as conn:
-            return store.take_over(conn, operation_id, owner_token, self.settings.lease_seconds)
+            reservation = store.take_over(conn, operation_id, owner_token, self.settings.lease_seconds)
+        return None if reservation is None else Acquired(reservation, take_over_sent_at)
 
     def _recover_reservation(self, operation_id: str, owner_token: str) -> store.Reservation | None:
         for attempt in range(5):
@@ -171,11 +186,14 @@ class OperationRunner:
 
     # ----------------------------------------------------------------- execution
 
-    def _execute(self, row: Any, tool: Tool[Any] | None, reservation: store.Reservation) -> Outcome:
-        heartbeat = Heartbeat(self.engine, reservation, self.settings.lease_seconds)
+    def _execute(self, row: Any, tool: Tool[Any] | None, acquired: Acquired) -> Outcome:
+        heartbeat = Heartbeat(
+            self.engine, acquired.reservation, self.settings.lease_seconds,
+            reserve_sent_at=acquired.reserve_sent_at,
+        )
         heartbeat.start()
         try:
-            return self._execute_owned(row, tool, reservation, heartbeat)
+            return self._execute_owned(row, tool, acquired.reservation, heartbeat)
         finally:
             heartbeat.stop()
 
