@@ -24,7 +24,6 @@ from executor import store
 from executor.core.admission import compute_intent_hash, recheck_access
 from executor.core.states import TERMINAL, State
 from executor.core.tools import (
-    Effect,
     InvalidResult,
     LookupAnswer,
     LostOwnership,
@@ -33,19 +32,30 @@ from executor.core.tools import (
     RunContext,
     StaleFencingToken,
     Tool,
-    ToolFailure,
     Written,
 )
 from executor.core.types import ErrorCode, ServerContext
 from executor.settings import Settings
 from executor.store.engine import read_only
 from executor.telemetry import metrics
+from executor.worker.failures import (
+    FailureDecision,
+    Retry,
+    RetryBudgetExhausted,
+    Terminal,
+    UnknownOutcome,
+    classify_failure,
+    rerun_within_budget,
+)
 from executor.worker.faults import AmbiguousCommit, Faults
 from executor.worker.heartbeat import Heartbeat
 
 log = logging.getLogger("toolfence.worker")
 
 MAX_OPERATION_ID_LENGTH = 200
+# What a read's handler may raise when it loses its connection (its driver's error
+# included): a read is then retried, never ended `failed_terminal`.
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (DBAPIError, ConnectionError, OSError)
 
 
 @dataclass(frozen=True)
@@ -429,54 +439,43 @@ class OperationRunner:
         self, row: Any, tool: Tool[Any], reservation: store.Reservation, ctx: RunContext,
         exc: Exception,
     ) -> Outcome:
-        """Classify a failure: retryable within budget, unknown outcome, or terminal."""
-        if (
-            isinstance(exc, ToolFailure)
-            and exc.outcome_unknown
-            and tool.mode is Mode.WRITE
-            and not tool.takeover_allowed
-        ):
-            # The downstream may have acted: never simply rerun a lookup/unsafe write.
-            return self._unknown_outcome(row, tool, reservation, ctx)
-        if isinstance(exc, ToolFailure):
-            code, retryable, message = exc.code, exc.retryable, exc.message
-            details = [d.model_dump() for d in exc.details]
-        elif isinstance(exc, TimeoutError):
-            code, retryable, message, details = ErrorCode.TIMEOUT, True, "the tool timed out", []
-        elif tool.retryable_exceptions and isinstance(exc, tool.retryable_exceptions):
-            code, retryable, message, details = (
-                ErrorCode.UPSTREAM_UNAVAILABLE, True, "the downstream is unavailable", [],
-            )
-        elif tool.mode is Mode.READ and isinstance(exc, (DBAPIError, ConnectionError, OSError)):
-            # A read may always be retried (DESIGN.md); a lost connection is no reason
-            # to end it `failed_terminal`. (A write's connection error is an unknown
-            # outcome, below.)
-            code, retryable, message, details = (
-                ErrorCode.UPSTREAM_UNAVAILABLE, True, "the downstream is unavailable", [],
-            )
-        else:
+        """Classify a failure (pure, failures.py), then act on the decision."""
+        decision = classify_failure(
+            exc, tool, attempts=reservation.attempts, connection_errors=CONNECTION_ERRORS
+        )
+        if decision.unexpected:
             log.exception("tool %s raised", tool.name)
-            code, retryable, message, details = (
-                ErrorCode.EXECUTION_FAILED, False, "the tool failed", [],
+        return self._act_on(row, tool, reservation, ctx, decision)
+
+    def _act_on(
+        self, row: Any, tool: Tool[Any], reservation: store.Reservation, ctx: RunContext,
+        decision: FailureDecision,
+    ) -> Outcome:
+        if isinstance(decision, UnknownOutcome):
+            return self._unknown_outcome(row, tool, reservation, ctx, decision)
+        if isinstance(decision, Terminal):
+            return self._finish(
+                row, reservation, succeeded=False, error_code=decision.code,
+                error={"message": decision.message, "details": list(decision.details)},
             )
-            if tool.mode is Mode.WRITE:
-                # An unexpected error in a write leaves its outcome unknown.
-                return self._unknown_outcome(row, tool, reservation, ctx)
-        error = {"message": message, "details": details}
-        if not retryable:
-            return self._finish(row, reservation, succeeded=False, error_code=code, error=error)
-        if reservation.attempts >= tool.retry.max_attempts:
+        if isinstance(decision, RetryBudgetExhausted):
             return self._finish(
                 row, reservation, succeeded=False, error_code=ErrorCode.RETRY_BUDGET_EXHAUSTED,
-                error={"message": f"gave up after {reservation.attempts} attempts ({code.value})"},
+                error={"message": decision.message},
             )
+        return self._release_to_retry(row, tool, reservation, decision)
+
+    def _release_to_retry(
+        self, row: Any, tool: Tool[Any], reservation: store.Reservation, decision: Retry
+    ) -> Outcome:
+        error = {"message": decision.message, "details": list(decision.details)}
         delay = _backoff(tool, reservation.attempts)
 
         def attempt() -> bool:
             with self.engine.begin() as conn:
                 return store.release_to_retry(
                     conn, row.operation_id, reservation.generation, reservation.owner_token,
-                    delay_seconds=delay, error_code=code, error=error,
+                    delay_seconds=delay, error_code=decision.code, error=error,
                 )
 
         # Through a short outage, as completion does: otherwise the operation waits for
@@ -485,20 +484,15 @@ class OperationRunner:
         if not won:
             metrics.STALE_WRITES_FENCED.labels("complete").inc()
             return Outcome("stale_complete")
-        metrics.RETRIES.labels(tool.name, code.value).inc()
+        metrics.RETRIES.labels(tool.name, decision.code.value).inc()
         return Outcome("retry_wait", State.RETRY_WAIT.value)
 
     def _unknown_outcome(
-        self, row: Any, tool: Tool[Any], reservation: store.Reservation, ctx: RunContext
+        self, row: Any, tool: Tool[Any], reservation: store.Reservation, ctx: RunContext,
+        decision: UnknownOutcome,
     ) -> Outcome:
         """A write failed in a way that does not say whether its effect happened."""
-        if tool.effects & {Effect.IDEMPOTENT, Effect.FENCED}:
-            # Repeating is safe: retry within the budget, the downstream converges.
-            return self._on_failure(
-                row, tool, reservation, ctx,
-                ToolFailure(ErrorCode.EXECUTION_FAILED, "the tool failed", retryable=True),
-            )
-        if Effect.LOOKUP in tool.effects and tool.lookup is not None:
+        if decision.ask_lookup and tool.lookup is not None:
             args = tool.input_model.model_validate(json.loads(row.arguments))
             try:
                 answer = tool.lookup(args, ctx)
@@ -507,10 +501,12 @@ class OperationRunner:
             if answer is not None and answer.answer is LookupAnswer.DONE and answer.written:
                 return self._on_value(row, tool, reservation, answer.written, 0.0)
             if answer is not None and answer.answer is LookupAnswer.NOT_DONE:
-                return self._on_failure(
+                # It did not happen: running it again is safe, within the budget.
+                return self._act_on(
                     row, tool, reservation, ctx,
-                    ToolFailure(ErrorCode.EXECUTION_FAILED, "the tool failed", retryable=True),
+                    rerun_within_budget(tool, attempts=reservation.attempts),
                 )
+
         def attempt() -> bool:
             with self.engine.begin() as conn:
                 return store.mark_unknown(
