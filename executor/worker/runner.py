@@ -3,8 +3,12 @@
 The broker message carries only the operation id; the database is the truth. A
 message may arrive twice, late, for an operation that is not ready yet, or for
 one that no longer exists: each case is a branch below that explains why it is
-safe to acknowledge and move on. No database transaction is held open across
-the tool's downstream call.
+safe to acknowledge and move on, and each ends in an `Outcome` whose label is
+counted. No database transaction is held open across the tool's downstream call.
+
+The lease renewal loop lives in `heartbeat.py`; what a failure of the tool means
+(retry, terminal, unknown outcome) is decided by the pure `failures.py`, and
+acted on here.
 """
 
 from __future__ import annotations
@@ -12,7 +16,9 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel
@@ -58,12 +64,32 @@ MAX_OPERATION_ID_LENGTH = 200
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (DBAPIError, ConnectionError, OSError)
 
 
+class OutcomeLabel(StrEnum):
+    """What happened to one message. The values are the `outcome` label of
+    `toolfence_worker_messages_total` (dashboards, alerts and tests read them)."""
+
+    BAD_MESSAGE = "bad_message"
+    UNKNOWN_OPERATION = "unknown_operation"
+    DUPLICATE = "duplicate"
+    NOT_DUE = "not_due"
+    PREDECESSOR_FAILED = "predecessor_failed"
+    OWNED_ELSEWHERE = "owned_elsewhere"
+    NOT_READY = "not_ready"
+    SUCCEEDED = "succeeded"
+    FAILED_TERMINAL = "failed_terminal"
+    RETRY_WAIT = "retry_wait"
+    RECONCILIATION_PENDING = "reconciliation_pending"
+    STALE_COMPLETE = "stale_complete"
+    FENCED_DOWNSTREAM = "fenced_downstream"
+    LOST_OWNERSHIP = "lost_ownership"
+
+
 @dataclass(frozen=True)
 class Outcome:
     """What happened to one message (a bounded label for metrics, and for tests)."""
 
-    label: str
-    state: str | None = None
+    label: OutcomeLabel
+    state: State | None = None
 
 
 @dataclass(frozen=True)
@@ -85,37 +111,37 @@ class OperationRunner:
 
     # ----------------------------------------------------------------- entry
 
-    def handle(self, operation_id: Any) -> Outcome:
+    def handle(self, operation_id: object) -> Outcome:
         outcome = self._handle(operation_id)
-        metrics.MESSAGES.labels(outcome.label).inc()
+        metrics.MESSAGES.labels(outcome.label.value).inc()
         return outcome
 
-    def _handle(self, operation_id: Any) -> Outcome:
+    def _handle(self, operation_id: object) -> Outcome:
         if not isinstance(operation_id, str) or not 0 < len(operation_id) <= MAX_OPERATION_ID_LENGTH:
             # Garbage on the queue: acknowledge and count; retrying cannot make it valid.
-            return Outcome("bad_message")
+            return Outcome(OutcomeLabel.BAD_MESSAGE)
         with self.reader.connect() as conn:
             row = store.get_operation(conn, operation_id)
         if row is None:
-            return Outcome("unknown_operation")
+            return Outcome(OutcomeLabel.UNKNOWN_OPERATION)
         state = State(row.state)
         if state in TERMINAL or state in (State.RECONCILIATION_PENDING, State.PENDING_APPROVAL):
             # A duplicate or late delivery: the outcome is already decided elsewhere.
-            return Outcome("duplicate", state.value)
+            return Outcome(OutcomeLabel.DUPLICATE, state)
         tool = self.registry.get(row.tool_name)
         if state is State.RETRY_WAIT:
             # The relay/reconciler promotes it when due and publishes a fresh message.
-            return Outcome("not_due", state.value)
+            return Outcome(OutcomeLabel.NOT_DUE, state)
         acquired = self._acquire(row, tool)
         if isinstance(acquired, Outcome):
             return acquired
         return self._execute(row, tool, acquired)
 
-    def _acquire(self, row: Any, tool: Tool[Any] | None) -> Acquired | Outcome:
+    def _acquire(self, row: store.OperationRow, tool: Tool[Any] | None) -> Acquired | Outcome:
         owner_token = store.new_owner_token()
         lease = self.settings.lease_seconds
         state = State(row.state)
-        if state is State.QUEUED and row.mode == "write" and row.position > 0:
+        if state is State.QUEUED and Mode(row.mode) is Mode.WRITE and row.position > 0:
             # The first call of a request has no predecessor: skip the check's transaction.
             with self.engine.begin() as conn:
                 if store.predecessor_failed(conn, row.operation_id):
@@ -124,8 +150,10 @@ class OperationRunner:
                         "an earlier write of this request did not succeed",
                     )
                     if won:
-                        metrics.OPERATIONS_TERMINAL.labels(row.tool_name, "failed_terminal").inc()
-                    return Outcome("predecessor_failed")
+                        metrics.OPERATIONS_TERMINAL.labels(
+                            row.tool_name, State.FAILED_TERMINAL.value
+                        ).inc()
+                    return Outcome(OutcomeLabel.PREDECESSOR_FAILED)
         # Before the statement is sent, so also before the lease it sets begins on the
         # database clock. After an ambiguous commit this is still the time to keep.
         reserve_sent_at = time.monotonic()
@@ -138,7 +166,7 @@ class OperationRunner:
                 else:
                     # A live owner, or a `lookup`/`unsafe` write whose lease expired: the
                     # reconciler decides those, never a second worker.
-                    return Outcome("owned_elsewhere", state.value)
+                    return Outcome(OutcomeLabel.OWNED_ELSEWHERE, state)
             if reservation is not None:
                 # After the `with` block: the reservation has committed, so `ambiguous`
                 # here is a real ambiguous commit (fired inside the block, it rolled back).
@@ -152,7 +180,7 @@ class OperationRunner:
         if acquired is None and state is State.STARTED and tool is not None:
             acquired = self._take_over_when_expired(row.operation_id, owner_token)
         if acquired is None:
-            return Outcome("not_ready", state.value)
+            return Outcome(OutcomeLabel.NOT_READY, state)
         if acquired.reservation.took_over:
             metrics.LEASE_TAKEOVERS.labels(row.tool_name).inc()
         return acquired
@@ -185,7 +213,7 @@ class OperationRunner:
         if (
             row is None
             or row.owner_token != owner_token
-            or row.state != State.STARTED.value
+            or State(row.state) is not State.STARTED
             or row.lease_expires_at is None
         ):
             return None
@@ -196,7 +224,9 @@ class OperationRunner:
 
     # ----------------------------------------------------------------- execution
 
-    def _execute(self, row: Any, tool: Tool[Any] | None, acquired: Acquired) -> Outcome:
+    def _execute(
+        self, row: store.OperationRow, tool: Tool[Any] | None, acquired: Acquired
+    ) -> Outcome:
         heartbeat = Heartbeat(
             self.engine, acquired.reservation, self.settings.lease_seconds,
             reserve_sent_at=acquired.reserve_sent_at,
@@ -209,11 +239,11 @@ class OperationRunner:
 
     def _finish(
         self,
-        row: Any,
+        row: store.OperationRow,
         reservation: store.Reservation,
         *,
         succeeded: bool,
-        result: Any = None,
+        result: dict[str, Any] | None = None,
         receipt: str | None = None,
         error_code: ErrorCode | None = None,
         error: dict[str, Any] | None = None,
@@ -229,7 +259,7 @@ class OperationRunner:
                     row.intent_hash, succeeded=succeeded, result=result, receipt=receipt,
                     error_code=error_code, error=error, duration_ms=duration_ms,
                 )
-                if won and row.mode == Mode.WRITE.value:
+                if won and Mode(row.mode) is Mode.WRITE:
                     # Counted in the completing transaction: no extra round trip.
                     side_effects.append(store.distinct_accepted_receipts(conn, row.operation_id))
             if won:
@@ -238,17 +268,21 @@ class OperationRunner:
                 self.faults.fire("complete_commit", row.tool_name)
             return won
 
-        to_state = "succeeded" if succeeded else "failed_terminal"
+        to_state = State.SUCCEEDED if succeeded else State.FAILED_TERMINAL
         won = self._with_ambiguity(attempt, row.operation_id, reservation, to_state)
         if not won:
             metrics.STALE_WRITES_FENCED.labels("complete").inc()
-            return Outcome("stale_complete")
-        outcome = "succeeded" if succeeded else "failed_terminal"
-        self._observe_terminal(row, outcome, side_effects[-1] if side_effects else None)
-        return Outcome(outcome, outcome)
+            return Outcome(OutcomeLabel.STALE_COMPLETE)
+        self._observe_terminal(row, to_state, side_effects[-1] if side_effects else None)
+        label = OutcomeLabel.SUCCEEDED if succeeded else OutcomeLabel.FAILED_TERMINAL
+        return Outcome(label, to_state)
 
     def _with_ambiguity(
-        self, attempt: Any, operation_id: str, reservation: store.Reservation, to_state: str
+        self,
+        attempt: Callable[[], bool],
+        operation_id: str,
+        reservation: store.Reservation,
+        to_state: State,
     ) -> bool:
         """Run a CAS; on a connection error, find out from the row whether it committed."""
         for retry in range(5):
@@ -266,9 +300,10 @@ class OperationRunner:
                     return False
                 if row.generation != reservation.generation:
                     return False  # someone took over: ours did not win, or no longer matters
-                if row.state == to_state and row.owner_token is None:
+                state = State(row.state)
+                if state is to_state and row.owner_token is None:
                     return True  # it committed before the connection failed
-                if row.state != State.STARTED.value or row.owner_token != reservation.owner_token:
+                if state is not State.STARTED or row.owner_token != reservation.owner_token:
                     return False
                 # Still ours and not applied: try the CAS again.
         return False
@@ -301,19 +336,25 @@ class OperationRunner:
                 log.warning("could not record receipt of %s yet; retrying", operation_id)
                 time.sleep(0.2 * (retry + 1))
 
-    def _observe_terminal(self, row: Any, outcome: str, side_effects: int | None = None) -> None:
-        metrics.OPERATIONS_TERMINAL.labels(row.tool_name, outcome).inc()
+    def _observe_terminal(
+        self, row: store.OperationRow, terminal: State, side_effects: int | None = None
+    ) -> None:
+        metrics.OPERATIONS_TERMINAL.labels(row.tool_name, terminal.value).inc()
         metrics.ENQUEUE_TO_TERMINAL_SECONDS.labels(row.tool_name).observe(
             max(0.0, time.time() - row.created_at)
         )
-        if row.mode == Mode.WRITE.value:
+        if Mode(row.mode) is Mode.WRITE:
             if side_effects is None:
                 with self.reader.connect() as conn:
                     side_effects = store.distinct_accepted_receipts(conn, row.operation_id)
             metrics.SIDE_EFFECTS_PER_OPERATION.labels(row.tool_name).observe(side_effects)
 
     def _execute_owned(
-        self, row: Any, tool: Tool[Any] | None, reservation: store.Reservation, heartbeat: Heartbeat
+        self,
+        row: store.OperationRow,
+        tool: Tool[Any] | None,
+        reservation: store.Reservation,
+        heartbeat: Heartbeat,
     ) -> Outcome:
         context = ServerContext.from_json(json.loads(row.context))
         arguments = json.loads(row.arguments)
@@ -362,9 +403,9 @@ class OperationRunner:
             # The downstream saw a newer generation: we are a zombie. Its refusal is the
             # fence working; the new owner completes the operation.
             metrics.STALE_WRITES_FENCED.labels("downstream").inc()
-            return Outcome("fenced_downstream")
+            return Outcome(OutcomeLabel.FENCED_DOWNSTREAM)
         except LostOwnership:
-            return Outcome("lost_ownership")
+            return Outcome(OutcomeLabel.LOST_OWNERSHIP)
         except Exception as exc:  # classified below, never re-raised into Celery
             return self._on_failure(row, tool, reservation, ctx, exc)
         finally:
@@ -372,7 +413,7 @@ class OperationRunner:
         return self._on_value(row, tool, reservation, value, (time.perf_counter() - started) * 1000)
 
     def _release_unstarted(
-        self, row: Any, tool: Tool[Any], reservation: store.Reservation
+        self, row: store.OperationRow, tool: Tool[Any], reservation: store.Reservation
     ) -> Outcome:
         """Give back an operation whose handler never ran (retry_wait, short backoff)."""
         error = {"message": "the database was unreachable before the tool ran", "details": []}
@@ -385,15 +426,15 @@ class OperationRunner:
                     error_code=ErrorCode.UPSTREAM_UNAVAILABLE, error=error,
                 )
 
-        if not self._with_ambiguity(attempt, row.operation_id, reservation, State.RETRY_WAIT.value):
+        if not self._with_ambiguity(attempt, row.operation_id, reservation, State.RETRY_WAIT):
             # Unreachable throughout (or no longer ours): the lease expires and the
             # reconciler decides, as after a crash.
-            return Outcome("stale_complete")
+            return Outcome(OutcomeLabel.STALE_COMPLETE)
         metrics.RETRIES.labels(tool.name, ErrorCode.UPSTREAM_UNAVAILABLE.value).inc()
-        return Outcome("retry_wait", State.RETRY_WAIT.value)
+        return Outcome(OutcomeLabel.RETRY_WAIT, State.RETRY_WAIT)
 
     def _approval_invalidated(
-        self, row: Any, tool: Tool[Any], args: BaseModel, context: ServerContext
+        self, row: store.OperationRow, tool: Tool[Any], args: BaseModel, context: ServerContext
     ) -> bool:
         if row.impact is None:
             return False  # admission stores an impact exactly when it asks for approval
@@ -408,7 +449,12 @@ class OperationRunner:
         return approval.state != "approved" or current != approval.intent_hash
 
     def _on_value(
-        self, row: Any, tool: Tool[Any], reservation: store.Reservation, value: Any, duration_ms: float
+        self,
+        row: store.OperationRow,
+        tool: Tool[Any],
+        reservation: store.Reservation,
+        value: Any,
+        duration_ms: float,
     ) -> Outcome:
         receipt: str | None = None
         if tool.mode is Mode.WRITE:
@@ -436,7 +482,8 @@ class OperationRunner:
         )
 
     def _on_failure(
-        self, row: Any, tool: Tool[Any], reservation: store.Reservation, ctx: RunContext,
+        self, row: store.OperationRow, tool: Tool[Any], reservation: store.Reservation,
+        ctx: RunContext,
         exc: Exception,
     ) -> Outcome:
         """Classify a failure (pure, failures.py), then act on the decision."""
@@ -448,7 +495,8 @@ class OperationRunner:
         return self._act_on(row, tool, reservation, ctx, decision)
 
     def _act_on(
-        self, row: Any, tool: Tool[Any], reservation: store.Reservation, ctx: RunContext,
+        self, row: store.OperationRow, tool: Tool[Any], reservation: store.Reservation,
+        ctx: RunContext,
         decision: FailureDecision,
     ) -> Outcome:
         if isinstance(decision, UnknownOutcome):
@@ -466,7 +514,8 @@ class OperationRunner:
         return self._release_to_retry(row, tool, reservation, decision)
 
     def _release_to_retry(
-        self, row: Any, tool: Tool[Any], reservation: store.Reservation, decision: Retry
+        self, row: store.OperationRow, tool: Tool[Any], reservation: store.Reservation,
+        decision: Retry,
     ) -> Outcome:
         error = {"message": decision.message, "details": list(decision.details)}
         delay = _backoff(tool, reservation.attempts)
@@ -480,15 +529,16 @@ class OperationRunner:
 
         # Through a short outage, as completion does: otherwise the operation waits for
         # its lease to expire (and the reconciler) although we know what to do with it.
-        won = self._with_ambiguity(attempt, row.operation_id, reservation, State.RETRY_WAIT.value)
+        won = self._with_ambiguity(attempt, row.operation_id, reservation, State.RETRY_WAIT)
         if not won:
             metrics.STALE_WRITES_FENCED.labels("complete").inc()
-            return Outcome("stale_complete")
+            return Outcome(OutcomeLabel.STALE_COMPLETE)
         metrics.RETRIES.labels(tool.name, decision.code.value).inc()
-        return Outcome("retry_wait", State.RETRY_WAIT.value)
+        return Outcome(OutcomeLabel.RETRY_WAIT, State.RETRY_WAIT)
 
     def _unknown_outcome(
-        self, row: Any, tool: Tool[Any], reservation: store.Reservation, ctx: RunContext,
+        self, row: store.OperationRow, tool: Tool[Any], reservation: store.Reservation,
+        ctx: RunContext,
         decision: UnknownOutcome,
     ) -> Outcome:
         """A write failed in a way that does not say whether its effect happened."""
@@ -515,11 +565,11 @@ class OperationRunner:
                 )
 
         won = self._with_ambiguity(
-            attempt, row.operation_id, reservation, State.RECONCILIATION_PENDING.value
+            attempt, row.operation_id, reservation, State.RECONCILIATION_PENDING
         )
         if won:
-            metrics.OPERATIONS_TERMINAL.labels(tool.name, "reconciliation_pending").inc()
-        return Outcome("reconciliation_pending", State.RECONCILIATION_PENDING.value)
+            metrics.OPERATIONS_TERMINAL.labels(tool.name, State.RECONCILIATION_PENDING.value).inc()
+        return Outcome(OutcomeLabel.RECONCILIATION_PENDING, State.RECONCILIATION_PENDING)
 
 
 def _backoff(tool: Tool[Any], attempt: int) -> float:

@@ -25,7 +25,7 @@ from executor.core.tools import Access, Approval, Mode, Registry, RunContext, To
 from executor.core.types import ServerContext
 from executor.settings import Settings
 from executor.worker.heartbeat import Heartbeat
-from executor.worker.runner import OperationRunner
+from executor.worker.runner import OperationRunner, OutcomeLabel
 
 LEASE = 3.0
 CONTEXT = ServerContext(principal="alice", tenant="acme", request_id="req-heartbeat")
@@ -139,6 +139,6 @@ def test_runner__reserve_recovered_after_slow_reads__tool_loses_ownership_before
     # Then the reservation was recovered, and the tool was stopped while the lease was
     # still held on the database clock, not after it expired
     assert reads["count"] == 6
-    assert outcome.label == "lost_ownership"
+    assert outcome.label is OutcomeLabel.LOST_OWNERSHIP
     assert len(remaining_when_stopped) == 1, "the tool was never told it lost ownership"
     assert remaining_when_stopped[0] > 0
