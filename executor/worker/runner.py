@@ -3,17 +3,22 @@
 The broker message carries only the operation id; the database is the truth. A
 message may arrive twice, late, for an operation that is not ready yet, or for
 one that no longer exists: each case is a branch below that explains why it is
-safe to acknowledge and move on. No database transaction is held open across
-the tool's downstream call.
+safe to acknowledge and move on, and each ends in an `Outcome` whose label is
+counted. No database transaction is held open across the tool's downstream call.
+
+The lease renewal loop lives in `heartbeat.py`; what a failure of the tool means
+(retry, terminal, unknown outcome) is decided by the pure `failures.py`, and
+acted on here.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel
@@ -25,7 +30,6 @@ from executor import store
 from executor.core.admission import compute_intent_hash, recheck_access
 from executor.core.states import TERMINAL, State
 from executor.core.tools import (
-    Effect,
     InvalidResult,
     LookupAnswer,
     LostOwnership,
@@ -34,77 +38,67 @@ from executor.core.tools import (
     RunContext,
     StaleFencingToken,
     Tool,
-    ToolFailure,
     Written,
 )
 from executor.core.types import ErrorCode, ServerContext
 from executor.settings import Settings
 from executor.store.engine import read_only
 from executor.telemetry import metrics
+from executor.worker.failures import (
+    FailureDecision,
+    Retry,
+    RetryBudgetExhausted,
+    Terminal,
+    UnknownOutcome,
+    classify_failure,
+    rerun_within_budget,
+)
 from executor.worker.faults import AmbiguousCommit, Faults
+from executor.worker.heartbeat import Heartbeat
 
 log = logging.getLogger("toolfence.worker")
 
 MAX_OPERATION_ID_LENGTH = 200
+# What a read's handler may raise when it loses its connection (its driver's error
+# included): a read is then retried, never ended `failed_terminal`.
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (DBAPIError, ConnectionError, OSError)
+
+
+class OutcomeLabel(StrEnum):
+    """What happened to one message. The values are the `outcome` label of
+    `toolfence_worker_messages_total` (dashboards, alerts and tests read them)."""
+
+    BAD_MESSAGE = "bad_message"
+    UNKNOWN_OPERATION = "unknown_operation"
+    DUPLICATE = "duplicate"
+    NOT_DUE = "not_due"
+    PREDECESSOR_FAILED = "predecessor_failed"
+    OWNED_ELSEWHERE = "owned_elsewhere"
+    NOT_READY = "not_ready"
+    SUCCEEDED = "succeeded"
+    FAILED_TERMINAL = "failed_terminal"
+    RETRY_WAIT = "retry_wait"
+    RECONCILIATION_PENDING = "reconciliation_pending"
+    STALE_COMPLETE = "stale_complete"
+    FENCED_DOWNSTREAM = "fenced_downstream"
+    LOST_OWNERSHIP = "lost_ownership"
 
 
 @dataclass(frozen=True)
 class Outcome:
     """What happened to one message (a bounded label for metrics, and for tests)."""
 
-    label: str
-    state: str | None = None
+    label: OutcomeLabel
+    state: State | None = None
 
 
-class _Heartbeat(threading.Thread):
-    """Renews the lease every TTL/3 with a CAS on (operation, generation, owner).
+@dataclass(frozen=True)
+class Acquired:
+    """A won reservation, and `time.monotonic()` taken before the statement that won it
+    was sent: the heartbeat counts its first local deadline from there."""
 
-    `owned()` is False as soon as a renewal fails or the lease, as last renewed,
-    would have expired by the local clock: the worker must then stop before its
-    next downstream write.
-    """
-
-    def __init__(self, engine: Engine, reservation: store.Reservation, lease_seconds: float) -> None:
-        super().__init__(name=f"heartbeat-{reservation.operation_id}", daemon=True)
-        self._engine = engine
-        self._reservation = reservation
-        self._lease = lease_seconds
-        self._stop_event = threading.Event()
-        self._lost = threading.Event()
-        # Local deadline, measured from *before* the reserve statement returned: conservative.
-        self._local_deadline = time.monotonic() + lease_seconds * 0.9
-
-    def owned(self) -> bool:
-        return not self._lost.is_set() and time.monotonic() < self._local_deadline
-
-    def run(self) -> None:
-        interval = self._lease / 3.0
-        while not self._stop_event.wait(interval):
-            sent_at = time.monotonic()
-            try:
-                with self._engine.begin() as conn:
-                    expiry = store.renew(
-                        conn,
-                        self._reservation.operation_id,
-                        self._reservation.generation,
-                        self._reservation.owner_token,
-                        self._lease,
-                    )
-            except Exception:
-                # Cannot reach the database: keep trying until the local deadline passes.
-                log.warning("lease renewal failed to reach the database", exc_info=True)
-                if time.monotonic() >= self._local_deadline:
-                    self._lost.set()
-                    return
-                continue
-            if expiry is None:
-                metrics.STALE_WRITES_FENCED.labels("renew").inc()
-                self._lost.set()
-                return
-            self._local_deadline = sent_at + self._lease * 0.9
-
-    def stop(self) -> None:
-        self._stop_event.set()
+    reservation: store.Reservation
+    reserve_sent_at: float
 
 
 class OperationRunner:
@@ -117,37 +111,37 @@ class OperationRunner:
 
     # ----------------------------------------------------------------- entry
 
-    def handle(self, operation_id: Any) -> Outcome:
+    def handle(self, operation_id: object) -> Outcome:
         outcome = self._handle(operation_id)
-        metrics.MESSAGES.labels(outcome.label).inc()
+        metrics.MESSAGES.labels(outcome.label.value).inc()
         return outcome
 
-    def _handle(self, operation_id: Any) -> Outcome:
+    def _handle(self, operation_id: object) -> Outcome:
         if not isinstance(operation_id, str) or not 0 < len(operation_id) <= MAX_OPERATION_ID_LENGTH:
             # Garbage on the queue: acknowledge and count; retrying cannot make it valid.
-            return Outcome("bad_message")
+            return Outcome(OutcomeLabel.BAD_MESSAGE)
         with self.reader.connect() as conn:
             row = store.get_operation(conn, operation_id)
         if row is None:
-            return Outcome("unknown_operation")
+            return Outcome(OutcomeLabel.UNKNOWN_OPERATION)
         state = State(row.state)
         if state in TERMINAL or state in (State.RECONCILIATION_PENDING, State.PENDING_APPROVAL):
             # A duplicate or late delivery: the outcome is already decided elsewhere.
-            return Outcome("duplicate", state.value)
+            return Outcome(OutcomeLabel.DUPLICATE, state)
         tool = self.registry.get(row.tool_name)
         if state is State.RETRY_WAIT:
             # The relay/reconciler promotes it when due and publishes a fresh message.
-            return Outcome("not_due", state.value)
-        reservation = self._acquire(row, tool)
-        if isinstance(reservation, Outcome):
-            return reservation
-        return self._execute(row, tool, reservation)
+            return Outcome(OutcomeLabel.NOT_DUE, state)
+        acquired = self._acquire(row, tool)
+        if isinstance(acquired, Outcome):
+            return acquired
+        return self._execute(row, tool, acquired)
 
-    def _acquire(self, row: Any, tool: Tool[Any] | None) -> store.Reservation | Outcome:
+    def _acquire(self, row: store.OperationRow, tool: Tool[Any] | None) -> Acquired | Outcome:
         owner_token = store.new_owner_token()
         lease = self.settings.lease_seconds
         state = State(row.state)
-        if state is State.QUEUED and row.mode == "write" and row.position > 0:
+        if state is State.QUEUED and Mode(row.mode) is Mode.WRITE and row.position > 0:
             # The first call of a request has no predecessor: skip the check's transaction.
             with self.engine.begin() as conn:
                 if store.predecessor_failed(conn, row.operation_id):
@@ -156,8 +150,13 @@ class OperationRunner:
                         "an earlier write of this request did not succeed",
                     )
                     if won:
-                        metrics.OPERATIONS_TERMINAL.labels(row.tool_name, "failed_terminal").inc()
-                    return Outcome("predecessor_failed")
+                        metrics.OPERATIONS_TERMINAL.labels(
+                            row.tool_name, State.FAILED_TERMINAL.value
+                        ).inc()
+                    return Outcome(OutcomeLabel.PREDECESSOR_FAILED)
+        # Before the statement is sent, so also before the lease it sets begins on the
+        # database clock. After an ambiguous commit this is still the time to keep.
+        reserve_sent_at = time.monotonic()
         try:
             with self.engine.begin() as conn:
                 if state is State.QUEUED:
@@ -167,7 +166,7 @@ class OperationRunner:
                 else:
                     # A live owner, or a `lookup`/`unsafe` write whose lease expired: the
                     # reconciler decides those, never a second worker.
-                    return Outcome("owned_elsewhere", state.value)
+                    return Outcome(OutcomeLabel.OWNED_ELSEWHERE, state)
             if reservation is not None:
                 # After the `with` block: the reservation has committed, so `ambiguous`
                 # here is a real ambiguous commit (fired inside the block, it rolled back).
@@ -177,15 +176,16 @@ class OperationRunner:
             reservation = self._recover_reservation(row.operation_id, owner_token)
             if reservation is None:
                 raise
-        if reservation is None and state is State.STARTED and tool is not None:
-            reservation = self._take_over_when_expired(row.operation_id, owner_token)
-        if reservation is None:
-            return Outcome("not_ready", state.value)
-        if reservation.took_over:
+        acquired = None if reservation is None else Acquired(reservation, reserve_sent_at)
+        if acquired is None and state is State.STARTED and tool is not None:
+            acquired = self._take_over_when_expired(row.operation_id, owner_token)
+        if acquired is None:
+            return Outcome(OutcomeLabel.NOT_READY, state)
+        if acquired.reservation.took_over:
             metrics.LEASE_TAKEOVERS.labels(row.tool_name).inc()
-        return reservation
+        return acquired
 
-    def _take_over_when_expired(self, operation_id: str, owner_token: str) -> store.Reservation | None:
+    def _take_over_when_expired(self, operation_id: str, owner_token: str) -> Acquired | None:
         """A redelivered message (its worker died) usually arrives while the dead
         owner's lease still runs. Waiting out a lease this short, then taking over,
         finishes the operation now instead of at the reconciler's next sweep; if the
@@ -195,8 +195,10 @@ class OperationRunner:
         if remaining is None or not 0 < remaining <= self.settings.lease_seconds:
             return None
         time.sleep(remaining + 0.05)
+        take_over_sent_at = time.monotonic()
         with self.engine.begin() as conn:
-            return store.take_over(conn, operation_id, owner_token, self.settings.lease_seconds)
+            reservation = store.take_over(conn, operation_id, owner_token, self.settings.lease_seconds)
+        return None if reservation is None else Acquired(reservation, take_over_sent_at)
 
     def _recover_reservation(self, operation_id: str, owner_token: str) -> store.Reservation | None:
         for attempt in range(5):
@@ -211,7 +213,7 @@ class OperationRunner:
         if (
             row is None
             or row.owner_token != owner_token
-            or row.state != State.STARTED.value
+            or State(row.state) is not State.STARTED
             or row.lease_expires_at is None
         ):
             return None
@@ -222,21 +224,26 @@ class OperationRunner:
 
     # ----------------------------------------------------------------- execution
 
-    def _execute(self, row: Any, tool: Tool[Any] | None, reservation: store.Reservation) -> Outcome:
-        heartbeat = _Heartbeat(self.engine, reservation, self.settings.lease_seconds)
+    def _execute(
+        self, row: store.OperationRow, tool: Tool[Any] | None, acquired: Acquired
+    ) -> Outcome:
+        heartbeat = Heartbeat(
+            self.engine, acquired.reservation, self.settings.lease_seconds,
+            reserve_sent_at=acquired.reserve_sent_at,
+        )
         heartbeat.start()
         try:
-            return self._execute_owned(row, tool, reservation, heartbeat)
+            return self._execute_owned(row, tool, acquired.reservation, heartbeat)
         finally:
             heartbeat.stop()
 
     def _finish(
         self,
-        row: Any,
+        row: store.OperationRow,
         reservation: store.Reservation,
         *,
         succeeded: bool,
-        result: Any = None,
+        result: dict[str, Any] | None = None,
         receipt: str | None = None,
         error_code: ErrorCode | None = None,
         error: dict[str, Any] | None = None,
@@ -252,7 +259,7 @@ class OperationRunner:
                     row.intent_hash, succeeded=succeeded, result=result, receipt=receipt,
                     error_code=error_code, error=error, duration_ms=duration_ms,
                 )
-                if won and row.mode == Mode.WRITE.value:
+                if won and Mode(row.mode) is Mode.WRITE:
                     # Counted in the completing transaction: no extra round trip.
                     side_effects.append(store.distinct_accepted_receipts(conn, row.operation_id))
             if won:
@@ -261,17 +268,21 @@ class OperationRunner:
                 self.faults.fire("complete_commit", row.tool_name)
             return won
 
-        to_state = "succeeded" if succeeded else "failed_terminal"
+        to_state = State.SUCCEEDED if succeeded else State.FAILED_TERMINAL
         won = self._with_ambiguity(attempt, row.operation_id, reservation, to_state)
         if not won:
             metrics.STALE_WRITES_FENCED.labels("complete").inc()
-            return Outcome("stale_complete")
-        outcome = "succeeded" if succeeded else "failed_terminal"
-        self._observe_terminal(row, outcome, side_effects[-1] if side_effects else None)
-        return Outcome(outcome, outcome)
+            return Outcome(OutcomeLabel.STALE_COMPLETE)
+        self._observe_terminal(row, to_state, side_effects[-1] if side_effects else None)
+        label = OutcomeLabel.SUCCEEDED if succeeded else OutcomeLabel.FAILED_TERMINAL
+        return Outcome(label, to_state)
 
     def _with_ambiguity(
-        self, attempt: Any, operation_id: str, reservation: store.Reservation, to_state: str
+        self,
+        attempt: Callable[[], bool],
+        operation_id: str,
+        reservation: store.Reservation,
+        to_state: State,
     ) -> bool:
         """Run a CAS; on a connection error, find out from the row whether it committed."""
         for retry in range(5):
@@ -289,9 +300,10 @@ class OperationRunner:
                     return False
                 if row.generation != reservation.generation:
                     return False  # someone took over: ours did not win, or no longer matters
-                if row.state == to_state and row.owner_token is None:
+                state = State(row.state)
+                if state is to_state and row.owner_token is None:
                     return True  # it committed before the connection failed
-                if row.state != State.STARTED.value or row.owner_token != reservation.owner_token:
+                if state is not State.STARTED or row.owner_token != reservation.owner_token:
                     return False
                 # Still ours and not applied: try the CAS again.
         return False
@@ -324,19 +336,25 @@ class OperationRunner:
                 log.warning("could not record receipt of %s yet; retrying", operation_id)
                 time.sleep(0.2 * (retry + 1))
 
-    def _observe_terminal(self, row: Any, outcome: str, side_effects: int | None = None) -> None:
-        metrics.OPERATIONS_TERMINAL.labels(row.tool_name, outcome).inc()
+    def _observe_terminal(
+        self, row: store.OperationRow, terminal: State, side_effects: int | None = None
+    ) -> None:
+        metrics.OPERATIONS_TERMINAL.labels(row.tool_name, terminal.value).inc()
         metrics.ENQUEUE_TO_TERMINAL_SECONDS.labels(row.tool_name).observe(
             max(0.0, time.time() - row.created_at)
         )
-        if row.mode == Mode.WRITE.value:
+        if Mode(row.mode) is Mode.WRITE:
             if side_effects is None:
                 with self.reader.connect() as conn:
                     side_effects = store.distinct_accepted_receipts(conn, row.operation_id)
             metrics.SIDE_EFFECTS_PER_OPERATION.labels(row.tool_name).observe(side_effects)
 
     def _execute_owned(
-        self, row: Any, tool: Tool[Any] | None, reservation: store.Reservation, heartbeat: _Heartbeat
+        self,
+        row: store.OperationRow,
+        tool: Tool[Any] | None,
+        reservation: store.Reservation,
+        heartbeat: Heartbeat,
     ) -> Outcome:
         context = ServerContext.from_json(json.loads(row.context))
         arguments = json.loads(row.arguments)
@@ -385,9 +403,9 @@ class OperationRunner:
             # The downstream saw a newer generation: we are a zombie. Its refusal is the
             # fence working; the new owner completes the operation.
             metrics.STALE_WRITES_FENCED.labels("downstream").inc()
-            return Outcome("fenced_downstream")
+            return Outcome(OutcomeLabel.FENCED_DOWNSTREAM)
         except LostOwnership:
-            return Outcome("lost_ownership")
+            return Outcome(OutcomeLabel.LOST_OWNERSHIP)
         except Exception as exc:  # classified below, never re-raised into Celery
             return self._on_failure(row, tool, reservation, ctx, exc)
         finally:
@@ -395,7 +413,7 @@ class OperationRunner:
         return self._on_value(row, tool, reservation, value, (time.perf_counter() - started) * 1000)
 
     def _release_unstarted(
-        self, row: Any, tool: Tool[Any], reservation: store.Reservation
+        self, row: store.OperationRow, tool: Tool[Any], reservation: store.Reservation
     ) -> Outcome:
         """Give back an operation whose handler never ran (retry_wait, short backoff)."""
         error = {"message": "the database was unreachable before the tool ran", "details": []}
@@ -408,15 +426,15 @@ class OperationRunner:
                     error_code=ErrorCode.UPSTREAM_UNAVAILABLE, error=error,
                 )
 
-        if not self._with_ambiguity(attempt, row.operation_id, reservation, State.RETRY_WAIT.value):
+        if not self._with_ambiguity(attempt, row.operation_id, reservation, State.RETRY_WAIT):
             # Unreachable throughout (or no longer ours): the lease expires and the
             # reconciler decides, as after a crash.
-            return Outcome("stale_complete")
+            return Outcome(OutcomeLabel.STALE_COMPLETE)
         metrics.RETRIES.labels(tool.name, ErrorCode.UPSTREAM_UNAVAILABLE.value).inc()
-        return Outcome("retry_wait", State.RETRY_WAIT.value)
+        return Outcome(OutcomeLabel.RETRY_WAIT, State.RETRY_WAIT)
 
     def _approval_invalidated(
-        self, row: Any, tool: Tool[Any], args: BaseModel, context: ServerContext
+        self, row: store.OperationRow, tool: Tool[Any], args: BaseModel, context: ServerContext
     ) -> bool:
         if row.impact is None:
             return False  # admission stores an impact exactly when it asks for approval
@@ -431,7 +449,12 @@ class OperationRunner:
         return approval.state != "approved" or current != approval.intent_hash
 
     def _on_value(
-        self, row: Any, tool: Tool[Any], reservation: store.Reservation, value: Any, duration_ms: float
+        self,
+        row: store.OperationRow,
+        tool: Tool[Any],
+        reservation: store.Reservation,
+        value: Any,
+        duration_ms: float,
     ) -> Outcome:
         receipt: str | None = None
         if tool.mode is Mode.WRITE:
@@ -459,79 +482,67 @@ class OperationRunner:
         )
 
     def _on_failure(
-        self, row: Any, tool: Tool[Any], reservation: store.Reservation, ctx: RunContext,
+        self, row: store.OperationRow, tool: Tool[Any], reservation: store.Reservation,
+        ctx: RunContext,
         exc: Exception,
     ) -> Outcome:
-        """Classify a failure: retryable within budget, unknown outcome, or terminal."""
-        if (
-            isinstance(exc, ToolFailure)
-            and exc.outcome_unknown
-            and tool.mode is Mode.WRITE
-            and not tool.takeover_allowed
-        ):
-            # The downstream may have acted: never simply rerun a lookup/unsafe write.
-            return self._unknown_outcome(row, tool, reservation, ctx)
-        if isinstance(exc, ToolFailure):
-            code, retryable, message = exc.code, exc.retryable, exc.message
-            details = [d.model_dump() for d in exc.details]
-        elif isinstance(exc, TimeoutError):
-            code, retryable, message, details = ErrorCode.TIMEOUT, True, "the tool timed out", []
-        elif tool.retryable_exceptions and isinstance(exc, tool.retryable_exceptions):
-            code, retryable, message, details = (
-                ErrorCode.UPSTREAM_UNAVAILABLE, True, "the downstream is unavailable", [],
-            )
-        elif tool.mode is Mode.READ and isinstance(exc, (DBAPIError, ConnectionError, OSError)):
-            # A read may always be retried (DESIGN.md); a lost connection is no reason
-            # to end it `failed_terminal`. (A write's connection error is an unknown
-            # outcome, below.)
-            code, retryable, message, details = (
-                ErrorCode.UPSTREAM_UNAVAILABLE, True, "the downstream is unavailable", [],
-            )
-        else:
+        """Classify a failure (pure, failures.py), then act on the decision."""
+        decision = classify_failure(
+            exc, tool, attempts=reservation.attempts, connection_errors=CONNECTION_ERRORS
+        )
+        if decision.unexpected:
             log.exception("tool %s raised", tool.name)
-            code, retryable, message, details = (
-                ErrorCode.EXECUTION_FAILED, False, "the tool failed", [],
+        return self._act_on(row, tool, reservation, ctx, decision)
+
+    def _act_on(
+        self, row: store.OperationRow, tool: Tool[Any], reservation: store.Reservation,
+        ctx: RunContext,
+        decision: FailureDecision,
+    ) -> Outcome:
+        if isinstance(decision, UnknownOutcome):
+            return self._unknown_outcome(row, tool, reservation, ctx, decision)
+        if isinstance(decision, Terminal):
+            return self._finish(
+                row, reservation, succeeded=False, error_code=decision.code,
+                error={"message": decision.message, "details": list(decision.details)},
             )
-            if tool.mode is Mode.WRITE:
-                # An unexpected error in a write leaves its outcome unknown.
-                return self._unknown_outcome(row, tool, reservation, ctx)
-        error = {"message": message, "details": details}
-        if not retryable:
-            return self._finish(row, reservation, succeeded=False, error_code=code, error=error)
-        if reservation.attempts >= tool.retry.max_attempts:
+        if isinstance(decision, RetryBudgetExhausted):
             return self._finish(
                 row, reservation, succeeded=False, error_code=ErrorCode.RETRY_BUDGET_EXHAUSTED,
-                error={"message": f"gave up after {reservation.attempts} attempts ({code.value})"},
+                error={"message": decision.message},
             )
+        return self._release_to_retry(row, tool, reservation, decision)
+
+    def _release_to_retry(
+        self, row: store.OperationRow, tool: Tool[Any], reservation: store.Reservation,
+        decision: Retry,
+    ) -> Outcome:
+        error = {"message": decision.message, "details": list(decision.details)}
         delay = _backoff(tool, reservation.attempts)
 
         def attempt() -> bool:
             with self.engine.begin() as conn:
                 return store.release_to_retry(
                     conn, row.operation_id, reservation.generation, reservation.owner_token,
-                    delay_seconds=delay, error_code=code, error=error,
+                    delay_seconds=delay, error_code=decision.code, error=error,
                 )
 
         # Through a short outage, as completion does: otherwise the operation waits for
         # its lease to expire (and the reconciler) although we know what to do with it.
-        won = self._with_ambiguity(attempt, row.operation_id, reservation, State.RETRY_WAIT.value)
+        won = self._with_ambiguity(attempt, row.operation_id, reservation, State.RETRY_WAIT)
         if not won:
             metrics.STALE_WRITES_FENCED.labels("complete").inc()
-            return Outcome("stale_complete")
-        metrics.RETRIES.labels(tool.name, code.value).inc()
-        return Outcome("retry_wait", State.RETRY_WAIT.value)
+            return Outcome(OutcomeLabel.STALE_COMPLETE)
+        metrics.RETRIES.labels(tool.name, decision.code.value).inc()
+        return Outcome(OutcomeLabel.RETRY_WAIT, State.RETRY_WAIT)
 
     def _unknown_outcome(
-        self, row: Any, tool: Tool[Any], reservation: store.Reservation, ctx: RunContext
+        self, row: store.OperationRow, tool: Tool[Any], reservation: store.Reservation,
+        ctx: RunContext,
+        decision: UnknownOutcome,
     ) -> Outcome:
         """A write failed in a way that does not say whether its effect happened."""
-        if tool.effects & {Effect.IDEMPOTENT, Effect.FENCED}:
-            # Repeating is safe: retry within the budget, the downstream converges.
-            return self._on_failure(
-                row, tool, reservation, ctx,
-                ToolFailure(ErrorCode.EXECUTION_FAILED, "the tool failed", retryable=True),
-            )
-        if Effect.LOOKUP in tool.effects and tool.lookup is not None:
+        if decision.ask_lookup and tool.lookup is not None:
             args = tool.input_model.model_validate(json.loads(row.arguments))
             try:
                 answer = tool.lookup(args, ctx)
@@ -540,10 +551,12 @@ class OperationRunner:
             if answer is not None and answer.answer is LookupAnswer.DONE and answer.written:
                 return self._on_value(row, tool, reservation, answer.written, 0.0)
             if answer is not None and answer.answer is LookupAnswer.NOT_DONE:
-                return self._on_failure(
+                # It did not happen: running it again is safe, within the budget.
+                return self._act_on(
                     row, tool, reservation, ctx,
-                    ToolFailure(ErrorCode.EXECUTION_FAILED, "the tool failed", retryable=True),
+                    rerun_within_budget(tool, attempts=reservation.attempts),
                 )
+
         def attempt() -> bool:
             with self.engine.begin() as conn:
                 return store.mark_unknown(
@@ -552,11 +565,11 @@ class OperationRunner:
                 )
 
         won = self._with_ambiguity(
-            attempt, row.operation_id, reservation, State.RECONCILIATION_PENDING.value
+            attempt, row.operation_id, reservation, State.RECONCILIATION_PENDING
         )
         if won:
-            metrics.OPERATIONS_TERMINAL.labels(tool.name, "reconciliation_pending").inc()
-        return Outcome("reconciliation_pending", State.RECONCILIATION_PENDING.value)
+            metrics.OPERATIONS_TERMINAL.labels(tool.name, State.RECONCILIATION_PENDING.value).inc()
+        return Outcome(OutcomeLabel.RECONCILIATION_PENDING, State.RECONCILIATION_PENDING)
 
 
 def _backoff(tool: Tool[Any], attempt: int) -> float:

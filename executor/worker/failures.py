@@ -1,0 +1,151 @@
+"""What to do when a tool's `run` raised: a pure decision, acted on by the runner.
+
+The decision depends only on the exception, the tool's declaration (mode,
+effects, `retryable_exceptions`, retry budget) and how many attempts were made.
+It imports no database or broker: the runner names the exception types it treats
+as a lost connection (its driver's among them) in `connection_errors`.
+
+The rules, in order (the first that matches decides):
+
+1. A `ToolFailure` marked `outcome_unknown` from a write that may not simply be
+   rerun (`lookup`, `unsafe`): the downstream may have acted, so never retry it
+   blindly; ask its lookup, or leave it to a person.
+2. A `ToolFailure`: the tool said what happened; its code and `retryable` stand.
+3. A `TimeoutError`: `timeout`, retryable.
+4. One of the tool's own `retryable_exceptions`: `upstream_unavailable`, retryable.
+5. A connection error from a read: `upstream_unavailable`, retryable (a read may
+   always be retried; a write's is an unknown outcome, below).
+6. Anything else is unexpected. A read ends `execution_failed`. A write's outcome
+   is unknown: rerun it if the downstream dedupes or fences (`idempotent`,
+   `fenced`), else as in rule 1.
+
+A retryable failure is retried only within the tool's budget; once `attempts`
+reaches `retry.max_attempts` the operation ends `retry_budget_exhausted`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from executor.core.tools import Effect, Mode, Tool, ToolFailure
+from executor.core.types import ErrorCode
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Decision:
+    # The exception was none the tool declares (a bug, or a failure it did not
+    # foresee): the runner logs its traceback for the tool's author.
+    unexpected: bool = False
+
+
+@dataclass(frozen=True)
+class Retry(_Decision):
+    """Back to `retry_wait` with backoff: repeating is safe and the budget allows it."""
+
+    code: ErrorCode
+    message: str
+    details: tuple[dict[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class Terminal(_Decision):
+    """`failed_terminal` with the failure's own code: trying again cannot help."""
+
+    code: ErrorCode
+    message: str
+    details: tuple[dict[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class RetryBudgetExhausted(_Decision):
+    """Retryable, but the tool's budget is spent: `failed_terminal`,
+    `retry_budget_exhausted`, naming the code that would have been retried."""
+
+    code: ErrorCode
+    attempts: int
+
+    @property
+    def message(self) -> str:
+        return f"gave up after {self.attempts} attempts ({self.code.value})"
+
+
+@dataclass(frozen=True)
+class UnknownOutcome(_Decision):
+    """A write that may not be rerun may have acted. With a lookup the runner asks the
+    downstream; without one (or when it cannot answer) `reconciliation_pending`."""
+
+    ask_lookup: bool
+
+
+FailureDecision = Retry | Terminal | RetryBudgetExhausted | UnknownOutcome
+
+def retry_within_budget(
+    code: ErrorCode,
+    message: str,
+    details: tuple[dict[str, Any], ...] = (),
+    *,
+    attempts: int,
+    max_attempts: int,
+    unexpected: bool = False,
+) -> Retry | RetryBudgetExhausted:
+    """A retryable failure: `Retry` while attempts remain, else `RetryBudgetExhausted`."""
+    if attempts >= max_attempts:
+        return RetryBudgetExhausted(code, attempts, unexpected=unexpected)
+    return Retry(code, message, details, unexpected=unexpected)
+
+
+def rerun_within_budget(
+    tool: Tool[Any], *, attempts: int, unexpected: bool = False
+) -> Retry | RetryBudgetExhausted:
+    """Run a write again (`execution_failed` while it waits): its downstream converges on
+    a repeat (`idempotent`, `fenced`), or its lookup said the effect did not happen."""
+    return retry_within_budget(
+        ErrorCode.EXECUTION_FAILED, "the tool failed", attempts=attempts,
+        max_attempts=tool.retry.max_attempts, unexpected=unexpected,
+    )
+
+
+def classify_failure(
+    exc: BaseException,
+    tool: Tool[Any],
+    *,
+    attempts: int,
+    connection_errors: tuple[type[BaseException], ...],
+) -> FailureDecision:
+    """Decide what an exception from `tool.run` means (the rules in the module docstring).
+
+    `attempts` counts this one (the reservation's attempt number).
+    """
+
+    def retry(
+        code: ErrorCode, message: str, details: tuple[dict[str, Any], ...] = ()
+    ) -> Retry | RetryBudgetExhausted:
+        return retry_within_budget(
+            code, message, details, attempts=attempts, max_attempts=tool.retry.max_attempts
+        )
+
+    if isinstance(exc, ToolFailure):
+        if exc.outcome_unknown and tool.mode is Mode.WRITE and not tool.takeover_allowed:
+            return _unknown_outcome(tool)
+        details = tuple(detail.model_dump() for detail in exc.details)
+        if exc.retryable:
+            return retry(exc.code, exc.message, details)
+        return Terminal(exc.code, exc.message, details)
+    if isinstance(exc, TimeoutError):
+        return retry(ErrorCode.TIMEOUT, "the tool timed out")
+    if tool.retryable_exceptions and isinstance(exc, tool.retryable_exceptions):
+        return retry(ErrorCode.UPSTREAM_UNAVAILABLE, "the downstream is unavailable")
+    if tool.mode is Mode.READ and isinstance(exc, connection_errors):
+        # A lost connection is no reason to end a read `failed_terminal`.
+        return retry(ErrorCode.UPSTREAM_UNAVAILABLE, "the downstream is unavailable")
+    if tool.mode is Mode.READ:
+        return Terminal(ErrorCode.EXECUTION_FAILED, "the tool failed", unexpected=True)
+    if tool.takeover_allowed:
+        return rerun_within_budget(tool, attempts=attempts, unexpected=True)
+    return _unknown_outcome(tool, unexpected=True)
+
+
+def _unknown_outcome(tool: Tool[Any], *, unexpected: bool = False) -> UnknownOutcome:
+    can_answer = Effect.LOOKUP in tool.effects and tool.lookup is not None
+    return UnknownOutcome(ask_lookup=can_answer, unexpected=unexpected)
