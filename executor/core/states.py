@@ -16,8 +16,20 @@ class State(StrEnum):
 
 
 TERMINAL = frozenset({State.SUCCEEDED, State.FAILED_TERMINAL})
+# Everything else: the operation may still move (the small part of the table the
+# partial indexes and the exporter's gauges read).
+ACTIVE = frozenset(State) - TERMINAL
 # "Quiet" end states for invariant I2: nothing will move these without a person.
 SETTLED = TERMINAL | {State.RECONCILIATION_PENDING}
+
+
+class ApprovalState(StrEnum):
+    """An approval row's state. Single use: it leaves `pending` exactly once."""
+
+    PENDING = "pending"
+    APPROVED = "approved"
+    DENIED = "denied"
+    EXPIRED = "expired"
 
 # (from, to). `None` is "no row yet". Each pair is produced by exactly the store
 # statements named beside it, so a reader can check the table against store.py.
