@@ -12,7 +12,7 @@ It resolves what a dead worker, a lost message or a silent approver left behind:
 - `queued` operations waiting longer than a threshold are republished through
   the outbox (a broker restart without persistence loses queued messages).
 - `retry_wait` operations whose backoff passed are requeued.
-- approvals past their expiry are denied.
+- approvals past their expiry are expired (the call ends `approval_denied`).
 
 Every change is one of the store's CAS statements on the generation it observed
 and an expired lease, so two reconcilers (or a reconciler and a worker) never
@@ -157,7 +157,7 @@ class Reconciler:
         self, conn: Connection, op: store.StaleOperation, tool_label: str, reason: str,
         report: SweepReport,
     ) -> None:
-        if store.mark_unknown(conn, op.operation_id, op.generation, owner_token=None, reason=reason):
+        if store.mark_unknown_expired(conn, op.operation_id, op.generation, reason=reason):
             report.count("marked_pending")
             metrics.OPERATIONS_TERMINAL.labels(tool_label, "reconciliation_pending").inc()
 
@@ -271,7 +271,7 @@ class Reconciler:
             report,
             "approval_expired",
             store.expired_approvals,
-            lambda conn, approval_id: store.deny(
-                conn, approval_id, approver="reconciler", reason="expired", expired=True
+            lambda conn, approval_id: store.expire_approval(
+                conn, approval_id, approver="reconciler", reason="expired"
             ),
         )

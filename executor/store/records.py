@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from executor.core.states import State
+from executor.core.states import ApprovalState, State
 
 
 class StoreError(Exception):
@@ -82,7 +82,7 @@ class ApprovalRecord:
     operation_id: str
     intent_hash: str
     impact: dict[str, Any]
-    state: str
+    state: ApprovalState
     requested_at: float
     expires_at: float
 
