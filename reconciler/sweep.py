@@ -33,6 +33,7 @@ from pydantic import ValidationError
 from sqlalchemy import Connection, Engine
 
 from executor import store
+from executor.core.states import State
 from executor.core.tools import Effect, InvalidResult, LookupAnswer, Registry, RunContext, Tool, load_registry
 from executor.core.types import ServerContext
 from executor.settings import Settings
@@ -166,7 +167,7 @@ class Reconciler:
     ) -> None:
         with self.reader.connect() as conn:
             row = store.get_operation(conn, op.operation_id)
-        if row is None or row.state != "started" or row.generation != op.generation:
+        if row is None or row.state != State.STARTED or row.generation != op.generation:
             return  # someone else settled it meanwhile
         answer = self._ask(row, tool)
         with self.engine.begin() as conn:

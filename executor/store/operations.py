@@ -44,6 +44,7 @@ from sqlalchemy import (
 )
 
 from executor.core.states import SETTLED, TERMINAL, ApprovalState, State
+from executor.core.tools import Mode
 from executor.core.types import ErrorCode
 from executor.store.audit import AUDIT_COLUMNS, DECISION_CODE, append_event, dumps
 from executor.store.clock import DATABASE_CLOCK, Clock
@@ -160,7 +161,7 @@ def register(conn: Connection, new: NewOperation, clock: Clock = DATABASE_CLOCK)
             "position": new.position,
             "tool_name": new.tool_name,
             "schema_version": new.schema_version,
-            "mode": new.mode,
+            "mode": Mode(new.mode).value,
             "state": state.value,
             "generation": 0,
             "intent_hash": new.intent_hash,

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from executor.core.states import ApprovalState, State
+from executor.core.tools import Mode
 
 
 class StoreError(Exception):
@@ -20,7 +21,7 @@ class NewOperation:
     position: int
     tool_name: str
     schema_version: int
-    mode: str
+    mode: Mode
     intent_hash: str
     arguments: dict[str, Any]
     context: dict[str, Any]
