@@ -584,24 +584,20 @@ def republish_queued(
     operation_id: str,
     clock: Clock = DATABASE_CLOCK,
     *,
-    older_than_seconds: float | None = None,
+    older_than_seconds: float,
 ) -> bool:
-    """Refresh `queued_at` (CAS on still queued) and add an outbox row.
-
-    With `older_than_seconds`, the CAS also requires the operation to be still that
+    """Refresh `queued_at` and add an outbox row: CAS on still queued and still that
     stale, so of two reconcilers that read it as stale only the first republishes.
-    """
+    Not a transition (the state stays `queued`), so no audit event."""
     now = clock.now()
-    conditions = [
-        operations.c.operation_id == operation_id,
-        operations.c.state == State.QUEUED.value,
-    ]
-    if older_than_seconds is not None:
-        conditions.append(operations.c.queued_at < now - older_than_seconds)
     won = (
         conn.execute(
             update(operations)
-            .where(*conditions)
+            .where(
+                operations.c.operation_id == operation_id,
+                operations.c.state == State.QUEUED.value,
+                operations.c.queued_at < now - older_than_seconds,
+            )
             .values(queued_at=now)
         ).rowcount
         == 1
