@@ -18,7 +18,7 @@ from sqlalchemy import Connection, Engine, select, text
 from sqlalchemy.orm import Session
 
 from executor import store
-from executor.core.admission import Admitted, Limits, Rejected, admit
+from executor.core.admission import Admitted, Gate, Limits, Rejected, admit
 from executor.core.states import State
 from executor.core.tools import Mode, Registry
 from executor.core.types import (
@@ -33,7 +33,7 @@ from executor.core.types import (
     ToolError,
 )
 from executor.store.engine import read_only
-from executor.store.schema import approvals, operations
+from executor.store.schema import approvals
 from executor.store.schema import calls as calls_table
 from executor.telemetry import metrics
 
@@ -135,10 +135,10 @@ def enqueue(
                     message="an earlier write of this request did not succeed",
                 ),
             )
-            metrics.PROPOSALS.labels(call.tool_name, "ordering", "rejected").inc()
+            metrics.PROPOSALS.labels(call.tool_name, Gate.ORDERING, "rejected").inc()
             store.record_call(
                 conn, request_id=request_id, call_id=call.call_id, position=position,
-                tool_name=call.tool_name, operation_id=None, gate="ordering",
+                tool_name=call.tool_name, operation_id=None, gate=Gate.ORDERING,
                 result=result.model_dump(mode="json"),
             )
             handles.append(CallHandle(call.call_id, call.tool_name, None, result))
@@ -182,7 +182,7 @@ def _register(
             position=position,
             tool_name=tool.name,
             schema_version=tool.schema_version,
-            mode=tool.mode.value,
+            mode=tool.mode,
             intent_hash=admitted.intent_hash,
             arguments=admitted.arguments_json,
             context=context.to_json(),
@@ -191,7 +191,7 @@ def _register(
             approval_ttl_seconds=tool.approval.ttl_seconds,
         ),
     )
-    def record(*, operation_id: str | None, gate: str | None, result: dict[str, Any] | None) -> None:
+    def record(*, operation_id: str | None, gate: Gate | None, result: dict[str, Any] | None) -> None:
         store.record_call(
             conn, request_id=context.request_id, call_id=call.call_id, position=position,
             tool_name=call.tool_name, operation_id=operation_id, gate=gate, result=result,
@@ -204,7 +204,7 @@ def _register(
             # A call that waits for an earlier one gets its message when that one settles.
             store.add_outbox_row(conn, operation_id)
         decision = "pending_approval" if outcome.state is State.PENDING_APPROVAL else "admitted"
-        metrics.PROPOSALS.labels(tool.name, "registration", decision).inc()
+        metrics.PROPOSALS.labels(tool.name, Gate.REGISTRATION, decision).inc()
         status = Pending(
             call_id=call.call_id, tool_name=call.tool_name, operation_id=operation_id,
             state=outcome.state.value, impact=admitted.impact if admitted.needs_approval else None,
@@ -213,8 +213,8 @@ def _register(
         return CallHandle(call.call_id, call.tool_name, operation_id, status), True
     if isinstance(outcome, store.Reused):
         metrics.IDEMPOTENCY.labels(tool.name, "reused").inc()
-        metrics.PROPOSALS.labels(tool.name, "registration", "reused").inc()
-        record(operation_id=operation_id, gate="registration", result=None)
+        metrics.PROPOSALS.labels(tool.name, Gate.REGISTRATION, "reused").inc()
+        record(operation_id=operation_id, gate=Gate.REGISTRATION, result=None)
         row = store.get_operation(conn, operation_id)
         assert row is not None
         status = operation_status(call.call_id, call.tool_name, row)
@@ -223,7 +223,7 @@ def _register(
         )
     if isinstance(outcome, store.InProgress):
         metrics.IDEMPOTENCY.labels(tool.name, "in_progress").inc()
-        metrics.PROPOSALS.labels(tool.name, "registration", "in_progress").inc()
+        metrics.PROPOSALS.labels(tool.name, Gate.REGISTRATION, "in_progress").inc()
         result: CallStatus = FailedRetryable(
             call_id=call.call_id, tool_name=call.tool_name, operation_id=operation_id,
             error=ToolError(
@@ -233,7 +233,7 @@ def _register(
         )
     else:
         metrics.IDEMPOTENCY.labels(tool.name, "conflict").inc()
-        metrics.PROPOSALS.labels(tool.name, "registration", "conflict").inc()
+        metrics.PROPOSALS.labels(tool.name, Gate.REGISTRATION, "conflict").inc()
         result = FailedTerminal(
             call_id=call.call_id, tool_name=call.tool_name,
             error=ToolError(
@@ -241,7 +241,7 @@ def _register(
                 message="this operation id was already used for a different call",
             ),
         )
-    record(operation_id=None, gate="registration", result=result.model_dump(mode="json"))
+    record(operation_id=None, gate=Gate.REGISTRATION, result=result.model_dump(mode="json"))
     return CallHandle(call.call_id, call.tool_name, None, result), False
 
 
@@ -368,7 +368,6 @@ __all__ = [
     "enqueue",
     "final",
     "operation_status",
-    "operations",
     "request_exists",
     "results",
     "settled",

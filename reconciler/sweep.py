@@ -12,7 +12,7 @@ It resolves what a dead worker, a lost message or a silent approver left behind:
 - `queued` operations waiting longer than a threshold are republished through
   the outbox (a broker restart without persistence loses queued messages).
 - `retry_wait` operations whose backoff passed are requeued.
-- approvals past their expiry are denied.
+- approvals past their expiry are expired (the call ends `approval_denied`).
 
 Every change is one of the store's CAS statements on the generation it observed
 and an expired lease, so two reconcilers (or a reconciler and a worker) never
@@ -33,6 +33,7 @@ from pydantic import ValidationError
 from sqlalchemy import Connection, Engine
 
 from executor import store
+from executor.core.states import State
 from executor.core.tools import Effect, InvalidResult, LookupAnswer, Registry, RunContext, Tool, load_registry
 from executor.core.types import ServerContext
 from executor.settings import Settings
@@ -157,7 +158,7 @@ class Reconciler:
         self, conn: Connection, op: store.StaleOperation, tool_label: str, reason: str,
         report: SweepReport,
     ) -> None:
-        if store.mark_unknown(conn, op.operation_id, op.generation, owner_token=None, reason=reason):
+        if store.mark_unknown_expired(conn, op.operation_id, op.generation, reason=reason):
             report.count("marked_pending")
             metrics.OPERATIONS_TERMINAL.labels(tool_label, "reconciliation_pending").inc()
 
@@ -166,7 +167,7 @@ class Reconciler:
     ) -> None:
         with self.reader.connect() as conn:
             row = store.get_operation(conn, op.operation_id)
-        if row is None or row.state != "started" or row.generation != op.generation:
+        if row is None or row.state != State.STARTED or row.generation != op.generation:
             return  # someone else settled it meanwhile
         answer = self._ask(row, tool)
         with self.engine.begin() as conn:
@@ -271,7 +272,7 @@ class Reconciler:
             report,
             "approval_expired",
             store.expired_approvals,
-            lambda conn, approval_id: store.deny(
-                conn, approval_id, approver="reconciler", reason="expired", expired=True
+            lambda conn, approval_id: store.expire_approval(
+                conn, approval_id, approver="reconciler", reason="expired"
             ),
         )

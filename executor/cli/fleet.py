@@ -12,8 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -174,12 +173,3 @@ class Fleet:
             if m.log_path.exists()
         )
 
-
-@contextmanager
-def running_fleet(env: Mapping[str, str], log_dir: Path, **kwargs: object) -> Iterator[Fleet]:
-    fleet = Fleet(env=env, log_dir=log_dir, **kwargs)  # type: ignore[arg-type]
-    try:
-        fleet.start()
-        yield fleet
-    finally:
-        fleet.stop()

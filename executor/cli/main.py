@@ -23,7 +23,7 @@ from sqlalchemy import make_url, select
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError, SQLAlchemyError
 
 from executor import store
-from executor.core.states import State
+from executor.core.states import ApprovalState, State
 from executor.core.tools import Registry
 from executor.core.types import ProposedCall, ServerContext
 from executor.settings import Settings, SettingsError
@@ -330,7 +330,7 @@ def cmd_approvals(args: argparse.Namespace) -> int:
         rows = conn.execute(
             select(approvals, operations.c.tool_name, operations.c.call_id)
             .join(operations, operations.c.operation_id == approvals.c.operation_id)
-            .where(approvals.c.state == "pending")
+            .where(approvals.c.state == ApprovalState.PENDING.value)
             .order_by(approvals.c.requested_at)
         ).all()
     _print_json(

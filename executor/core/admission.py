@@ -18,6 +18,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -28,6 +29,21 @@ from executor.core.types import ErrorCode, ErrorDetail, FailedTerminal, Proposed
 
 DEFAULT_MAX_ARGUMENT_BYTES = 64 * 1024
 DEFAULT_MAX_ARGUMENT_DEPTH = 32
+
+
+class Gate(StrEnum):
+    """Where a proposed call was decided: the admission gates in their order, then
+    proposal order and registration, which the producer applies. The values are what
+    `toolfence_calls.gate` stores and the proposals counter's `gate` label says."""
+
+    ALLOWLIST = "allowlist"
+    PARSE = "parse"
+    SCHEMA = "schema"
+    AUTHORIZATION = "authorization"
+    BUSINESS_RULES = "business_rules"
+    APPROVAL = "approval"
+    ORDERING = "ordering"
+    REGISTRATION = "registration"
 
 
 @dataclass(frozen=True)
@@ -52,7 +68,7 @@ class Admitted:
 class Rejected(Exception):
     """Internal control flow between gates; `result` is what the caller sees."""
 
-    def __init__(self, result: FailedTerminal, gate: str) -> None:
+    def __init__(self, result: FailedTerminal, gate: Gate) -> None:
         super().__init__(result.error.code)
         self.result = result
         self.gate = gate
@@ -60,7 +76,7 @@ class Rejected(Exception):
 
 def _reject(
     call: ProposedCall,
-    gate: str,
+    gate: Gate,
     code: ErrorCode,
     message: str,
     details: tuple[ErrorDetail, ...] = (),
@@ -81,10 +97,10 @@ def _reject(
 def gate_allowlist(call: ProposedCall, registry: Registry, ctx: ServerContext) -> Tool[Any]:
     tool = registry.get(call.tool_name)
     if tool is None:
-        raise _reject(call, "allowlist", ErrorCode.UNKNOWN_TOOL, "no such tool")
+        raise _reject(call, Gate.ALLOWLIST, ErrorCode.UNKNOWN_TOOL, "no such tool")
     if not tool.access.exposed_to(ctx):
         raise _reject(
-            call, "allowlist", ErrorCode.TOOL_NOT_ALLOWED, "this tool is not available here"
+            call, Gate.ALLOWLIST, ErrorCode.TOOL_NOT_ALLOWED, "this tool is not available here"
         )
     return tool
 
@@ -168,43 +184,43 @@ def gate_parse(call: ProposedCall, limits: Limits) -> dict[str, Any]:
     if isinstance(raw, Mapping):
         if _value_depth_exceeds(raw, limits.max_argument_depth):
             raise _reject(
-                call, "parse", code, "arguments are nested too deeply",
+                call, Gate.PARSE, code, "arguments are nested too deeply",
                 (ErrorDetail(path="", code="too_deep", expected=f"depth <= {limits.max_argument_depth}"),),
             )
         try:
             size = len(json.dumps(raw, allow_nan=False).encode())
         except (TypeError, ValueError, RecursionError):
-            raise _reject(call, "parse", code, "arguments are not JSON values") from None
+            raise _reject(call, Gate.PARSE, code, "arguments are not JSON values") from None
         if size > limits.max_argument_bytes:
             raise _reject(
-                call, "parse", code, "arguments are too large",
+                call, Gate.PARSE, code, "arguments are too large",
                 (ErrorDetail(path="", code="too_large", expected=f"<= {limits.max_argument_bytes} bytes"),),
             )
         if _contains_lone_surrogate(raw):
             # The text path refuses these; a mapping must not be a way around it.
             raise _reject(
-                call, "parse", code, "arguments are not UTF-8",
+                call, Gate.PARSE, code, "arguments are not UTF-8",
                 (ErrorDetail(path="", code="not_utf8", expected="UTF-8 JSON text"),),
             )
         return dict(raw)
     if isinstance(raw, bytes):
         if len(raw) > limits.max_argument_bytes:
             raise _reject(
-                call, "parse", code, "arguments are too large",
+                call, Gate.PARSE, code, "arguments are too large",
                 (ErrorDetail(path="", code="too_large", expected=f"<= {limits.max_argument_bytes} bytes"),),
             )
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
             raise _reject(
-                call, "parse", code, "arguments are not UTF-8",
+                call, Gate.PARSE, code, "arguments are not UTF-8",
                 (ErrorDetail(path="", code="not_utf8", expected="UTF-8 JSON text"),),
             ) from None
     else:
         text = raw
     if len(text.encode("utf-8", "surrogatepass")) > limits.max_argument_bytes:
         raise _reject(
-            call, "parse", code, "arguments are too large",
+            call, Gate.PARSE, code, "arguments are too large",
             (ErrorDetail(path="", code="too_large", expected=f"<= {limits.max_argument_bytes} bytes"),),
         )
     if text.strip() == "":
@@ -212,7 +228,7 @@ def gate_parse(call: ProposedCall, limits: Limits) -> dict[str, Any]:
         text = "{}"
     if _json_depth_exceeds(text, limits.max_argument_depth):
         raise _reject(
-            call, "parse", code, "arguments are nested too deeply",
+            call, Gate.PARSE, code, "arguments are nested too deeply",
             (ErrorDetail(path="", code="too_deep", expected=f"depth <= {limits.max_argument_depth}"),),
         )
     try:
@@ -224,22 +240,22 @@ def gate_parse(call: ProposedCall, limits: Limits) -> dict[str, Any]:
         )
     except _DuplicateKey:
         raise _reject(
-            call, "parse", code, "arguments repeat a key",
+            call, Gate.PARSE, code, "arguments repeat a key",
             (ErrorDetail(path="", code="duplicate_key", expected="each key once"),),
         ) from None
     except _NonFinite:
         raise _reject(
-            call, "parse", code, "arguments contain a number too large to represent",
+            call, Gate.PARSE, code, "arguments contain a number too large to represent",
             (ErrorDetail(path="", code="non_finite", expected="a finite number"),),
         ) from None
     except (ValueError, RecursionError):
         raise _reject(
-            call, "parse", code, "arguments are not valid JSON",
+            call, Gate.PARSE, code, "arguments are not valid JSON",
             (ErrorDetail(path="", code="json_syntax", expected="a JSON object"),),
         ) from None
     if not isinstance(value, dict):
         raise _reject(
-            call, "schema", ErrorCode.INVALID_ARGUMENTS, "arguments must be a JSON object",
+            call, Gate.SCHEMA, ErrorCode.INVALID_ARGUMENTS, "arguments must be a JSON object",
             (ErrorDetail(path="", code="type", expected="object"),),
         )
     try:
@@ -247,12 +263,12 @@ def gate_parse(call: ProposedCall, limits: Limits) -> dict[str, Any]:
     except UnicodeEncodeError:
         # Lone surrogates (an escaped \udc80, say) survive json.loads but are not text.
         raise _reject(
-            call, "parse", code, "arguments are not UTF-8",
+            call, Gate.PARSE, code, "arguments are not UTF-8",
             (ErrorDetail(path="", code="not_utf8", expected="UTF-8 JSON text"),),
         ) from None
     if _contains_lone_surrogate(value):
         raise _reject(
-            call, "parse", code, "arguments are not UTF-8",
+            call, Gate.PARSE, code, "arguments are not UTF-8",
             (ErrorDetail(path="", code="not_utf8", expected="UTF-8 JSON text"),),
         )
     return value
@@ -335,7 +351,7 @@ def gate_schema(call: ProposedCall, tool: Tool[Any], value: dict[str, Any]) -> B
         args: BaseModel = tool.input_model.model_validate(value, strict=False)
     except ValidationError as exc:
         raise _reject(
-            call, "schema", ErrorCode.INVALID_ARGUMENTS, "arguments do not match the schema",
+            call, Gate.SCHEMA, ErrorCode.INVALID_ARGUMENTS, "arguments do not match the schema",
             schema_details(exc),
         ) from None
     try:
@@ -345,7 +361,7 @@ def gate_schema(call: ProposedCall, tool: Tool[Any], value: dict[str, Any]) -> B
         canonical_json(args.model_dump(mode="json"))
     except NotCanonicalizable:
         raise _reject(
-            call, "schema", ErrorCode.INVALID_ARGUMENTS,
+            call, Gate.SCHEMA, ErrorCode.INVALID_ARGUMENTS,
             "arguments contain a number outside the interoperable JSON range",
             (ErrorDetail(path="", code="not_canonical", expected="|integer| < 2**53"),),
         ) from None
@@ -364,7 +380,7 @@ def gate_authorization(
         # A rule that cannot decide fails closed; its error text is not shown.
         allowed = False
     if not allowed:
-        raise _reject(call, "authorization", ErrorCode.PERMISSION_DENIED, "permission denied")
+        raise _reject(call, Gate.AUTHORIZATION, ErrorCode.PERMISSION_DENIED, "permission denied")
 
 
 # ---------------------------------------------------------------- gate 5: business rules
@@ -379,12 +395,12 @@ def gate_business_rules(
         tool.check(args, ctx)
     except ToolFailure as failure:
         raise _reject(
-            call, "business_rules", ErrorCode.BUSINESS_RULE_VIOLATION, failure.message,
+            call, Gate.BUSINESS_RULES, ErrorCode.BUSINESS_RULE_VIOLATION, failure.message,
             failure.details,
         ) from None
     except Exception:
         raise _reject(
-            call, "business_rules", ErrorCode.BUSINESS_RULE_VIOLATION,
+            call, Gate.BUSINESS_RULES, ErrorCode.BUSINESS_RULE_VIOLATION,
             "the business rule check failed",
         ) from None
 
@@ -407,7 +423,7 @@ def gate_approval(
             impact = dict(tool.impact(args, ctx))
         except Exception:
             raise _reject(
-                call, "approval", ErrorCode.APPROVAL_REQUIRED,
+                call, Gate.APPROVAL, ErrorCode.APPROVAL_REQUIRED,
                 "the approval impact could not be computed",
             ) from None
     return True, impact
@@ -446,7 +462,7 @@ def admit(
             digest = compute_intent_hash(tool, args, ctx)
         except NotCanonicalizable:
             raise _reject(
-                call, "schema", ErrorCode.INVALID_ARGUMENTS,
+                call, Gate.SCHEMA, ErrorCode.INVALID_ARGUMENTS,
                 "arguments contain a number outside the interoperable JSON range",
                 (ErrorDetail(path="", code="not_canonical", expected="|integer| < 2**53"),),
             ) from None

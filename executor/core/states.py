@@ -16,11 +16,24 @@ class State(StrEnum):
 
 
 TERMINAL = frozenset({State.SUCCEEDED, State.FAILED_TERMINAL})
+# Everything else: the operation may still move (the small part of the table the
+# partial indexes and the exporter's gauges read).
+ACTIVE = frozenset(State) - TERMINAL
 # "Quiet" end states for invariant I2: nothing will move these without a person.
 SETTLED = TERMINAL | {State.RECONCILIATION_PENDING}
 
+
+class ApprovalState(StrEnum):
+    """An approval row's state. Single use: it leaves `pending` exactly once."""
+
+    PENDING = "pending"
+    APPROVED = "approved"
+    DENIED = "denied"
+    EXPIRED = "expired"
+
 # (from, to). `None` is "no row yet". Each pair is produced by exactly the store
-# statements named beside it, so a reader can check the table against store.py.
+# statements named beside it, so a reader can check the table against
+# executor/store/operations.py and approvals.py.
 LEGAL_TRANSITIONS: frozenset[tuple[State | None, State]] = frozenset(
     {
         (None, State.PENDING_APPROVAL),  # register (approval needed)
@@ -35,7 +48,7 @@ LEGAL_TRANSITIONS: frozenset[tuple[State | None, State]] = frozenset(
         (State.STARTED, State.FAILED_TERMINAL),  # complete
         (State.STARTED, State.RETRY_WAIT),  # release_to_retry
         (State.STARTED, State.QUEUED),  # requeue_stale (reconciler)
-        (State.STARTED, State.RECONCILIATION_PENDING),  # mark_unknown
+        (State.STARTED, State.RECONCILIATION_PENDING),  # mark_unknown, mark_unknown_expired
         (State.RETRY_WAIT, State.QUEUED),  # promote_due_retry
         (State.RECONCILIATION_PENDING, State.SUCCEEDED),  # resolve (operator)
         (State.RECONCILIATION_PENDING, State.FAILED_TERMINAL),  # resolve (operator)

@@ -141,20 +141,3 @@ CallStatus = Annotated[
     Succeeded | FailedRetryable | FailedTerminal | Pending, Field(discriminator="status")
 ]
 
-
-def terminal_failure(
-    call: ProposedCall | None,
-    code: ErrorCode,
-    message: str,
-    details: tuple[ErrorDetail, ...] = (),
-    *,
-    call_id: str | None = None,
-    tool_name: str | None = None,
-    operation_id: str | None = None,
-) -> FailedTerminal:
-    return FailedTerminal(
-        call_id=call.call_id if call else (call_id or ""),
-        tool_name=call.tool_name if call else (tool_name or ""),
-        operation_id=operation_id,
-        error=ToolError(code=code, message=message, details=details),
-    )

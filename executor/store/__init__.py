@@ -4,8 +4,10 @@ One home per concern, one import for callers (`from executor import store`):
 
 - `operations`: every transition of the fencing argument (register, reserve,
   take_over, renew, still_owner, complete, release_to_retry, mark_unknown, the
-  reconciler's expired-lease CASes, resolve);
-- `ordering`: the one "waiting on an earlier call" predicate;
+  reconciler's expired-lease CASes requeue_stale, mark_unknown_expired and
+  record_lookup_result, resolve), each one named CAS;
+- `ordering`: proposal order, and the one "runnable" predicate (`runnable_queued`)
+  the store and the exporter share;
 - `approvals`, `receipts`, `intake` (call and outbox rows), `reads`, `audit`;
 - `schema` (tables), `engine`, `clock`, `migrate` and `migrations/`.
 """
@@ -16,6 +18,7 @@ from executor.store.approvals import (
     approval_for_operation,
     approve,
     deny,
+    expire_approval,
     expired_approvals,
     get_approval,
 )
@@ -32,6 +35,7 @@ from executor.store.operations import (
     due_retries,
     fail_unstarted,
     mark_unknown,
+    mark_unknown_expired,
     new_owner_token,
     promote_due_retry,
     record_lookup_result,
@@ -50,6 +54,7 @@ from executor.store.operations import (
 from executor.store.ordering import (
     predecessor_failed,
     release_successors,
+    runnable_queued,
     waiting_on_earlier,
 )
 from executor.store.reads import (
@@ -97,6 +102,7 @@ __all__ = [
     "complete",
     "deny",
     "distinct_accepted_receipts",
+    "expire_approval",
     "due_retries",
     "expired_approvals",
     "fail_unstarted",
@@ -104,6 +110,7 @@ __all__ = [
     "get_operation",
     "lease_remaining",
     "mark_unknown",
+    "mark_unknown_expired",
     "new_owner_token",
     "operations_in",
     "predecessor_failed",
@@ -119,6 +126,7 @@ __all__ = [
     "requeue_stale",
     "reserve",
     "resolve",
+    "runnable_queued",
     "stale_queued",
     "stale_started",
     "still_owner",

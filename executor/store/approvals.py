@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from sqlalchemy import (
+    ColumnElement,
     Connection,
+    Row,
     select,
     update,
 )
 
-from executor.core.states import State
+from executor.core.states import ApprovalState, State
 from executor.core.types import ErrorCode
-from executor.store.audit import AUDIT_COLUMNS, append_event, dumps
+from executor.store.audit import dumps
 from executor.store.clock import DATABASE_CLOCK, Clock
-from executor.store.intake import add_outbox_row
-from executor.store.ordering import release_successors
+from executor.store.operations import _transition
 from executor.store.records import ApprovalRecord, StoreError
 from executor.store.schema import approvals, operations
 
@@ -25,8 +27,8 @@ def get_approval(conn: Connection, approval_id: str) -> ApprovalRecord | None:
     if row is None:
         return None
     return ApprovalRecord(
-        row.approval_id, row.operation_id, row.intent_hash, json.loads(row.impact), row.state,
-        row.requested_at, row.expires_at,
+        row.approval_id, row.operation_id, row.intent_hash, json.loads(row.impact),
+        ApprovalState(row.state), row.requested_at, row.expires_at,
     )
 
 
@@ -37,6 +39,30 @@ def approval_for_operation(conn: Connection, operation_id: str) -> ApprovalRecor
     return None if approval_id is None else get_approval(conn, approval_id)
 
 
+def _decide(
+    conn: Connection,
+    approval_id: str,
+    *fence: ColumnElement[bool],
+    decision: ApprovalState,
+    approver: str,
+    reason: str | None = None,
+    clock: Clock,
+) -> Row[Any] | None:
+    """The approval row's CAS: `pending` → `decision`, once. Returns the operation id
+    and intent hash it was requested for, or None when it was no longer pending."""
+    now = clock.now()
+    return conn.execute(
+        update(approvals)
+        .where(
+            approvals.c.approval_id == approval_id,
+            approvals.c.state == ApprovalState.PENDING.value,
+            *fence,
+        )
+        .values(state=decision.value, decided_at=now, decided_by=approver, reason=reason)
+        .returning(approvals.c.operation_id, approvals.c.intent_hash)
+    ).one_or_none()
+
+
 def approve(
     conn: Connection,
     approval_id: str,
@@ -44,38 +70,27 @@ def approve(
     approver: str,
     clock: Clock = DATABASE_CLOCK,
 ) -> bool:
-    """pending_approval → queued. Single use: the approval row's CAS on `pending`.
+    """pending_approval → queued (with an outbox row). Single use: the approval row's
+    CAS on `pending`.
 
     The approval stays bound to the intent hash it was requested for; the worker
     refuses with `approval_invalidated` if the intent computed at run time differs.
     """
-    now = clock.now()
-    decided = conn.execute(
-        update(approvals)
-        .where(
-            approvals.c.approval_id == approval_id,
-            approvals.c.state == "pending",
-            approvals.c.expires_at > now,
-        )
-        .values(state="approved", decided_at=now, decided_by=approver)
-        .returning(approvals.c.operation_id, approvals.c.intent_hash)
-    ).one_or_none()
+    decided = _decide(
+        conn, approval_id, approvals.c.expires_at > clock.now(),
+        decision=ApprovalState.APPROVED, approver=approver, clock=clock,
+    )
     if decided is None:
         return False
-    row = conn.execute(
-        update(operations)
-        .where(
-            operations.c.operation_id == decided.operation_id,
-            operations.c.state == State.PENDING_APPROVAL.value,
-            operations.c.intent_hash == decided.intent_hash,
-        )
-        .values(state=State.QUEUED.value, queued_at=now, available_at=now, updated_at=now)
-        .returning(*AUDIT_COLUMNS)
-    ).one_or_none()
+    now = clock.now()
+    row = _transition(
+        conn, decided.operation_id, State.PENDING_APPROVAL, State.QUEUED,
+        operations.c.intent_hash == decided.intent_hash,
+        values={"queued_at": now, "available_at": now},
+        decision="approved", clock=clock, actor=approver,
+    )
     if row is None:
         raise StoreError(f"approval {approval_id} does not match its operation's intent")
-    append_event(conn, row, State.PENDING_APPROVAL, State.QUEUED, "approved", clock, actor=approver)
-    add_outbox_row(conn, decided.operation_id, clock)
     return True
 
 
@@ -85,57 +100,74 @@ def deny(
     *,
     approver: str,
     reason: str,
-    expired: bool = False,
     clock: Clock = DATABASE_CLOCK,
 ) -> bool:
-    """pending_approval → failed_terminal (`approval_denied`); also used for expiry."""
-    now = clock.now()
-    conditions = [approvals.c.approval_id == approval_id, approvals.c.state == "pending"]
-    if expired:
-        conditions.append(approvals.c.expires_at <= now)
-    decided = conn.execute(
-        update(approvals)
-        .where(*conditions)
-        .values(
-            state="expired" if expired else "denied",
-            decided_at=now,
-            decided_by=approver,
-            reason=reason,
-        )
-        .returning(approvals.c.operation_id)
-    ).one_or_none()
+    """pending_approval → failed_terminal (`approval_denied`): a person said no."""
+    decided = _decide(
+        conn, approval_id, decision=ApprovalState.DENIED, approver=approver, reason=reason,
+        clock=clock,
+    )
     if decided is None:
         return False
-    row = conn.execute(
-        update(operations)
-        .where(
-            operations.c.operation_id == decided.operation_id,
-            operations.c.state == State.PENDING_APPROVAL.value,
-        )
-        .values(
-            state=State.FAILED_TERMINAL.value,
-            error_code=ErrorCode.APPROVAL_DENIED.value,
-            error=dumps({"message": "approval expired" if expired else "approval denied"}),
-            finished_at=now,
-            updated_at=now,
-        )
-        .returning(*AUDIT_COLUMNS)
-    ).one_or_none()
+    _end_unapproved(
+        conn, approval_id, decided.operation_id, ErrorCode.APPROVAL_DENIED.value,
+        "approval denied", approver, clock,
+    )
+    return True
+
+
+def expire_approval(
+    conn: Connection,
+    approval_id: str,
+    *,
+    approver: str,
+    reason: str,
+    clock: Clock = DATABASE_CLOCK,
+) -> bool:
+    """pending_approval (approval past `expires_at`) → failed_terminal (`approval_denied`):
+    nobody decided in time. Loses to a decision made before expiry."""
+    decided = _decide(
+        conn, approval_id, approvals.c.expires_at <= clock.now(),
+        decision=ApprovalState.EXPIRED, approver=approver, reason=reason, clock=clock,
+    )
+    if decided is None:
+        return False
+    _end_unapproved(
+        conn, approval_id, decided.operation_id, "approval_expired", "approval expired",
+        approver, clock,
+    )
+    return True
+
+
+def _end_unapproved(
+    conn: Connection,
+    approval_id: str,
+    operation_id: str,
+    decision: str,
+    message: str,
+    approver: str,
+    clock: Clock,
+) -> None:
+    """The operation's side of `deny` and `expire_approval`, once the approval's CAS won."""
+    now = clock.now()
+    row = _transition(
+        conn, operation_id, State.PENDING_APPROVAL, State.FAILED_TERMINAL,
+        values={
+            "error_code": ErrorCode.APPROVAL_DENIED.value,
+            "error": dumps({"message": message}),
+            "finished_at": now,
+        },
+        decision=decision, clock=clock, actor=approver,
+    )
     if row is None:
         raise StoreError(f"approval {approval_id} has no operation waiting for it")
-    append_event(
-        conn, row, State.PENDING_APPROVAL, State.FAILED_TERMINAL,
-        "approval_expired" if expired else ErrorCode.APPROVAL_DENIED.value, clock, actor=approver,
-    )
-    release_successors(conn, decided.operation_id, clock)
-    return True
 
 
 def expired_approvals(conn: Connection, limit: int, clock: Clock = DATABASE_CLOCK) -> list[str]:
     return list(
         conn.execute(
             select(approvals.c.approval_id)
-            .where(approvals.c.state == "pending", approvals.c.expires_at <= clock.now())
+            .where(approvals.c.state == ApprovalState.PENDING.value, approvals.c.expires_at <= clock.now())
             .limit(limit)
         ).scalars()
     )

@@ -9,6 +9,7 @@ from sqlalchemy import (
     insert,
 )
 
+from executor.core.admission import Gate
 from executor.store.audit import dumps
 from executor.store.clock import DATABASE_CLOCK, Clock
 from executor.store.schema import calls, outbox
@@ -37,11 +38,12 @@ def record_call(
     position: int,
     tool_name: str,
     operation_id: str | None,
-    gate: str | None,
+    gate: Gate | None,
     result: dict[str, Any] | None,
     clock: Clock = DATABASE_CLOCK,
 ) -> None:
-    """One row per proposed call: I6 counts results by these rows."""
+    """One row per proposed call: I6 counts results by these rows. `gate` is where a
+    call was decided without running (None for one that was registered to run)."""
     conn.execute(
         insert(calls).values(
             request_id=request_id,
@@ -49,7 +51,7 @@ def record_call(
             position=position,
             tool_name=tool_name,
             operation_id=operation_id,
-            gate=gate,
+            gate=None if gate is None else gate.value,
             result=dumps(result) if result is not None else None,
             created_at=clock.now(),
         )

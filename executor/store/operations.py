@@ -6,17 +6,22 @@ statements that hand out ownership, and each is one compare-and-set that adds on
 to `generation` and writes a fresh owner token and a lease on the database clock,
 so two reservers can never both win the same generation. Every later write by an
 owner (`renew`, `complete`, `release_to_retry`, `mark_unknown`) repeats the CAS on
-`(operation_id, state='started', generation, owner_token)`: once anyone takes
-over, the old owner's writes match no row and change nothing. The downstream
-receives the generation as `fencing_token` and rejects lower ones in the same
-transaction as its effect, which closes the window between the old owner's last
-successful renew and its next downstream write. `generation` is only ever
-incremented. The reconciler's statements (`requeue_stale`, `mark_unknown`,
-`record_lookup_result`) CAS on the generation they observed *and* on an expired
-lease, so they never race a live owner.
+`(operation_id, state='started', generation, owner_token)`, and `still_owner`
+reads the same condition with a live lease just before a downstream write: once
+anyone takes over, the old owner's writes match no row and change nothing. The
+downstream receives the generation as `fencing_token` and rejects lower ones in
+the same transaction as its effect, which closes the window between the old
+owner's last successful renew and its next downstream write. `generation` is only
+ever incremented. The reconciler's statements (`requeue_stale`,
+`mark_unknown_expired`, `record_lookup_result`) CAS on the generation they
+observed *and* on an expired lease, so they never race a live owner.
 
-Each function runs inside the caller's transaction (a `Connection`), returns
-whether it won, and appends an audit event in the same transaction.
+Every transition is one call of `_transition`: an UPDATE whose WHERE names the
+operation, the state it leaves and the statement's own fence (owner, expired
+lease, due time, proposal order), and which, only if it matched a row, appends
+the audit event for exactly that pair of states and gives the new state what it
+needs (an outbox row, or a wake-up for waiting successors). Each function runs
+inside the caller's transaction (a `Connection`) and returns whether it won.
 """
 
 
@@ -24,10 +29,13 @@ from __future__ import annotations
 
 import os
 import secrets
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import (
+    ColumnElement,
     Connection,
+    Row,
     and_,
     insert,
     literal,
@@ -35,13 +43,14 @@ from sqlalchemy import (
     update,
 )
 
-from executor.core.states import SETTLED, TERMINAL, State
+from executor.core.states import SETTLED, TERMINAL, ApprovalState, State
+from executor.core.tools import Mode
 from executor.core.types import ErrorCode
 from executor.store.audit import AUDIT_COLUMNS, DECISION_CODE, append_event, dumps
 from executor.store.clock import DATABASE_CLOCK, Clock
 from executor.store.engine import insert_ignore
 from executor.store.intake import add_outbox_row
-from executor.store.ordering import release_successors, waiting_on_earlier
+from executor.store.ordering import release_successors, runnable_queued, waiting_on_earlier
 from executor.store.records import (
     Conflict,
     Created,
@@ -54,6 +63,82 @@ from executor.store.records import (
     StoreError,
 )
 from executor.store.schema import approvals, operations
+
+_NO_OWNER: Mapping[str, None] = {"owner_token": None, "lease_expires_at": None}
+
+
+def _transition(
+    conn: Connection,
+    operation_id: str,
+    from_state: State,
+    to_state: State,
+    *fence: ColumnElement[bool],
+    values: Mapping[str, Any],
+    decision: str,
+    clock: Clock,
+    actor: str | None = None,
+    duration_ms: float | None = None,
+    returning: Sequence[ColumnElement[Any]] = (),
+) -> Row[Any] | None:
+    """One CAS: `from_state → to_state` for the operation, only where `fence` holds.
+
+    Every transition is one call of this, so each does the same four things: the
+    states go into the WHERE and the SET (the audit event can never name other
+    states than the row went through); `updated_at` is set, and leaving `started`
+    clears the owner token and the lease (only a `started` operation has an owner);
+    the audit event is appended; and the new state gets what it is owed in the same
+    transaction: entering `queued` adds an outbox row (a queued operation without a
+    message would sit there), settling (terminal or `reconciliation_pending`) wakes
+    the queued successors that waited for it.
+
+    Returns the updated row (the audit columns and `returning`), or None when the
+    CAS lost: then nothing changed and nothing was appended. Store-internal.
+    """
+    ends_ownership = from_state is State.STARTED and to_state is not State.STARTED
+    row = conn.execute(
+        update(operations)
+        .where(
+            operations.c.operation_id == operation_id,
+            operations.c.state == from_state.value,
+            *fence,
+        )
+        .values(
+            state=to_state.value,
+            updated_at=clock.now(),
+            **(_NO_OWNER if ends_ownership else {}),
+            **values,
+        )
+        .returning(*AUDIT_COLUMNS, *returning)
+    ).one_or_none()
+    if row is None:
+        return None
+    append_event(conn, row, from_state, to_state, decision, clock, actor=actor, duration_ms=duration_ms)
+    if to_state is State.QUEUED:
+        add_outbox_row(conn, operation_id, clock)
+    elif to_state in SETTLED:
+        release_successors(conn, operation_id, clock)
+    return row
+
+
+def _owner_holds(generation: int, owner_token: str) -> ColumnElement[bool]:
+    """The owner's fence: still the generation and owner token it reserved with."""
+    return and_(operations.c.generation == generation, operations.c.owner_token == owner_token)
+
+
+def _lease_expired(generation: int, now: Any) -> ColumnElement[bool]:
+    """The reconciler's fence: the generation it observed, and that lease expired. It
+    never races a live owner, and loses to anyone who moved first."""
+    return and_(operations.c.generation == generation, operations.c.lease_expires_at < now)
+
+
+def _live_owner(operation_id: str, generation: int, owner_token: str, now: Any) -> ColumnElement[bool]:
+    """Still `started`, still this owner, and the lease has not expired."""
+    return and_(
+        operations.c.operation_id == operation_id,
+        operations.c.state == State.STARTED.value,
+        _owner_holds(generation, owner_token),
+        operations.c.lease_expires_at > now,
+    )
 
 
 def new_owner_token() -> str:
@@ -76,7 +161,7 @@ def register(conn: Connection, new: NewOperation, clock: Clock = DATABASE_CLOCK)
             "position": new.position,
             "tool_name": new.tool_name,
             "schema_version": new.schema_version,
-            "mode": new.mode,
+            "mode": Mode(new.mode).value,
             "state": state.value,
             "generation": 0,
             "intent_hash": new.intent_hash,
@@ -107,7 +192,7 @@ def register(conn: Connection, new: NewOperation, clock: Clock = DATABASE_CLOCK)
                     operation_id=new.operation_id,
                     intent_hash=new.intent_hash,
                     impact=dumps(new.impact),
-                    state="pending",
+                    state=ApprovalState.PENDING.value,
                     requested_at=now,
                     expires_at=now + new.approval_ttl_seconds,
                 )
@@ -141,30 +226,12 @@ def reserve(
     after one never runs (the worker ends it `predecessor_failed`).
     """
     now = clock.now()
-    row = conn.execute(
-        update(operations)
-        .where(
-            operations.c.operation_id == operation_id,
-            operations.c.state == State.QUEUED.value,
-            operations.c.available_at <= now,
-            ~waiting_on_earlier(operations),
-        )
-        .values(
-            state=State.STARTED.value,
-            generation=operations.c.generation + 1,
-            owner_token=owner_token,
-            lease_expires_at=now + lease_seconds,
-            attempts=operations.c.attempts + 1,
-            started_at=now,
-            updated_at=now,
-        )
-        .returning(*AUDIT_COLUMNS, operations.c.lease_expires_at, operations.c.attempts)
-    ).one_or_none()
-    if row is None:
-        return None
-    append_event(conn, row, State.QUEUED, State.STARTED, "reserved", clock)
-    return Reservation(
-        operation_id, row.generation, owner_token, row.lease_expires_at, row.attempts, False
+    return _hand_out_ownership(
+        conn, operation_id, State.QUEUED,
+        operations.c.available_at <= now,
+        ~waiting_on_earlier(operations),
+        owner_token=owner_token, lease_seconds=lease_seconds, now=now,
+        decision="reserved", clock=clock,
     )
 
 
@@ -181,48 +248,46 @@ def take_over(
     caller checks the tool's declaration before calling this.
     """
     now = clock.now()
-    row = conn.execute(
-        update(operations)
-        .where(
-            operations.c.operation_id == operation_id,
-            operations.c.state == State.STARTED.value,
-            operations.c.lease_expires_at < now,
-        )
-        .values(
-            generation=operations.c.generation + 1,
-            owner_token=owner_token,
-            lease_expires_at=now + lease_seconds,
-            attempts=operations.c.attempts + 1,
-            started_at=now,
-            updated_at=now,
-        )
-        .returning(*AUDIT_COLUMNS, operations.c.lease_expires_at, operations.c.attempts)
-    ).one_or_none()
+    return _hand_out_ownership(
+        conn, operation_id, State.STARTED,
+        operations.c.lease_expires_at < now,
+        owner_token=owner_token, lease_seconds=lease_seconds, now=now,
+        decision="lease_takeover", clock=clock,
+    )
+
+
+def _hand_out_ownership(
+    conn: Connection,
+    operation_id: str,
+    from_state: State,
+    *fence: ColumnElement[bool],
+    owner_token: str,
+    lease_seconds: float,
+    now: Any,
+    decision: str,
+    clock: Clock,
+) -> Reservation | None:
+    """What `reserve` and `take_over` write (they differ in what they take over from):
+    generation+1, the new owner token and a lease on the database clock, in one CAS."""
+    row = _transition(
+        conn, operation_id, from_state, State.STARTED,
+        *fence,
+        values={
+            "generation": operations.c.generation + 1,
+            "owner_token": owner_token,
+            "lease_expires_at": now + lease_seconds,
+            "attempts": operations.c.attempts + 1,
+            "started_at": now,
+        },
+        decision=decision,
+        clock=clock,
+        returning=(operations.c.lease_expires_at, operations.c.attempts),
+    )
     if row is None:
         return None
-    append_event(conn, row, State.STARTED, State.STARTED, "lease_takeover", clock)
     return Reservation(
-        operation_id, row.generation, owner_token, row.lease_expires_at, row.attempts, True
-    )
-
-
-def _owned_by(operation_id: str, generation: int, owner_token: str) -> Any:
-    return and_(
-        operations.c.operation_id == operation_id,
-        operations.c.state == State.STARTED.value,
-        operations.c.generation == generation,
-        operations.c.owner_token == owner_token,
-    )
-
-
-def _expired(operation_id: str, generation: int, now: Any) -> Any:
-    """The reconciler's condition: still `started` at the generation it observed, lease
-    expired. It never races a live owner, and loses to anyone who moved first."""
-    return and_(
-        operations.c.operation_id == operation_id,
-        operations.c.state == State.STARTED.value,
-        operations.c.generation == generation,
-        operations.c.lease_expires_at < now,
+        operation_id, row.generation, owner_token, row.lease_expires_at, row.attempts,
+        from_state is State.STARTED,
     )
 
 
@@ -237,11 +302,12 @@ def renew(
     """Extend a live lease. Returns the new expiry, or None when ownership is lost.
 
     An already expired lease is not revived: the reconciler may be acting on it.
+    Not a transition (the state stays `started`), so no audit event.
     """
     now = clock.now()
     return conn.execute(
         update(operations)
-        .where(_owned_by(operation_id, generation, owner_token), operations.c.lease_expires_at > now)
+        .where(_live_owner(operation_id, generation, owner_token, now))
         .values(lease_expires_at=now + lease_seconds, updated_at=now)
         .returning(operations.c.lease_expires_at)
     ).scalar_one_or_none()
@@ -254,12 +320,10 @@ def still_owner(
     owner_token: str,
     clock: Clock = DATABASE_CLOCK,
 ) -> bool:
+    """The check a worker makes just before a downstream write: `renew`'s condition, read."""
     return (
         conn.execute(
-            select(literal(1)).where(
-                _owned_by(operation_id, generation, owner_token),
-                operations.c.lease_expires_at > clock.now(),
-            )
+            select(literal(1)).where(_live_owner(operation_id, generation, owner_token, clock.now()))
         ).first()
         is not None
     )
@@ -281,33 +345,22 @@ def complete(
     clock: Clock = DATABASE_CLOCK,
 ) -> bool:
     """started → succeeded | failed_terminal. A stale owner's completion matches nothing."""
-    to_state = State.SUCCEEDED if succeeded else State.FAILED_TERMINAL
+    code = None if succeeded else (error_code or ErrorCode.EXECUTION_FAILED).value
     now = clock.now()
-    row = conn.execute(
-        update(operations)
-        .where(
-            _owned_by(operation_id, generation, owner_token),
-            operations.c.intent_hash == intent_hash,
-        )
-        .values(
-            state=to_state.value,
-            result=dumps(result) if succeeded else None,
-            receipt=receipt,
-            error_code=None if succeeded else (error_code or ErrorCode.EXECUTION_FAILED).value,
-            error=None if succeeded else dumps(error or {}),
-            owner_token=None,
-            lease_expires_at=None,
-            finished_at=now,
-            updated_at=now,
-        )
-        .returning(*AUDIT_COLUMNS)
-    ).one_or_none()
-    if row is None:
-        return False
-    code = "succeeded" if succeeded else (error_code or ErrorCode.EXECUTION_FAILED).value
-    append_event(conn, row, State.STARTED, to_state, code, clock, duration_ms=duration_ms)
-    release_successors(conn, operation_id, clock)
-    return True
+    row = _transition(
+        conn, operation_id, State.STARTED, State.SUCCEEDED if succeeded else State.FAILED_TERMINAL,
+        _owner_holds(generation, owner_token),
+        operations.c.intent_hash == intent_hash,
+        values={
+            "result": dumps(result) if succeeded else None,
+            "receipt": receipt,
+            "error_code": code,
+            "error": None if succeeded else dumps(error or {}),
+            "finished_at": now,
+        },
+        decision=code or "succeeded", clock=clock, duration_ms=duration_ms,
+    )
+    return row is not None
 
 
 def release_to_retry(
@@ -323,44 +376,27 @@ def release_to_retry(
 ) -> bool:
     """started → retry_wait, due again after `delay_seconds` on the database clock."""
     now = clock.now()
-    row = conn.execute(
-        update(operations)
-        .where(_owned_by(operation_id, generation, owner_token))
-        .values(
-            state=State.RETRY_WAIT.value,
-            available_at=now + delay_seconds,
-            error_code=error_code.value,
-            error=dumps(error),
-            owner_token=None,
-            lease_expires_at=None,
-            updated_at=now,
-        )
-        .returning(*AUDIT_COLUMNS)
-    ).one_or_none()
-    if row is None:
-        return False
-    append_event(conn, row, State.STARTED, State.RETRY_WAIT, error_code.value, clock)
-    return True
+    row = _transition(
+        conn, operation_id, State.STARTED, State.RETRY_WAIT, _owner_holds(generation, owner_token),
+        values={
+            "available_at": now + delay_seconds,
+            "error_code": error_code.value,
+            "error": dumps(error),
+        },
+        decision=error_code.value, clock=clock,
+    )
+    return row is not None
 
 
 def promote_due_retry(conn: Connection, operation_id: str, clock: Clock = DATABASE_CLOCK) -> bool:
     """retry_wait (available_at passed) → queued, with a fresh outbox row."""
     now = clock.now()
-    row = conn.execute(
-        update(operations)
-        .where(
-            operations.c.operation_id == operation_id,
-            operations.c.state == State.RETRY_WAIT.value,
-            operations.c.available_at <= now,
-        )
-        .values(state=State.QUEUED.value, queued_at=now, updated_at=now)
-        .returning(*AUDIT_COLUMNS)
-    ).one_or_none()
-    if row is None:
-        return False
-    append_event(conn, row, State.RETRY_WAIT, State.QUEUED, "retry_due", clock)
-    add_outbox_row(conn, operation_id, clock)
-    return True
+    row = _transition(
+        conn, operation_id, State.RETRY_WAIT, State.QUEUED, operations.c.available_at <= now,
+        values={"queued_at": now},
+        decision="retry_due", clock=clock,
+    )
+    return row is not None
 
 
 def due_retries(conn: Connection, limit: int, clock: Clock = DATABASE_CLOCK) -> list[str]:
@@ -383,46 +419,57 @@ def mark_unknown(
     operation_id: str,
     generation: int,
     *,
-    owner_token: str | None,
+    owner_token: str,
     reason: str,
     clock: Clock = DATABASE_CLOCK,
 ) -> bool:
-    """started → reconciliation_pending: the outcome of a write is not known.
+    """started → reconciliation_pending, by the owner: the outcome of its write is not known."""
+    return _unknown_outcome(
+        conn, operation_id, _owner_holds(generation, owner_token), reason, clock, actor=None
+    )
 
-    With `owner_token` this is the owner saying so; without, the reconciler, which
-    may only act on an expired lease of the generation it observed.
-    """
-    now = clock.now()
-    if owner_token is not None:
-        condition = _owned_by(operation_id, generation, owner_token)
-    else:
-        condition = _expired(operation_id, generation, now)
-    row = conn.execute(
-        update(operations)
-        .where(condition)
-        .values(
-            state=State.RECONCILIATION_PENDING.value,
-            error_code=ErrorCode.RECONCILIATION_PENDING.value,
-            error=dumps({"message": reason}),
-            owner_token=None,
-            lease_expires_at=None,
-            updated_at=now,
-        )
-        .returning(*AUDIT_COLUMNS)
-    ).one_or_none()
-    if row is None:
-        return False
+
+def mark_unknown_expired(
+    conn: Connection,
+    operation_id: str,
+    generation: int,
+    *,
+    reason: str,
+    clock: Clock = DATABASE_CLOCK,
+) -> bool:
+    """started (lease expired, generation observed) → reconciliation_pending, by the
+    reconciler: the owner is gone and the tool's effect contract leaves it to a person."""
+    return _unknown_outcome(
+        conn, operation_id, _lease_expired(generation, clock.now()), reason, clock,
+        actor="reconciler",
+    )
+
+
+def _unknown_outcome(
+    conn: Connection,
+    operation_id: str,
+    fence: ColumnElement[bool],
+    reason: str,
+    clock: Clock,
+    *,
+    actor: str | None,
+) -> bool:
+    """What `mark_unknown` and `mark_unknown_expired` write; they differ only in the fence."""
     # The audit keeps stable codes: a free-text reason (a sentence, an exception's
     # text quoting arguments) stays on the operation's `error`, not in the
     # append-only trail, whose `decision_code` column is 64 characters.
     decision = (
         reason if DECISION_CODE.fullmatch(reason) else ErrorCode.RECONCILIATION_PENDING.value
     )
-    actor = None if owner_token is not None else "reconciler"
-    append_event(conn, row, State.STARTED, State.RECONCILIATION_PENDING, decision, clock, actor=actor)
-    # Its queued successors were waiting for it: wake them (see `predecessor_failed`).
-    release_successors(conn, operation_id, clock)
-    return True
+    row = _transition(
+        conn, operation_id, State.STARTED, State.RECONCILIATION_PENDING, fence,
+        values={
+            "error_code": ErrorCode.RECONCILIATION_PENDING.value,
+            "error": dumps({"message": reason}),
+        },
+        decision=decision, clock=clock, actor=actor,
+    )
+    return row is not None
 
 
 def fail_unstarted(
@@ -434,26 +481,16 @@ def fail_unstarted(
 ) -> bool:
     """queued → failed_terminal without ever running (predecessor failed, policy changed)."""
     now = clock.now()
-    row = conn.execute(
-        update(operations)
-        .where(
-            operations.c.operation_id == operation_id,
-            operations.c.state == State.QUEUED.value,
-        )
-        .values(
-            state=State.FAILED_TERMINAL.value,
-            error_code=error_code.value,
-            error=dumps({"message": message}),
-            finished_at=now,
-            updated_at=now,
-        )
-        .returning(*AUDIT_COLUMNS)
-    ).one_or_none()
-    if row is None:
-        return False
-    append_event(conn, row, State.QUEUED, State.FAILED_TERMINAL, error_code.value, clock)
-    release_successors(conn, operation_id, clock)
-    return True
+    row = _transition(
+        conn, operation_id, State.QUEUED, State.FAILED_TERMINAL,
+        values={
+            "error_code": error_code.value,
+            "error": dumps({"message": message}),
+            "finished_at": now,
+        },
+        decision=error_code.value, clock=clock,
+    )
+    return row is not None
 
 
 def stale_started(
@@ -494,24 +531,12 @@ def requeue_stale(
     The next reservation takes a new generation, which fences the dead owner.
     """
     now = clock.now()
-    row = conn.execute(
-        update(operations)
-        .where(_expired(operation_id, generation, now))
-        .values(
-            state=State.QUEUED.value,
-            owner_token=None,
-            lease_expires_at=None,
-            queued_at=now,
-            available_at=now,
-            updated_at=now,
-        )
-        .returning(*AUDIT_COLUMNS)
-    ).one_or_none()
-    if row is None:
-        return False
-    append_event(conn, row, State.STARTED, State.QUEUED, "requeued_stale", clock, actor="reconciler")
-    add_outbox_row(conn, operation_id, clock)
-    return True
+    row = _transition(
+        conn, operation_id, State.STARTED, State.QUEUED, _lease_expired(generation, now),
+        values={"queued_at": now, "available_at": now},
+        decision="requeued_stale", clock=clock, actor="reconciler",
+    )
+    return row is not None
 
 
 def record_lookup_result(
@@ -525,41 +550,28 @@ def record_lookup_result(
 ) -> bool:
     """started (lease expired) → succeeded, from the downstream's own answer."""
     now = clock.now()
-    row = conn.execute(
-        update(operations)
-        .where(_expired(operation_id, generation, now))
-        .values(
-            state=State.SUCCEEDED.value,
-            result=dumps(result),
-            receipt=receipt,
-            owner_token=None,
-            lease_expires_at=None,
-            finished_at=now,
-            updated_at=now,
-        )
-        .returning(*AUDIT_COLUMNS)
-    ).one_or_none()
-    if row is None:
-        return False
-    append_event(conn, row, State.STARTED, State.SUCCEEDED, "lookup_done", clock, actor="reconciler")
-    release_successors(conn, operation_id, clock)
-    return True
+    row = _transition(
+        conn, operation_id, State.STARTED, State.SUCCEEDED, _lease_expired(generation, now),
+        values={"result": dumps(result), "receipt": receipt, "finished_at": now},
+        decision="lookup_done", clock=clock, actor="reconciler",
+    )
+    return row is not None
 
 
 def stale_queued(
     conn: Connection, older_than_seconds: float, limit: int, clock: Clock = DATABASE_CLOCK
 ) -> list[str]:
-    """`queued` operations waiting longer than a threshold: their message may be lost."""
+    """`queued` operations waiting longer than a threshold: their message may be lost.
+
+    Only runnable ones (`runnable_queued`): one still waiting for an earlier call has
+    no message by design, and gets one when that call settles.
+    """
     return list(
         conn.execute(
             select(operations.c.operation_id)
             .where(
-                operations.c.state == State.QUEUED.value,
+                runnable_queued(operations),
                 operations.c.queued_at < clock.now() - older_than_seconds,
-                # One still waiting for an earlier write has no message by design. One
-                # behind a `reconciliation_pending` write is due: a worker ends it (a
-                # write, `predecessor_failed`) or runs it (a read).
-                ~waiting_on_earlier(operations, write_after_write=SETTLED),
             )
             .order_by(operations.c.queued_at)
             .limit(limit)
@@ -572,24 +584,20 @@ def republish_queued(
     operation_id: str,
     clock: Clock = DATABASE_CLOCK,
     *,
-    older_than_seconds: float | None = None,
+    older_than_seconds: float,
 ) -> bool:
-    """Refresh `queued_at` (CAS on still queued) and add an outbox row.
-
-    With `older_than_seconds`, the CAS also requires the operation to be still that
+    """Refresh `queued_at` and add an outbox row: CAS on still queued and still that
     stale, so of two reconcilers that read it as stale only the first republishes.
-    """
+    Not a transition (the state stays `queued`), so no audit event."""
     now = clock.now()
-    conditions = [
-        operations.c.operation_id == operation_id,
-        operations.c.state == State.QUEUED.value,
-    ]
-    if older_than_seconds is not None:
-        conditions.append(operations.c.queued_at < now - older_than_seconds)
     won = (
         conn.execute(
             update(operations)
-            .where(*conditions)
+            .where(
+                operations.c.operation_id == operation_id,
+                operations.c.state == State.QUEUED.value,
+                operations.c.queued_at < now - older_than_seconds,
+            )
             .values(queued_at=now)
         ).rowcount
         == 1
@@ -609,11 +617,12 @@ def resolve(
     message: str,
     clock: Clock = DATABASE_CLOCK,
 ) -> bool:
-    """An operator decides a `reconciliation_pending` operation (audited with the actor)."""
+    """reconciliation_pending → succeeded | failed_terminal | queued: an operator decides
+    (audited with the actor)."""
     if to_state not in (State.SUCCEEDED, State.FAILED_TERMINAL, State.QUEUED):
         raise StoreError(f"cannot resolve to {to_state}")
     now = clock.now()
-    values: dict[str, Any] = {"state": to_state.value, "updated_at": now}
+    values: dict[str, Any] = {}
     if to_state is State.SUCCEEDED:
         values |= {
             "result": dumps({"resolved_by": actor, "reference": reference, "note": message}),
@@ -630,23 +639,9 @@ def resolve(
         }
     else:
         values |= {"queued_at": now, "available_at": now}
-    row = conn.execute(
-        update(operations)
-        .where(
-            operations.c.operation_id == operation_id,
-            operations.c.state == State.RECONCILIATION_PENDING.value,
-        )
-        .values(**values)
-        .returning(*AUDIT_COLUMNS)
-    ).one_or_none()
-    if row is None:
-        return False
-    append_event(
-        conn, row, State.RECONCILIATION_PENDING, to_state, f"resolved_{to_state.value}", clock,
-        actor=actor,
+    row = _transition(
+        conn, operation_id, State.RECONCILIATION_PENDING, to_state,
+        values=values,
+        decision=f"resolved_{to_state.value}", clock=clock, actor=actor,
     )
-    if to_state is State.QUEUED:
-        add_outbox_row(conn, operation_id, clock)
-    else:
-        release_successors(conn, operation_id, clock)
-    return True
+    return row is not None

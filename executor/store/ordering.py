@@ -1,31 +1,60 @@
 """Proposal order: which operations of a request must still wait for an earlier one.
 
-One predicate (`waiting_on_earlier`) is used by the reservation CAS, the
-reconciler's republishing and the exporter's stuck gauge, so "runnable" means
-the same thing everywhere.
+One predicate, `runnable_queued` ("queued and not waiting on an earlier call, so a
+worker should take it"), is what the reconciler's republishing (`stale_queued`),
+the wake-up of successors (`release_successors`) and the exporter's stuck gauge
+(I2) count as runnable, so "runnable" means the same thing everywhere. The
+reservation CAS uses the same `waiting_on_earlier`, stricter for write after
+write (see `reserve`).
+
+State and mode names are written into this SQL as literals, not bound
+parameters: the exporter's queries use the predicate too, and a partial index
+(`WHERE state = 'queued'`) is usable only when the planner can prove the query's
+predicate implies the index's, which a generic plan over `$1` (psycopg prepares
+a statement after a few executions) cannot. The literals are enum values, never
+input.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from enum import StrEnum
 
 from sqlalchemy import (
+    ColumnElement,
     Connection,
+    FromClause,
     and_,
     exists,
     func,
     literal,
+    literal_column,
     or_,
     select,
 )
 
 from executor.core.states import SETTLED, TERMINAL, State
+from executor.core.tools import Mode
 from executor.store.clock import Clock
 from executor.store.intake import add_outbox_row
 from executor.store.schema import operations
 
 
-def waiting_on_earlier(outer: Any, *, write_after_write: frozenset[State] = TERMINAL) -> Any:
+def sql_literal(value: StrEnum) -> ColumnElement[str]:
+    """An enum's value as a SQL string literal (see the module docstring for why)."""
+    return literal_column(f"'{value.value}'")
+
+
+def _literals(states: frozenset[State]) -> list[ColumnElement[str]]:
+    return [sql_literal(s) for s in sorted(states)]
+
+
+def _is_write(table: FromClause) -> ColumnElement[bool]:
+    return table.c.mode == sql_literal(Mode.WRITE)
+
+
+def waiting_on_earlier(
+    outer: FromClause, *, write_after_write: frozenset[State] = TERMINAL
+) -> ColumnElement[bool]:
     """SQL: the operation must still wait for an earlier call of its request.
 
     Proposal order, as DESIGN.md states it: reads of a request run in parallel with
@@ -43,16 +72,30 @@ def waiting_on_earlier(outer: Any, *, write_after_write: frozenset[State] = TERM
         .where(
             earlier.c.request_id == outer.c.request_id,
             earlier.c.position < outer.c.position,
-            or_(earlier.c.mode == "write", outer.c.mode == "write"),
+            or_(_is_write(earlier), _is_write(outer)),
             or_(
-                earlier.c.state.not_in([s.value for s in SETTLED]),
+                earlier.c.state.not_in(_literals(SETTLED)),
                 and_(
-                    earlier.c.mode == "write",
-                    outer.c.mode == "write",
-                    earlier.c.state.not_in([s.value for s in write_after_write]),
+                    _is_write(earlier),
+                    _is_write(outer),
+                    earlier.c.state.not_in(_literals(write_after_write)),
                 ),
             ),
         )
+    )
+
+
+def runnable_queued(outer: FromClause) -> ColumnElement[bool]:
+    """SQL: `queued` and not waiting on an earlier call, so a worker should take it.
+
+    Every earlier call it depends on is settled. A worker that takes it runs it, or,
+    for a write behind a write that did not succeed (`reconciliation_pending`
+    included), ends it `predecessor_failed`; either way it must not sit in the
+    queue. Due time (`available_at`) is the caller's to add.
+    """
+    return and_(
+        outer.c.state == sql_literal(State.QUEUED),
+        ~waiting_on_earlier(outer, write_after_write=SETTLED),
     )
 
 
@@ -68,7 +111,7 @@ def predecessor_failed(conn: Connection, operation_id: str) -> bool:
             operations.c.operation_id == operation_id
         )
     ).one_or_none()
-    if op is None or op.mode != "write":
+    if op is None or op.mode != Mode.WRITE:
         return False
     failed = conn.execute(
         select(func.count())
@@ -76,7 +119,7 @@ def predecessor_failed(conn: Connection, operation_id: str) -> bool:
         .where(
             operations.c.request_id == op.request_id,
             operations.c.position < op.position,
-            operations.c.mode == "write",
+            operations.c.mode == Mode.WRITE.value,
             operations.c.state.in_(
                 [State.FAILED_TERMINAL.value, State.RECONCILIATION_PENDING.value]
             ),
@@ -86,7 +129,7 @@ def predecessor_failed(conn: Connection, operation_id: str) -> bool:
 
 
 def release_successors(conn: Connection, operation_id: str, clock: Clock) -> None:
-    """An operation settled: wake the queued successors of its request that no longer wait.
+    """An operation settled: wake the queued successors of its request that are now runnable.
 
     They had no message while they waited (see `waiting_on_earlier`); a fresh one
     lets a worker run them now, or end a write `predecessor_failed`.
@@ -104,10 +147,7 @@ def release_successors(conn: Connection, operation_id: str, clock: Clock) -> Non
                 ),
             )
         )
-        .where(
-            operations.c.state == State.QUEUED.value,
-            ~waiting_on_earlier(operations, write_after_write=SETTLED),
-        )
+        .where(runnable_queued(operations))
     ).scalars()
     for successor in successors:
         add_outbox_row(conn, successor, clock)

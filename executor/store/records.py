@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from executor.core.states import State
+from executor.core.states import ApprovalState, State
+from executor.core.tools import Mode
 
 
 class StoreError(Exception):
@@ -20,7 +21,7 @@ class NewOperation:
     position: int
     tool_name: str
     schema_version: int
-    mode: str
+    mode: Mode
     intent_hash: str
     arguments: dict[str, Any]
     context: dict[str, Any]
@@ -82,7 +83,7 @@ class ApprovalRecord:
     operation_id: str
     intent_hash: str
     impact: dict[str, Any]
-    state: str
+    state: ApprovalState
     requested_at: float
     expires_at: float
 

@@ -21,12 +21,16 @@ from sqlalchemy import (
     Text,
 )
 
+from executor.core.states import ACTIVE, TERMINAL, ApprovalState, State
+
 metadata = MetaData()
 
 Id = BigInteger().with_variant(Integer, "sqlite")
 
-ACTIVE_STATES = ("pending_approval", "queued", "started", "retry_wait", "reconciliation_pending")
-TERMINAL_STATES = ("succeeded", "failed_terminal")
+# State names as stored, in the enum's order (the partial index's WHERE term and the
+# exporter's labels are written from these).
+ACTIVE_STATES = tuple(s.value for s in State if s in ACTIVE)
+TERMINAL_STATES = tuple(s.value for s in State if s in TERMINAL)
 
 operations = Table(
     "toolfence_operations",
@@ -64,20 +68,20 @@ operations = Table(
 Index(
     "ix_toolfence_operations_stale_started",
     operations.c.lease_expires_at,
-    postgresql_where=operations.c.state == "started",
-    sqlite_where=operations.c.state == "started",
+    postgresql_where=operations.c.state == State.STARTED.value,
+    sqlite_where=operations.c.state == State.STARTED.value,
 )
 Index(
     "ix_toolfence_operations_queued",
     operations.c.queued_at,
-    postgresql_where=operations.c.state == "queued",
-    sqlite_where=operations.c.state == "queued",
+    postgresql_where=operations.c.state == State.QUEUED.value,
+    sqlite_where=operations.c.state == State.QUEUED.value,
 )
 Index(
     "ix_toolfence_operations_retry_wait",
     operations.c.available_at,
-    postgresql_where=operations.c.state == "retry_wait",
-    sqlite_where=operations.c.state == "retry_wait",
+    postgresql_where=operations.c.state == State.RETRY_WAIT.value,
+    sqlite_where=operations.c.state == State.RETRY_WAIT.value,
 )
 Index(
     "ix_toolfence_operations_active",
@@ -183,6 +187,6 @@ approvals = Table(
 Index(
     "ix_toolfence_approvals_pending",
     approvals.c.requested_at,
-    postgresql_where=approvals.c.state == "pending",
-    sqlite_where=approvals.c.state == "pending",
+    postgresql_where=approvals.c.state == ApprovalState.PENDING.value,
+    sqlite_where=approvals.c.state == ApprovalState.PENDING.value,
 )

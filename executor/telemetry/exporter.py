@@ -49,9 +49,7 @@ from sqlalchemy import (
     case,
     create_engine,
     event,
-    exists,
     func,
-    literal,
     literal_column,
     null,
     select,
@@ -61,13 +59,13 @@ from sqlalchemy import (
 from sqlalchemy.engine import make_url
 
 from executor.core import invariants
-from executor.core.states import State
+from executor.core.states import ApprovalState, State
 from executor.settings import Settings, SettingsError
 from executor.store.clock import db_now
 from executor.store.engine import make_engine, normalize_url
+from executor.store.ordering import runnable_queued, sql_literal
 from executor.store.schema import (
     ACTIVE_STATES,
-    TERMINAL_STATES,
     approvals,
     calls,
     operations,
@@ -217,29 +215,14 @@ def oldest_reconciliation_pending_age(conn: Connection, now: float) -> float:
     return _age(now, oldest)
 
 
-def _predecessors_settled() -> ColumnElement[bool]:
-    """No earlier write of the same request is non-terminal: the same condition
-    `store.reserve` waits for, so a queued operation blocked behind a predecessor
-    (which may wait hours for a person) is not counted as stuck."""
-    earlier = operations.alias("earlier")
-    return ~exists(
-        select(literal(1))
-        .select_from(earlier)
-        .where(
-            earlier.c.request_id == operations.c.request_id,
-            earlier.c.position < operations.c.position,
-            earlier.c.mode == literal_column("'write'"),
-            earlier.c.state.not_in([_state_literal(s) for s in TERMINAL_STATES]),
-        )
-    )
-
-
 def stuck_operations(conn: Connection, now: float, stuck_after_seconds: float) -> dict[str, int]:
     """Operations overdue by more than the threshold, per state (I2).
 
     - started: lease expired that long ago and the reconciler has not acted
       (partial index on lease_expires_at);
-    - queued: due (`available_at`) that long ago, runnable, and not reserved;
+    - queued: due (`available_at`) that long ago and runnable, by the store's own
+      predicate (`runnable_queued`: not waiting on an earlier call, so a worker
+      should have taken it), yet not reserved;
     - retry_wait: backoff over that long ago and not promoted (partial index);
     - pending_approval: approval expired that long ago and not expired by the
       reconciler (partial index on pending approvals).
@@ -252,9 +235,7 @@ def stuck_operations(conn: Connection, now: float, stuck_after_seconds: float) -
     ).scalar_one()
     queued = conn.execute(
         select(func.count()).where(
-            _state_is(State.QUEUED),
-            operations.c.available_at < cutoff,
-            _predecessors_settled(),
+            runnable_queued(operations), operations.c.available_at < cutoff
         )
     ).scalar_one()
     retry_wait = conn.execute(
@@ -264,7 +245,7 @@ def stuck_operations(conn: Connection, now: float, stuck_after_seconds: float) -
     ).scalar_one()
     pending_approval = conn.execute(
         select(func.count()).where(
-            approvals.c.state == literal_column("'pending'"), approvals.c.expires_at < cutoff
+            approvals.c.state == sql_literal(ApprovalState.PENDING), approvals.c.expires_at < cutoff
         )
     ).scalar_one()
     return {

@@ -11,7 +11,7 @@ import multiprocessing
 import os
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Connection, Engine, insert, select
 
+from executor import store
 from executor.settings import Settings
 from executor.store.clock import db_now
 from executor.store.schema import (
@@ -343,6 +344,74 @@ def test_metrics__empty_database__every_gauge_present_and_zero(
     assert value(samples, "toolfence_outbox_oldest_unpublished_age_seconds") == 0
     assert value(samples, "toolfence_oldest_started_age_seconds") == 0
     assert value(samples, "toolfence_reconciliation_pending_oldest_age_seconds") == 0
+
+
+def _queued_behind(
+    engine: Engine,
+    earlier_state: str,
+    earlier: Callable[[float], dict[str, Any]],
+    later: dict[str, Any],
+) -> None:
+    """A request of two calls: the earlier one in `earlier_state` (more fields from
+    `earlier(now)`), then `later`, queued long past due."""
+    with engine.begin() as conn:
+        now = float(conn.execute(select(db_now())).scalar_one())
+        conn.execute(insert(operations), [
+            _operation(now, "earlier", earlier_state, request_id="req-two", position=0,
+                       **earlier(now)),
+            _operation(now, "later", "queued", request_id="req-two", position=1,
+                       available_at=now - 700, queued_at=now - 700, **later),
+        ])
+
+
+def _stuck_queued(db_url: str, engine: Engine, exporter_for: Any) -> tuple[float, float, list[str]]:
+    """The stuck gauge for `queued`, I2, and what the store's reconciler would republish."""
+    running = exporter_for(Settings(database_url=db_url, broker_url="memory://"))
+    samples = scrape_http(running.port)
+    with engine.connect() as conn:
+        republished = store.stale_queued(conn, STUCK_AFTER, 10)
+    return (
+        value(samples, "toolfence_operations_stuck", state="queued"),
+        value(samples, "toolfence_invariant_violations", invariant="I2"),
+        republished,
+    )
+
+
+READ = {"mode": "read", "tool_name": "ledger.get_balance"}
+
+
+def test_metrics__read_overdue_behind_reconciliation_pending_write__counted_stuck(
+    db_url: str, engine: Engine, exporter_for: Any
+) -> None:
+    # Given a read queued long past due behind a write that went to
+    # reconciliation_pending: settled, so the store runs the read (it sees the state
+    # as it is) and a worker should have taken it
+    _queued_behind(engine, "reconciliation_pending", lambda now: {}, READ)
+
+    # When Prometheus scrapes the exporter
+    stuck, i2, republished = _stuck_queued(db_url, engine, exporter_for)
+
+    # Then the read is stuck and I2 shows it, as the store's predicate says it is due
+    assert (stuck, i2) == (1, 1)
+    assert republished == ["later"]
+
+
+def test_metrics__write_behind_read_holding_its_lease__not_stuck(
+    db_url: str, engine: Engine, exporter_for: Any
+) -> None:
+    # Given a write queued long past due behind a read that still holds its lease:
+    # a write waits for every earlier call, so it has no message by design
+    _queued_behind(
+        engine, "started", lambda now: {"lease_expires_at": now + 60, "started_at": now - 5, **READ},
+        {},
+    )
+
+    # When Prometheus scrapes the exporter
+    stuck, i2, republished = _stuck_queued(db_url, engine, exporter_for)
+
+    # Then nothing is stuck (no false page), and the store does not republish it either
+    assert (stuck, i2) == (0, 0)
+    assert republished == []
 
 
 # ----------------------------------------------------------------- database outage

@@ -643,12 +643,12 @@ def test_reconciler_statements__repeated_on_a_settled_generation__all_lose_and_a
     operation_id, generation = make_stale(db, "t.unsafe")
     wait_leases_expired(db)
     with db.begin() as conn:
-        assert store.mark_unknown(conn, operation_id, generation, owner_token=None, reason="x")
+        assert store.mark_unknown_expired(conn, operation_id, generation, reason="x")
     before = len(trail(db, operation_id))
     # When a second reconciler repeats each of its statements on the same generation
     with db.begin() as conn:
         results = [
-            store.mark_unknown(conn, operation_id, generation, owner_token=None, reason="x"),
+            store.mark_unknown_expired(conn, operation_id, generation, reason="x"),
             store.requeue_stale(conn, operation_id, generation),
             store.record_lookup_result(conn, operation_id, generation, result={}, receipt="r"),
         ]

@@ -508,22 +508,22 @@ def test_mark_unknown__by_owner__reconciliation_pending(s: Store) -> None:
     )
 
 
-def test_mark_unknown__by_reconciler_while_lease_live__loses(s: Store) -> None:
+def test_mark_unknown_expired__lease_live__loses(s: Store) -> None:
     r = s.started()
 
     with s.unchanged(r.operation_id):
-        assert not s.mark_unknown(r.operation_id, r.generation, owner_token=None, reason="stale")
+        assert not s.mark_unknown_expired(r.operation_id, r.generation, reason="stale")
 
 
-def test_mark_unknown__by_reconciler_after_expiry__wins_only_for_observed_generation(
+def test_mark_unknown_expired__after_expiry__wins_only_for_observed_generation(
     s: Store,
 ) -> None:
     r = s.started()
     s.clock.advance(LEASE + 1)
 
     with s.unchanged(r.operation_id):
-        assert not s.mark_unknown(r.operation_id, r.generation + 1, owner_token=None, reason="x")
-    assert s.mark_unknown(r.operation_id, r.generation, owner_token=None, reason="lookup_unknown")
+        assert not s.mark_unknown_expired(r.operation_id, r.generation + 1, reason="x")
+    assert s.mark_unknown_expired(r.operation_id, r.generation, reason="lookup_unknown")
     assert s.row(r.operation_id)["state"] == "reconciliation_pending"
     with s.engine.connect() as conn:
         last = store.audit_trail(conn, r.operation_id)[-1]
@@ -599,7 +599,7 @@ def test_requeue_stale__generation_moved_on__loses(s: Store) -> None:
     with s.unchanged(r.operation_id):
         assert not s.requeue_stale(r.operation_id, observed)
         assert not s.record_lookup_result(r.operation_id, observed, result={}, receipt="r")
-        assert not s.mark_unknown(r.operation_id, observed, owner_token=None, reason="x")
+        assert not s.mark_unknown_expired(r.operation_id, observed, reason="x")
 
 
 def test_record_lookup_result__expired__succeeded_from_downstream_answer(s: Store) -> None:
@@ -695,17 +695,17 @@ def test_deny__after_approval__loses(s: Store) -> None:
         assert not s.deny(approval_id, approver="carol", reason="late")
 
 
-def test_deny_expired__before_expiry_loses__after_expiry_wins(s: Store) -> None:
+def test_expire_approval__before_expiry_loses__after_expiry_wins(s: Store) -> None:
     operation_id, approval_id = pending(s, approval_ttl_seconds=60)
     s.clock.advance(59)
 
     with s.unchanged(operation_id):
-        assert not s.deny(approval_id, approver="reaper", reason="ttl", expired=True)
+        assert not s.expire_approval(approval_id, approver="reaper", reason="ttl")
     assert s.expired_approvals(10) == []
 
     s.clock.advance(1)
     assert s.expired_approvals(10) == [approval_id]
-    assert s.deny(approval_id, approver="reaper", reason="ttl", expired=True)
+    assert s.expire_approval(approval_id, approver="reaper", reason="ttl")
     assert s.get_approval(approval_id).state == "expired"
     assert s.audit(operation_id)[-1][2] == "approval_expired"
 

@@ -292,10 +292,15 @@ class StoreMachine(RuleBasedStateMachine):
             generation, token = self.credentials(operation_id, owner)
             should_win = self.owns(operation_id, generation, token)
         with self.engine.begin() as conn:
-            won = store.mark_unknown(
-                conn, operation_id, generation, owner_token=token, reason="outcome_unknown",
-                clock=self.clock,
-            )
+            if token is None:
+                won = store.mark_unknown_expired(
+                    conn, operation_id, generation, reason="outcome_unknown", clock=self.clock
+                )
+            else:
+                won = store.mark_unknown(
+                    conn, operation_id, generation, owner_token=token, reason="outcome_unknown",
+                    clock=self.clock,
+                )
         assert won == should_win
         if won:
             m.move(State.RECONCILIATION_PENDING)
