@@ -59,7 +59,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import make_url
 
 from executor.core import invariants
-from executor.core.states import ApprovalState, State
+from executor.core.states import ACTIVE, SETTLED, ApprovalState, State
 from executor.settings import Settings, SettingsError
 from executor.store.clock import db_now
 from executor.store.engine import make_engine, normalize_url
@@ -78,12 +78,7 @@ log = logging.getLogger(__name__)
 INVARIANTS = ("I1", "I2", "I6")
 # States an operation can be stuck in (I2): every active state but
 # reconciliation_pending, which is a settled state waiting for a person.
-STUCK_STATES = (
-    State.PENDING_APPROVAL.value,
-    State.QUEUED.value,
-    State.STARTED.value,
-    State.RETRY_WAIT.value,
-)
+STUCK_STATES = tuple(state.value for state in State if state in ACTIVE - SETTLED)
 
 
 def _env_float(name: str, default: float) -> float:

@@ -28,7 +28,7 @@ from tenacity import wait_exponential_jitter
 
 from executor import store
 from executor.core.admission import compute_intent_hash, recheck_access
-from executor.core.states import TERMINAL, State
+from executor.core.states import TERMINAL, ApprovalState, State
 from executor.core.tools import (
     InvalidResult,
     LookupAnswer,
@@ -446,7 +446,7 @@ class OperationRunner:
             current = compute_intent_hash(tool, args, context)
         except Exception:
             return True
-        return approval.state != "approved" or current != approval.intent_hash
+        return approval.state != ApprovalState.APPROVED or current != approval.intent_hash
 
     def _on_value(
         self,

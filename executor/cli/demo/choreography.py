@@ -22,7 +22,7 @@ from executor.cli.demo.constants import APPROVER, DENIER, POLL_SECONDS, RECONCIL
 from executor.cli.demo.place import Place
 from executor.cli.demo.workload import TENANTS, DemoRequest
 from executor.cli.fleet import Fleet, Member, children_of
-from executor.core.states import SETTLED, State
+from executor.core.states import SETTLED, ApprovalState, State
 from executor.store.engine import make_engine, read_only
 from executor.store.migrate import migrate
 from executor.store.schema import approvals, calls, operations
@@ -299,7 +299,7 @@ class DemoRun:
                 select(approvals.c.approval_id, approvals.c.impact, operations.c.request_id,
                        operations.c.tool_name)
                 .join(operations, operations.c.operation_id == approvals.c.operation_id)
-                .where(approvals.c.state == "pending")
+                .where(approvals.c.state == ApprovalState.PENDING)
             ).all()
         now = time.monotonic()
         for row in pending:

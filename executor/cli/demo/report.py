@@ -16,7 +16,9 @@ from sqlalchemy import Engine, select
 from executor.cli.demo.place import Place
 from executor.cli.demo.workload import DemoRequest
 from executor.core import invariants
+from executor.core.admission import Gate
 from executor.core.states import SETTLED, State
+from executor.core.tools import Mode
 from executor.core.types import Succeeded
 from executor.store.engine import read_only
 from executor.store.schema import audit_events, calls, operations, receipts
@@ -95,7 +97,7 @@ def gather(engine: Engine, requests: Sequence[DemoRequest], metrics_dir: Path | 
     # Side effects per write, by each party's records alone (I1 judges them together).
     by_ledger = invariants.side_effects((), rules.effects)
     by_toolfence = invariants.side_effects(rules.receipts, ())
-    write_ops = [op for op in ops.values() if op.mode == "write"]
+    write_ops = [op for op in ops.values() if op.mode == Mode.WRITE]
     figures.writes = len(write_ops)
     for op in write_ops:
         figures.ledger_effects[by_ledger.get(op.operation_id, 0)] += 1
@@ -330,8 +332,7 @@ def render(
     table.add_row(
         Text("Rejected before running, by gate", style="bold"), str(rejected), "toolfence_calls.gate"
     )
-    for gate in ("allowlist", "parse", "schema", "authorization", "business_rules", "approval",
-                 "ordering", "registration"):
+    for gate in Gate:
         if figures.gates.get(gate):
             table.add_row(f"  {gate}", str(figures.gates[gate]), _counts(figures.gate_codes[gate]))
 
