@@ -97,7 +97,8 @@ def processes(commands: list[list[str]], env: dict[str, str], ready: str, log_di
                 continue
             while ready not in log_path.read_text(errors="replace"):
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"{' '.join(commands[0])} failed to start: {log_path.read_text()[-2000:]}")
+                    started = " ".join(commands[0])
+                    raise RuntimeError(f"{started} failed to start: {log_path.read_text()[-2000:]}")
                 time.sleep(0.1)
         yield
     finally:
@@ -538,12 +539,17 @@ def main(argv: list[str] | None = None) -> int:
         small, large = (2_000, 50_000) if args.quick else (10_000, 1_000_000)
         fill_operations(small)
         sweep_small = sweep_time(engine)
-        scale_small = bench_toolfence_saturation(n // 2, engine, log_dir / "tf-small", f"toolfence at {small:,} rows")
+        scale_small = bench_toolfence_saturation(
+            n // 2, engine, log_dir / "tf-small", f"toolfence at {small:,} rows"
+        )
         fill_operations(large)
         sweep_large = sweep_time(engine)
-        scale_large = bench_toolfence_saturation(n // 2, engine, log_dir / "tf-large", f"toolfence at {large:,} rows")
+        scale_large = bench_toolfence_saturation(
+            n // 2, engine, log_dir / "tf-large", f"toolfence at {large:,} rows"
+        )
         results += [scale_small, scale_large]
-        ratios[f"throughput at {large:,} / at {small:,} rows"] = scale_large.per_second / scale_small.per_second
+        throughput_ratio = scale_large.per_second / scale_small.per_second
+        ratios[f"throughput at {large:,} / at {small:,} rows"] = throughput_ratio
         extras[f"reconciler sweep, 10 stale in {small:,} rows (ms)"] = sweep_small * 1000
         extras[f"reconciler sweep, 10 stale in {large:,} rows (ms)"] = sweep_large * 1000
         ratios[f"sweep time {large:,} / {small:,} rows"] = sweep_large / sweep_small
@@ -553,7 +559,8 @@ def main(argv: list[str] | None = None) -> int:
     report = [
         "# Benchmark results",
         "",
-        "Written by `make bench` (`python -m bench.run`). One script, one sitting, same PostgreSQL and Redis;",
+        "Written by `make bench` (`python -m bench.run`). One script, one sitting, "
+        "same PostgreSQL and Redis;",
         f"{WORKERS} worker processes (prefork, concurrency 1) for every queue-based scenario.",
         "",
         "Machine: " + "; ".join(f"{k}: {v}" for k, v in info.items()),

@@ -25,11 +25,13 @@ def test_mcp_tool__runs_through_fleet__result_correlated_and_untrusted(settings,
     engine = make_engine(settings.database_url)
     ctx = ServerContext(principal="alice", tenant="acme", roles=frozenset({"member"}), request_id="req-mcp")
     calls = [
-        ProposedCall(call_id="t1", tool_name="time.get_current_time", arguments=json.dumps({"timezone": "UTC"})),
+        ProposedCall(call_id="t1", tool_name="time.get_current_time",
+                     arguments=json.dumps({"timezone": "UTC"})),
         # Schema violation (unknown field): refused by the gates before any MCP request.
         ProposedCall(call_id="t2", tool_name="time.get_current_time",
                      arguments=json.dumps({"timezone": "UTC", "tenant_id": "globex"})),
-        ProposedCall(call_id="b1", tool_name="ledger.get_balance", arguments=json.dumps({"account_id": "acme-1"})),
+        ProposedCall(call_id="b1", tool_name="ledger.get_balance",
+                     arguments=json.dumps({"account_id": "acme-1"})),
     ]
     # When the producer enqueues them
     with engine.begin() as conn:
