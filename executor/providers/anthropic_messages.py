@@ -12,17 +12,16 @@ always sends one), a toolset member call (`unsupported_call_type`: toolfence
 declares no toolsets), an empty or repeated id. Server-run blocks
 (`server_tool_use`, their results, thinking, text) are skipped.
 
-Left to the admission gates, per call: tool names (`unknown_tool`) and the
-arguments. A response cut off by `max_tokens` (or the context window) while
-writing its last `tool_use` block holds partial input that may still validate;
-that one call's arguments are passed as the truncated JSON text they are (the
-object's JSON without its closing brace) so the parse gate rejects it with
-`invalid_arguments_json` instead of running it with half its arguments.
+Refused as `truncated_response` (before admission): `tool_use` blocks in a
+message that stopped on `max_tokens` or `model_context_window_exceeded`. The
+last block, when it is a `tool_use`, was being written when the limit hit and
+is named: its partial input is an object that may still validate, and the
+blocks before it are a plan the model did not finish. Left to the admission
+gates, per call: tool names (`unknown_tool`) and the arguments.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -42,6 +41,7 @@ from executor.providers.common import (
     order_results,
     parameters_schema,
     result_text,
+    truncated,
 )
 
 SURFACE = "anthropic"
@@ -78,8 +78,13 @@ def read_proposals(
             raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, f"{where} is not an object")
         if block.get("type") != "tool_use":
             continue
-        cut_off = stop_reason in _TRUNCATING_STOPS and index == len(content) - 1
-        proposals.append(_read_call(block, where, cut_off=cut_off, known_names=known_names))
+        if stop_reason in _TRUNCATING_STOPS:
+            last = content[-1]
+            cut = last.get("id") if isinstance(last, Mapping) and last.get("type") == "tool_use" else None
+            raise truncated(
+                SURFACE, f"stop_reason is {stop_reason} and the message holds tool_use blocks", cut
+            )
+        proposals.append(_read_call(block, where, known_names=known_names))
     if not proposals and stop_reason == "tool_use":
         raise _refuse(
             AdapterErrorCode.TOOL_CALLS_WITHOUT_CALLS,
@@ -89,9 +94,7 @@ def read_proposals(
     return proposals
 
 
-def _read_call(
-    block: Mapping[str, Any], where: str, *, cut_off: bool, known_names: Iterable[str]
-) -> ProposedCall:
+def _read_call(block: Mapping[str, Any], where: str, *, known_names: Iterable[str]) -> ProposedCall:
     call_id = check_call_id(block.get("id"), surface=SURFACE, where=where)
     if block.get("toolset_name"):
         raise _refuse(
@@ -105,13 +108,10 @@ def _read_call(
         raise _refuse(
             AdapterErrorCode.MALFORMED_CALL_LIST, f"{where} input is not an object", call_id
         )
-    proposed: str | dict[str, Any] = dict(arguments)
-    if cut_off:
-        proposed = json.dumps(arguments, ensure_ascii=False)[:-1]
     return ProposedCall(
         call_id=call_id,
         tool_name=decode_tool_name(wire_name, NAME_RULE, known_names),
-        arguments=proposed,
+        arguments=dict(arguments),
     )
 
 

@@ -21,6 +21,7 @@ import pydantic_core
 
 from executor.core.tools import Registry, Tool
 from executor.core.types import (
+    ErrorCode,
     FailedRetryable,
     FailedTerminal,
     Pending,
@@ -51,6 +52,11 @@ class AdapterErrorCode(StrEnum):
     MALFORMED_ENVELOPE = "malformed_envelope"
     MULTIPLE_CHOICES = "multiple_choices"
     TOOL_CALLS_WITHOUT_CALLS = "tool_calls_without_calls"
+    # The provider says it cut the response off (a token limit) or is still
+    # writing a call: nothing in it is the model's finished proposal. Same text
+    # as `ErrorCode.TRUNCATED_RESPONSE`, so a caller reporting the refusal in a
+    # result or a problem document uses the one stable code.
+    TRUNCATED_RESPONSE = ErrorCode.TRUNCATED_RESPONSE.value
     # inbound: the call list
     MALFORMED_CALL_LIST = "malformed_call_list"
     UNSUPPORTED_CALL_TYPE = "unsupported_call_type"
@@ -88,6 +94,23 @@ class AdapterError(Exception):
         self.message = message
         self.surface = surface
         self.call_id = call_id
+
+
+def truncated(surface: str, message: str, call_id: object = None) -> AdapterError:
+    """The refusal of a response the provider says is not whole.
+
+    Refused as a whole, before admission: a cut-off response is not the model's
+    finished turn, so even its complete calls are a plan it did not finish (the
+    call it was writing may have been meant to come first, or a later one to
+    undo an earlier one). `call_id` names the call that was cut when the
+    envelope shows which one.
+    """
+    return AdapterError(
+        AdapterErrorCode.TRUNCATED_RESPONSE,
+        message,
+        surface=surface,
+        call_id=call_id if isinstance(call_id, str) and call_id.strip() else None,
+    )
 
 
 def quote(value: object, limit: int = 48) -> str:

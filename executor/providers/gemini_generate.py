@@ -20,10 +20,13 @@ Whole envelope refused (`AdapterError`): more than one candidate
 `UNEXPECTED_TOOL_CALL` finish with no call (`tool_calls_without_calls`), a
 `functionCall` that is not the shape above (`malformed_call_list`), an empty
 or repeated id. No candidates (a blocked prompt) is a response with no calls.
-Left to the admission gates, per call: tool names (`unknown_tool`) and the
-arguments. A `functionCall` part arrives whole (its `args` are an object, not
-streamed text), so unlike Anthropic a `MAX_TOKENS` finish does not mark the
-last call as cut off.
+Refused as `truncated_response` (before admission): a `functionCall` that
+says it is not whole (`willContinue: true`, or `partialArgs`: its arguments
+are still being streamed; named by its id), and calls in a candidate that
+finished on `MAX_TOKENS` (the last call is named: every `functionCall` part is
+a whole object, but the model may have meant more calls than these). toolfence
+assembles no streamed calls: pass the final, aggregated response. Left to the
+admission gates, per call: tool names (`unknown_tool`) and the arguments.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from executor.providers.common import (
     output_payload,
     parameters_schema,
     quote,
+    truncated,
 )
 
 SURFACE = "gemini"
@@ -132,6 +136,12 @@ def read_proposals(
         proposals.append(
             _read_call(raw_call, len(proposals), where, known_names=known_names)
         )
+    if proposals and finish_reason == "MAX_TOKENS":
+        raise truncated(
+            SURFACE,
+            f"finishReason is MAX_TOKENS: {len(proposals)} call(s), the last one may be cut",
+            proposals[-1].call_id,
+        )
     if not proposals and finish_reason in _CALL_FAILURE_FINISHES:
         raise _refuse(
             AdapterErrorCode.TOOL_CALLS_WITHOUT_CALLS,
@@ -153,6 +163,17 @@ def _read_call(
     if not isinstance(arguments, Mapping):
         raise _refuse(AdapterErrorCode.MALFORMED_CALL_LIST, f"{where} args is not an object")
     given_id = raw.get("id")
+    will_continue = _get(raw, "will_continue", "willContinue", where)
+    partial_args = _get(raw, "partial_args", "partialArgs", where)
+    if will_continue is True or partial_args:
+        # Streamed function-call arguments (Gemini 3): this part is one chunk of a
+        # call whose arguments are not all here, whatever `args` holds so far.
+        raise truncated(
+            SURFACE,
+            f"{where} functionCall is not whole "
+            f"({'willContinue' if will_continue is True else 'partialArgs'})",
+            given_id,
+        )
     if given_id is None:
         call_id = synthetic_call_id(ordinal, wire_name, arguments)
     else:

@@ -11,8 +11,10 @@ Whole envelope refused (`AdapterError`): `steps` not a list, status
 `requires_action` with no unanswered call (`tool_calls_without_calls`), a call
 step not of the shape above (`malformed_call_list`), an empty or repeated id.
 Server-run steps (search, code execution, MCP server tools, thoughts,
-model output) are skipped. Left to the admission gates, per call: tool names
-(`unknown_tool`) and the arguments.
+model output) are skipped. Refused as `truncated_response` (before
+admission): unanswered calls of an interaction whose status is `incomplete`
+(it ended early; the last call is named). Left to the admission gates, per
+call: tool names (`unknown_tool`) and the arguments.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from executor.providers.common import (
     order_results,
     parameters_schema,
     result_text,
+    truncated,
 )
 
 SURFACE = "gemini-interactions"
@@ -84,6 +87,12 @@ def read_proposals(
                 answered.add(call_id)
     check_unique_ids(calls, surface=SURFACE)
     pending = [call for call in calls if call.call_id not in answered]
+    if pending and response.get("status") == "incomplete":
+        raise truncated(
+            SURFACE,
+            f"status is incomplete with {len(pending)} unanswered call(s)",
+            pending[-1].call_id,
+        )
     if not pending and response.get("status") == "requires_action":
         raise _refuse(
             AdapterErrorCode.TOOL_CALLS_WITHOUT_CALLS,

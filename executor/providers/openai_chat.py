@@ -9,9 +9,12 @@ answered: no single choice (`multiple_choices`; the caller picks one), a
 `tool_calls` finish with no calls, a call list or call that is not the shape
 above (`malformed_call_list`), a legacy `function_call` or a `custom` tool call
 (`unsupported_call_type`: toolfence declares neither, and answers them
-differently), an empty or repeated call id. Left to the admission gates, per
-call: the arguments text, verbatim, however broken or truncated
-(`invalid_arguments_json`), and tool names (`unknown_tool`).
+differently), an empty or repeated call id, and calls in a choice that ended
+with `finish_reason: "length"` (`truncated_response`, naming the last call,
+the one being written when the token limit hit: its cut arguments text may
+still parse, and the calls before it are a plan the model did not finish).
+Left to the admission gates, per call: the arguments text, verbatim, however
+broken (`invalid_arguments_json`), and tool names (`unknown_tool`).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from executor.providers.common import (
     parameters_schema,
     result_text,
     strict_parameters_schema,
+    truncated,
 )
 
 SURFACE = "openai-chat"
@@ -88,6 +92,13 @@ def read_proposals(
                 "finish_reason is tool_calls but the message carries no calls",
             )
         return []
+    if finish_reason == "length":
+        last = raw_calls[-1]
+        raise truncated(
+            SURFACE,
+            f"finish_reason is length: {len(raw_calls)} call(s), the last one cut off",
+            last.get("id") if isinstance(last, Mapping) else None,
+        )
     proposals = [
         _read_call(raw, index, known_names=known_names) for index, raw in enumerate(raw_calls)
     ]

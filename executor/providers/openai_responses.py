@@ -12,7 +12,11 @@ would have to answer but toolfence never declared (`unsupported_call_type`:
 custom tools, computer use, shells, apply-patch, MCP approval requests,
 client-side tool search, namespaced functions). Server-run items (web search,
 file search, code interpreter, MCP calls, reasoning, messages, …) are skipped.
-Left to the admission gates, per call: the arguments text, verbatim
+Refused as `truncated_response` (before admission): calls in a response with
+`status: "incomplete"` (a token limit or a content filter ended it), and a
+`function_call` item whose own status is `incomplete` or `in_progress` (named
+by its `call_id`): its arguments text is not the model's whole call even when
+it parses. Left to the admission gates, per call: the arguments text, verbatim
 (`invalid_arguments_json`), and tool names (`unknown_tool`). This surface has no
 "tool calls" stop signal, so there is no `tool_calls_without_calls` case.
 """
@@ -38,6 +42,7 @@ from executor.providers.common import (
     parameters_schema,
     result_text,
     strict_parameters_schema,
+    truncated,
 )
 
 SURFACE = "openai-responses"
@@ -91,8 +96,34 @@ def read_proposals(
             )
         if kind == "function_call":
             proposals.append(_read_call(item, where, known_names=known_names))
+    _refuse_if_truncated(response, output, proposals)
     check_unique_ids(proposals, surface=SURFACE)
     return proposals
+
+
+# A function_call item the model has not finished writing: `incomplete` when the
+# response was cut off, `in_progress` in a snapshot taken while it streams.
+_UNFINISHED_ITEM_STATUSES = frozenset({"incomplete", "in_progress"})
+
+
+def _refuse_if_truncated(
+    response: Mapping[str, Any], output: list[Any], proposals: list[ProposedCall]
+) -> None:
+    if not proposals:
+        return
+    for item in output:
+        if item.get("type") == "function_call" and item.get("status") in _UNFINISHED_ITEM_STATUSES:
+            raise truncated(
+                SURFACE,
+                f"a function_call item has status {item.get('status')}",
+                item.get("call_id"),
+            )
+    if response.get("status") == "incomplete":
+        details = response.get("incomplete_details")
+        reason = details.get("reason") if isinstance(details, Mapping) else None
+        # Every call item says completed; the response still ended early, so the
+        # model may have meant more calls than these.
+        raise truncated(SURFACE, f"the response is incomplete ({reason or 'no reason given'})")
 
 
 def _read_call(item: Mapping[str, Any], where: str, *, known_names: Iterable[str]) -> ProposedCall:

@@ -114,28 +114,6 @@ def test_read__duplicate_and_empty_ids__refused() -> None:
     assert _refused(empty) is AdapterErrorCode.EMPTY_CALL_ID
 
 
-def test_read__cut_off_by_max_tokens__last_call_rejected_as_truncated_not_run() -> None:
-    registry = make_registry()
-    # `reason` has a default, so the partial input {"order_id", "amount_cents"}
-    # would pass the schema gate if taken at face value.
-    response = anthropic_response(
-        [
-            Call("toolu_1", "get_weather", {"city": "Oslo"}),
-            Call("toolu_2", "refund", {"order_id": "o-1", "amount_cents": 100}),
-        ],
-        stop_reason="max_tokens",
-    )
-
-    complete, cut_off = anthropic_messages.read_proposals(response)
-
-    assert complete.arguments == {"city": "Oslo"}
-    assert isinstance(cut_off.arguments, str)
-    outcome = admit_call(cut_off, registry)
-    assert isinstance(outcome, Rejected)
-    assert outcome.result.error.code is ErrorCode.INVALID_ARGUMENTS_JSON
-    assert not isinstance(admit_call(complete, registry), Rejected)
-
-
 def test_read__unknown_tool__left_to_the_gates() -> None:
     [proposal] = anthropic_messages.read_proposals(anthropic_response([Call("t1", "nope", {})]))
     outcome = admit_call(proposal, make_registry())
