@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from executor.core.tools import Registry
-from executor.core.types import ProposedCall
+from executor.core.types import ProposedCall, ServerContext
 from executor.providers.common import (
     AdapterError,
     AdapterErrorCode,
@@ -37,6 +37,7 @@ from executor.providers.common import (
     check_unique_ids,
     declared_tools,
     decode_tool_name,
+    exports_writes,
     is_failure,
     order_results,
     parameters_schema,
@@ -142,8 +143,10 @@ def write_results(
     return [{"role": "user", "content": blocks}]
 
 
-def export_tools(registry: Registry) -> list[dict[str, Any]]:
+def export_tools(registry: Registry, context: ServerContext) -> list[dict[str, Any]]:
     """`tools` entries: `{"name", "description", "input_schema"}`.
+
+    Only the tools exposed to `context` (`common.declared_tools`), in tool-name order.
 
     The schema goes as pydantic wrote it (JSON Schema 2020-12, which the API
     takes). Anthropic's own `strict` tool mode is not requested: it has its own
@@ -155,5 +158,17 @@ def export_tools(registry: Registry) -> list[dict[str, Any]]:
             "description": tool.description,
             "input_schema": parameters_schema(tool),
         }
-        for wire_name, tool in declared_tools(registry, NAME_RULE, surface=SURFACE)
+        for wire_name, tool in declared_tools(registry, context, NAME_RULE, surface=SURFACE)
     ]
+
+
+def request_options(registry: Registry, context: ServerContext) -> dict[str, Any]:
+    """Request parameters that go with `export_tools(registry, context)`.
+
+    `tool_choice: {"type": "auto", "disable_parallel_tool_use": true}` when the
+    export holds a write, so the model proposes one call per turn and sees each
+    write's outcome before the next; empty otherwise.
+    """
+    if not exports_writes(registry, context):
+        return {}
+    return {"tool_choice": {"type": "auto", "disable_parallel_tool_use": True}}

@@ -19,13 +19,15 @@ from typing import Any, TypeAlias
 
 import pydantic_core
 
-from executor.core.tools import Registry, Tool
+from executor.core.admission import exposed_to
+from executor.core.tools import Mode, Registry, Tool
 from executor.core.types import (
     ErrorCode,
     FailedRetryable,
     FailedTerminal,
     Pending,
     ProposedCall,
+    ServerContext,
     Succeeded,
     ToolError,
 )
@@ -317,10 +319,19 @@ def decode_tool_name(wire_name: str, rule: NameRule, known_names: Iterable[str] 
 
 
 def declared_tools(
-    registry: Registry, rule: NameRule, *, surface: str
+    registry: Registry, context: ServerContext, rule: NameRule, *, surface: str
 ) -> list[tuple[str, Tool[Any]]]:
-    """(wire name, tool) for every tool, sorted by tool name so exports are stable
-    (a stable tool list keeps provider-side prompt caches warm)."""
+    """(wire name, tool) for every tool exposed to `context`, sorted by tool name
+    so exports are stable (a stable tool list keeps provider-side prompt caches
+    warm).
+
+    Exposure is `executor.core.admission.exposed_to`, the predicate the
+    allowlist and authorization gates use: a tool the model is shown is one
+    admission would let this context call, and a tool admission would refuse
+    with `tool_not_allowed` is never shown. Wire names are checked for
+    collisions across the whole registry, so a colliding pair fails every
+    export, not only those of principals who see both.
+    """
     declared: list[tuple[str, Tool[Any]]] = []
     owners: dict[str, str] = {}
     for name in registry.names():
@@ -336,8 +347,24 @@ def declared_tools(
                 surface=surface,
             )
         owners[wire] = name
-        declared.append((wire, tool))
+        if exposed_to(tool, context):
+            declared.append((wire, tool))
     return declared
+
+
+def exports_writes(registry: Registry, context: ServerContext) -> bool:
+    """Does the export for `context` include a write?
+
+    Then the request should ask the model for one call at a time: writes of one
+    request run in proposal order, each after the previous is terminal, and a
+    model that proposes them one by one sees each outcome before the next
+    (instead of a batch whose later writes end `predecessor_failed`).
+    """
+    return any(
+        tool.mode is Mode.WRITE
+        for name in registry.names()
+        if (tool := registry.get(name)) is not None and exposed_to(tool, context)
+    )
 
 
 def parameters_schema(tool: Tool[Any]) -> dict[str, Any]:

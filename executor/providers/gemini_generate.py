@@ -37,7 +37,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from executor.core.tools import Registry
-from executor.core.types import ProposedCall, Succeeded
+from executor.core.types import ProposedCall, ServerContext, Succeeded
 from executor.providers.common import (
     AdapterError,
     AdapterErrorCode,
@@ -219,9 +219,11 @@ def write_results(
     return [{"role": "user", "parts": parts}]
 
 
-def export_tools(registry: Registry) -> list[dict[str, Any]]:
+def export_tools(registry: Registry, context: ServerContext) -> list[dict[str, Any]]:
     """`tools`: `[{"functionDeclarations": [{name, description, parametersJsonSchema}]}]`,
     one Tool holding every function (empty list when there are none).
+
+    Only the tools exposed to `context` (`common.declared_tools`), in tool-name order.
 
     `parametersJsonSchema` takes the JSON Schema as pydantic wrote it; the
     older `parameters` field wants an OpenAPI subset that would need converting.
@@ -232,6 +234,15 @@ def export_tools(registry: Registry) -> list[dict[str, Any]]:
             "description": tool.description,
             "parametersJsonSchema": parameters_schema(tool),
         }
-        for wire_name, tool in declared_tools(registry, NAME_RULE, surface=SURFACE)
+        for wire_name, tool in declared_tools(registry, context, NAME_RULE, surface=SURFACE)
     ]
     return [{"functionDeclarations": declarations}] if declarations else []
+
+
+def request_options(registry: Registry, context: ServerContext) -> dict[str, Any]:
+    """Request parameters that go with `export_tools(registry, context)`: none.
+
+    GenerateContent has no switch for one call per turn; writes of one request
+    still run in proposal order, each after the previous one is terminal.
+    """
+    return {}

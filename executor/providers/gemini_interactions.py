@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from executor.core.tools import Registry
-from executor.core.types import ProposedCall
+from executor.core.types import ProposedCall, ServerContext
 from executor.providers.common import (
     AdapterError,
     AdapterErrorCode,
@@ -139,8 +139,11 @@ def write_results(
     ]
 
 
-def export_tools(registry: Registry) -> list[dict[str, Any]]:
-    """`tools` entries: `{"type": "function", "name", "description", "parameters"}`."""
+def export_tools(registry: Registry, context: ServerContext) -> list[dict[str, Any]]:
+    """`tools` entries: `{"type": "function", "name", "description", "parameters"}`.
+
+    Only the tools exposed to `context` (`common.declared_tools`), in tool-name order.
+    """
     return [
         {
             "type": "function",
@@ -148,5 +151,14 @@ def export_tools(registry: Registry) -> list[dict[str, Any]]:
             "description": tool.description,
             "parameters": parameters_schema(tool),
         }
-        for wire_name, tool in declared_tools(registry, NAME_RULE, surface=SURFACE)
+        for wire_name, tool in declared_tools(registry, context, NAME_RULE, surface=SURFACE)
     ]
+
+
+def request_options(registry: Registry, context: ServerContext) -> dict[str, Any]:
+    """Request parameters that go with `export_tools(registry, context)`: none.
+
+    The Interactions API has no switch for one call per turn; writes of one request
+    still run in proposal order, each after the previous one is terminal.
+    """
+    return {}

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from executor.core.tools import Registry
-from executor.core.types import ProposedCall
+from executor.core.types import ProposedCall, ServerContext
 from executor.providers.common import (
     AdapterError,
     AdapterErrorCode,
@@ -34,6 +34,7 @@ from executor.providers.common import (
     check_unique_ids,
     declared_tools,
     decode_tool_name,
+    exports_writes,
     order_results,
     parameters_schema,
     result_text,
@@ -153,9 +154,11 @@ def write_results(
     ]
 
 
-def export_tools(registry: Registry) -> list[dict[str, Any]]:
+def export_tools(registry: Registry, context: ServerContext) -> list[dict[str, Any]]:
     """`tools` entries: `{"type": "function", "function": {name, description,
     parameters, strict}}`.
+
+    Only the tools exposed to `context` (`common.declared_tools`), in tool-name order.
 
     `strict: true` when the input schema converts faithfully to strict form
     (`common.strict_parameters_schema`); otherwise the schema is sent as pydantic
@@ -164,7 +167,7 @@ def export_tools(registry: Registry) -> list[dict[str, Any]]:
     the model must fill) or hide constraints from the model.
     """
     declarations: list[dict[str, Any]] = []
-    for wire_name, tool in declared_tools(registry, NAME_RULE, surface=SURFACE):
+    for wire_name, tool in declared_tools(registry, context, NAME_RULE, surface=SURFACE):
         schema = parameters_schema(tool)
         strict_schema, _reason = strict_parameters_schema(schema)
         declarations.append(
@@ -179,3 +182,14 @@ def export_tools(registry: Registry) -> list[dict[str, Any]]:
             }
         )
     return declarations
+
+
+def request_options(registry: Registry, context: ServerContext) -> dict[str, Any]:
+    """Request parameters that go with `export_tools(registry, context)`.
+
+    `parallel_tool_calls: false` when the export holds a write, so the model
+    proposes one call per turn and sees each write's outcome before the next;
+    empty otherwise (reads may run in parallel, and the API refuses the flag
+    on a request with no tools).
+    """
+    return {"parallel_tool_calls": False} if exports_writes(registry, context) else {}

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from adapter_testkit import (
+    SERVER_CONTEXT,
     Call,
     admit_call,
     anthropic_response,
@@ -167,7 +168,7 @@ def test_write__untrusted_output__labelled_as_data() -> None:
 
 
 def test_export__every_tool__valid_tool_param() -> None:
-    tools = anthropic_messages.export_tools(make_registry())
+    tools = anthropic_messages.export_tools(make_registry(), SERVER_CONTEXT)
 
     for tool in tools:
         validate_typed(ToolParam, tool)

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from adapter_testkit import (
     LONG_TOOL_NAME,
+    SERVER_CONTEXT,
     Call,
     admit_call,
     assert_keys_within,
@@ -258,7 +259,7 @@ def test_write__untrusted_output__labelled_as_data() -> None:
 
 
 def test_export__every_tool__valid_sdk_tool_param_with_provider_safe_name() -> None:
-    tools = openai_chat.export_tools(make_registry())
+    tools = openai_chat.export_tools(make_registry(), SERVER_CONTEXT)
 
     for tool in tools:
         validate_typed(ChatCompletionFunctionToolParam, tool)

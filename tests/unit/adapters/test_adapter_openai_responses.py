@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from adapter_testkit import (
+    SERVER_CONTEXT,
     Call,
     admit_call,
     assert_keys_within,
@@ -180,7 +181,7 @@ def test_write__results_in_any_order__function_call_outputs_in_call_order() -> N
 
 
 def test_export__every_tool__valid_function_tool_with_strict_where_faithful() -> None:
-    tools = openai_responses.export_tools(make_registry())
+    tools = openai_responses.export_tools(make_registry(), SERVER_CONTEXT)
 
     for tool in tools:
         validate_typed(FunctionToolParam, tool)
