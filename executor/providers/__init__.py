@@ -15,6 +15,7 @@ Interactions step.
     proposals = surface.read_proposals(message_dict, known_names=registry.names())
     ...admit, run, collect one terminal result per proposal...
     messages.extend(surface.write_results(proposals, results))
+    violations = hosted_violations(surface.read_hosted_calls(message_dict), policy)
 """
 
 from __future__ import annotations
@@ -42,12 +43,24 @@ from executor.providers.common import (
     decode_tool_name,
     encode_tool_name,
 )
+from executor.providers.hosted import (
+    NO_HOSTED_TOOLS,
+    HostedCall,
+    HostedPolicy,
+    HostedServer,
+    HostedViolation,
+    hosted_violations,
+)
 
 
 class ReadProposals(Protocol):
     def __call__(
         self, response: Mapping[str, Any], *, known_names: Iterable[str] = ...
     ) -> list[ProposedCall]: ...
+
+
+class ReadHostedCalls(Protocol):
+    def __call__(self, response: Mapping[str, Any]) -> list[HostedCall]: ...
 
 
 class WriteResults(Protocol):
@@ -66,8 +79,8 @@ class RequestOptions(Protocol):
 
 @dataclass(frozen=True)
 class Surface:
-    """One provider API surface: its name rule, its three conversions and the
-    request options that go with an export."""
+    """One provider API surface: its name rule, its three conversions, the
+    request options that go with an export, and its reader of provider-run calls."""
 
     name: str
     name_rule: NameRule
@@ -75,6 +88,7 @@ class Surface:
     write_results: WriteResults
     export_tools: ExportTools
     request_options: RequestOptions
+    read_hosted_calls: ReadHostedCalls
 
 
 def _surface(module: Any) -> Surface:
@@ -85,6 +99,7 @@ def _surface(module: Any) -> Surface:
         write_results=module.write_results,
         export_tools=module.export_tools,
         request_options=module.request_options,
+        read_hosted_calls=module.read_hosted_calls,
     )
 
 
@@ -109,4 +124,10 @@ __all__ = [
     "ToolResult",
     "decode_tool_name",
     "encode_tool_name",
+    "NO_HOSTED_TOOLS",
+    "HostedCall",
+    "HostedPolicy",
+    "HostedServer",
+    "HostedViolation",
+    "hosted_violations",
 ]

@@ -9,8 +9,11 @@ Whole envelope refused (`AdapterError`): `content` missing, a `tool_use` stop
 with no `tool_use` block, a block that is not the shape above
 (`malformed_call_list`, including `input` that is not an object: the API
 always sends one), a toolset member call (`unsupported_call_type`: toolfence
-declares no toolsets), an empty or repeated id. Server-run blocks
-(`server_tool_use`, their results, thinking, text) are skipped.
+declares no toolsets), an empty or repeated id. Server-run blocks are not
+proposals: `read_hosted_calls` reads them (`server_tool_use`, `mcp_tool_use`,
+`mcp_tool_result`, `web_search_tool_result` and the other `*_tool_result`
+blocks of server tools) for the hosted-tool check; thinking and text are
+skipped.
 
 Refused as `truncated_response` (before admission): `tool_use` blocks in a
 message that stopped on `max_tokens` or `model_context_window_exceeded`. The
@@ -43,6 +46,13 @@ from executor.providers.common import (
     parameters_schema,
     result_text,
     truncated,
+)
+from executor.providers.hosted import (
+    HostedCall,
+    HostedPolicy,
+    arguments_text,
+    output_digest,
+    text_or_none,
 )
 
 SURFACE = "anthropic"
@@ -172,3 +182,82 @@ def request_options(registry: Registry, context: ServerContext) -> dict[str, Any
     if not exports_writes(registry, context):
         return {}
     return {"tool_choice": {"type": "auto", "disable_parallel_tool_use": True}}
+
+
+# ---------------------------------------------------------------- hosted calls
+
+_HOSTED_USE_BLOCKS = frozenset({"server_tool_use", "mcp_tool_use"})
+
+
+def read_hosted_calls(response: Mapping[str, Any]) -> list[HostedCall]:
+    """Every server-run block of `content`, in content order, as `HostedCall`s.
+
+    A result block (`mcp_tool_result`, `web_search_tool_result`, …) carries the
+    id of the use it answers; it is given that use's server and tool name, when
+    the use is in the same message, and a digest of its content.
+    """
+    if not isinstance(response, Mapping):
+        raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, "the response is not an object")
+    content = response.get("content")
+    if not isinstance(content, list):
+        raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, "the message has no content list")
+    calls: list[HostedCall] = []
+    uses: dict[str, HostedCall] = {}
+    for index, block in enumerate(content):
+        if not isinstance(block, Mapping):
+            raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, f"content[{index}] is not an object")
+        kind = block.get("type")
+        if kind in _HOSTED_USE_BLOCKS:
+            use = HostedCall(
+                surface=SURFACE, kind=str(kind),
+                server_label=text_or_none(block.get("server_name")) if kind == "mcp_tool_use" else None,
+                tool_name=text_or_none(block.get("name")),
+                arguments=arguments_text(block.get("input")),
+                item_id=text_or_none(block.get("id")), status=None, output_digest=None,
+            )
+            calls.append(use)
+            if use.item_id is not None:
+                uses[use.item_id] = use
+        elif isinstance(kind, str) and kind.endswith("_tool_result") and kind != "tool_result":
+            answers = text_or_none(block.get("tool_use_id"))
+            answered = uses.get(answers) if answers is not None else None
+            result = block.get("content")
+            errored = block.get("is_error") is True or (
+                isinstance(result, Mapping) and str(result.get("type", "")).endswith("_error")
+            )
+            calls.append(
+                HostedCall(
+                    surface=SURFACE, kind=kind,
+                    server_label=answered.server_label if answered else None,
+                    tool_name=answered.tool_name if answered else None,
+                    arguments=None, item_id=answers,
+                    status="error" if errored else "completed",
+                    output_digest=output_digest(result), is_result=True,
+                )
+            )
+    return calls
+
+
+def export_mcp_servers(policy: HostedPolicy) -> list[dict[str, Any]]:
+    """The request's `mcp_servers` (MCP connector beta), in policy order:
+    `{"type": "url", "url", "name", "tool_configuration": {"enabled": true,
+    "allowed_tools"}}`.
+
+    Only the tools that need no approval are enabled: the connector runs a
+    tool the moment the model calls it, with no pause for an approval, so a
+    tool in `approval_required` cannot run safely through it. Add the
+    server's `authorization_token` (a secret, never part of the policy)
+    yourself.
+    """
+    return [
+        {
+            "type": "url",
+            "url": server.url,
+            "name": server.label,
+            "tool_configuration": {
+                "enabled": True,
+                "allowed_tools": sorted(server.allowed_tools - server.approval_required),
+            },
+        }
+        for server in policy.servers
+    ]

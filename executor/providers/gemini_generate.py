@@ -19,7 +19,9 @@ Whole envelope refused (`AdapterError`): more than one candidate
 (`multiple_choices`; the caller picks one), a `MALFORMED_FUNCTION_CALL` or
 `UNEXPECTED_TOOL_CALL` finish with no call (`tool_calls_without_calls`), a
 `functionCall` that is not the shape above (`malformed_call_list`), an empty
-or repeated id. No candidates (a blocked prompt) is a response with no calls.
+or repeated id. No candidates (a blocked prompt) is a response with no calls. Code the model
+ran through the built-in code execution tool (`executableCode` and
+`codeExecutionResult` parts) is not a proposal: `read_hosted_calls` reads it.
 Refused as `truncated_response` (before admission): a `functionCall` that
 says it is not whole (`willContinue: true`, or `partialArgs`: its arguments
 are still being streamed; named by its id), and calls in a candidate that
@@ -56,6 +58,12 @@ from executor.providers.common import (
     parameters_schema,
     quote,
     truncated,
+)
+from executor.providers.hosted import (
+    HostedCall,
+    arguments_text,
+    output_digest,
+    text_or_none,
 )
 
 SURFACE = "gemini"
@@ -246,3 +254,51 @@ def request_options(registry: Registry, context: ServerContext) -> dict[str, Any
     still run in proposal order, each after the previous one is terminal.
     """
     return {}
+
+
+# ---------------------------------------------------------------- hosted calls
+
+CODE_EXECUTION = "code_execution"
+
+
+def read_hosted_calls(response: Mapping[str, Any]) -> list[HostedCall]:
+    """The only candidate's `executableCode` / `codeExecutionResult` parts, in
+    part order, as `HostedCall`s of the built-in tool `code_execution`."""
+    if not isinstance(response, Mapping):
+        raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, "the response is not an object")
+    candidates = response.get("candidates")
+    if not isinstance(candidates, list) or len(candidates) != 1:
+        # None or [] (a blocked prompt) ran nothing; several are refused by read_proposals.
+        return []
+    candidate = candidates[0]
+    content = candidate.get("content") if isinstance(candidate, Mapping) else None
+    parts = content.get("parts") if isinstance(content, Mapping) else None
+    calls: list[HostedCall] = []
+    for index, part in enumerate(parts if isinstance(parts, list) else []):
+        if not isinstance(part, Mapping):
+            continue
+        where = f"parts[{index}]"
+        code = _get(part, "executable_code", "executableCode", where)
+        if isinstance(code, Mapping):
+            calls.append(
+                HostedCall(
+                    surface=SURFACE, kind="executable_code", server_label=None,
+                    tool_name=CODE_EXECUTION,
+                    arguments=arguments_text(
+                        {"language": code.get("language"), "code": code.get("code")}
+                    ),
+                    item_id=text_or_none(code.get("id")), status=None, output_digest=None,
+                )
+            )
+        result = _get(part, "code_execution_result", "codeExecutionResult", where)
+        if isinstance(result, Mapping):
+            calls.append(
+                HostedCall(
+                    surface=SURFACE, kind="code_execution_result", server_label=None,
+                    tool_name=CODE_EXECUTION, arguments=None,
+                    item_id=text_or_none(result.get("id")),
+                    status=text_or_none(result.get("outcome")),
+                    output_digest=output_digest(result.get("output")), is_result=True,
+                )
+            )
+    return calls

@@ -41,6 +41,7 @@ from executor.providers.common import (
     strict_parameters_schema,
     truncated,
 )
+from executor.providers.hosted import HostedCall
 
 SURFACE = "openai-chat"
 # FunctionDefinition.name: "a-z, A-Z, 0-9, or contain underscores and dashes,
@@ -193,3 +194,12 @@ def request_options(registry: Registry, context: ServerContext) -> dict[str, Any
     on a request with no tools).
     """
     return {"parallel_tool_calls": False} if exports_writes(registry, context) else {}
+
+
+def read_hosted_calls(response: Mapping[str, Any]) -> list[HostedCall]:
+    """Always empty: Chat Completions runs no tools itself. (A search model's
+    `annotations` are citations in the text, not calls.) Kept so every surface
+    answers the same question."""
+    if not isinstance(response, Mapping):
+        raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, "the response is not an object")
+    return []

@@ -9,9 +9,12 @@ Whole envelope refused (`AdapterError`) when calls cannot be correlated or
 answered: `output` missing, a `function_call` item that is not the shape above
 (`malformed_call_list`), an empty or repeated `call_id`, and items the client
 would have to answer but toolfence never declared (`unsupported_call_type`:
-custom tools, computer use, shells, apply-patch, MCP approval requests,
-client-side tool search, namespaced functions). Server-run items (web search,
-file search, code interpreter, MCP calls, reasoning, messages, …) are skipped.
+custom tools, computer use, shells, apply-patch, client-side tool search,
+namespaced functions). Server-run items are not proposals: `read_hosted_calls`
+reads them (`mcp_call`, `mcp_list_tools`, `mcp_approval_request`,
+`web_search_call`, `file_search_call`, `code_interpreter_call`) for the
+hosted-tool check; an `mcp_approval_request` is answered with
+`write_approval_response` once toolfence's approval flow has decided.
 Refused as `truncated_response` (before admission): calls in a response with
 `status: "incomplete"` (a token limit or a content filter ended it), and a
 `function_call` item whose own status is `incomplete` or `in_progress` (named
@@ -45,6 +48,14 @@ from executor.providers.common import (
     strict_parameters_schema,
     truncated,
 )
+from executor.providers.hosted import (
+    HostedCall,
+    HostedPolicy,
+    arguments_text,
+    listing,
+    output_digest,
+    text_or_none,
+)
 
 SURFACE = "openai-responses"
 # Same function-name rule as Chat Completions (64 characters, [A-Za-z0-9_-]).
@@ -59,7 +70,6 @@ _CLIENT_ANSWERED_ITEMS = frozenset(
         "local_shell_call",
         "shell_call",
         "apply_patch_call",
-        "mcp_approval_request",
     }
 )
 
@@ -204,3 +214,124 @@ def request_options(registry: Registry, context: ServerContext) -> dict[str, Any
     on a request with no tools).
     """
     return {"parallel_tool_calls": False} if exports_writes(registry, context) else {}
+
+
+# ---------------------------------------------------------------- hosted calls
+
+# Built-in tool items, named for the tool type the request declares.
+_BUILTIN_ITEMS = {
+    "web_search_call": "web_search",
+    "file_search_call": "file_search",
+    "code_interpreter_call": "code_interpreter",
+}
+
+
+def read_hosted_calls(response: Mapping[str, Any]) -> list[HostedCall]:
+    """Every provider-run item of `output`, in output order, as `HostedCall`s.
+
+    Check them with `hosted.hosted_violations(calls, policy)`: the provider
+    has already run an `mcp_call` or a web search by the time toolfence reads
+    it, so the point is that none goes unreported.
+    """
+    if not isinstance(response, Mapping):
+        raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, "the response is not an object")
+    output = response.get("output")
+    if not isinstance(output, list):
+        raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, "the response has no output list")
+    calls: list[HostedCall] = []
+    for index, item in enumerate(output):
+        if not isinstance(item, Mapping):
+            raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, f"output[{index}] is not an object")
+        hosted = _read_hosted(item)
+        if hosted is not None:
+            calls.append(hosted)
+    return calls
+
+
+def _read_hosted(item: Mapping[str, Any]) -> HostedCall | None:
+    kind = item.get("type")
+    item_id = text_or_none(item.get("id"))
+    status = text_or_none(item.get("status"))
+    if kind in ("mcp_call", "mcp_approval_request"):
+        failed = item.get("error") is not None
+        return HostedCall(
+            surface=SURFACE, kind=kind, server_label=text_or_none(item.get("server_label")),
+            tool_name=text_or_none(item.get("name")),
+            arguments=arguments_text(item.get("arguments")), item_id=item_id,
+            status="failed" if failed and status is None else status,
+            output_digest=output_digest(item.get("output")),
+            approval_request_id=text_or_none(item.get("approval_request_id")),
+        )
+    if kind == "mcp_list_tools":
+        return HostedCall(
+            surface=SURFACE, kind=kind, server_label=text_or_none(item.get("server_label")),
+            tool_name=None, arguments=None, item_id=item_id,
+            status="failed" if item.get("error") is not None else "completed",
+            output_digest=output_digest(item.get("tools")),
+        )
+    if isinstance(kind, str) and kind in _BUILTIN_ITEMS:
+        if kind == "web_search_call":
+            arguments, output = item.get("action"), None
+        elif kind == "file_search_call":
+            arguments, output = {"queries": item.get("queries")}, item.get("results")
+        else:
+            arguments = listing({"code": item.get("code"), "container_id": item.get("container_id")})
+            output = item.get("outputs")
+        return HostedCall(
+            surface=SURFACE, kind=kind, server_label=None, tool_name=_BUILTIN_ITEMS[kind],
+            arguments=arguments_text(arguments), item_id=item_id, status=status,
+            output_digest=output_digest(output),
+        )
+    return None
+
+
+def export_mcp_tools(policy: HostedPolicy) -> list[dict[str, Any]]:
+    """`tools` entries for the policy's MCP servers, in policy order:
+    `{"type": "mcp", "server_label", "server_url", "allowed_tools",
+    "require_approval": {"always": {"tool_names"}, "never": {"tool_names"}}}`.
+
+    Append them to `export_tools(...)`; add the server's `authorization` (a
+    secret, never part of the policy) to the entry yourself. Tools neither
+    allowed nor approval-routed are left out of `allowed_tools`, so the
+    provider never offers them to the model.
+    """
+    entries: list[dict[str, Any]] = []
+    for server in policy.servers:
+        require_approval: dict[str, Any] = {}
+        if server.approval_required:
+            require_approval["always"] = {"tool_names": sorted(server.approval_required)}
+        if server.allowed_tools - server.approval_required:
+            require_approval["never"] = {
+                "tool_names": sorted(server.allowed_tools - server.approval_required)
+            }
+        entries.append(
+            {
+                "type": "mcp",
+                "server_label": server.label,
+                "server_url": server.url,
+                "allowed_tools": sorted(server.allowed_tools),
+                # Tools in neither list would default to "always"; both are given.
+                "require_approval": require_approval or "always",
+            }
+        )
+    return entries
+
+
+def write_approval_response(
+    approval_request_id: str, *, approve: bool, reason: str | None = None
+) -> dict[str, Any]:
+    """The `mcp_approval_response` input item answering an `mcp_approval_request`.
+
+    `approve` is the decision of toolfence's approval flow (this function only
+    writes it). Send the item as `input` with `previous_response_id`.
+    """
+    if not isinstance(approval_request_id, str) or not approval_request_id.strip():
+        raise _refuse(AdapterErrorCode.EMPTY_CALL_ID, "an approval response needs the request's id")
+    item: dict[str, Any] = {
+        "type": "mcp_approval_response",
+        "approval_request_id": approval_request_id,
+        "approve": approve,
+    }
+    if reason is not None:
+        item["reason"] = reason
+    return item

@@ -82,11 +82,6 @@ def test_read__server_side_items__skipped() -> None:
             {"type": "custom_tool_call", "call_id": "c9", "name": "x", "input": "hi", "id": "ctc"},
             id="custom-tool",
         ),
-        pytest.param(
-            {"type": "mcp_approval_request", "id": "mr", "name": "x", "arguments": "{}",
-             "server_label": "s"},
-            id="mcp-approval",
-        ),
     ],
 )
 def test_read__client_answered_item_toolfence_never_declared__refused(item: dict[str, Any]) -> None:
