@@ -224,6 +224,6 @@ def hosted_violations(
     return found
 
 
-def listing(values: Mapping[str, Any]) -> dict[str, Any]:
+def without_none(values: Mapping[str, Any]) -> dict[str, Any]:
     """The non-None entries of `values`, for arguments assembled from several fields."""
     return {key: value for key, value in values.items() if value is not None}

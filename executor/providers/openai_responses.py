@@ -52,9 +52,9 @@ from executor.providers.hosted import (
     HostedCall,
     HostedPolicy,
     arguments_text,
-    listing,
     output_digest,
     text_or_none,
+    without_none,
 )
 
 SURFACE = "openai-responses"
@@ -275,7 +275,7 @@ def _read_hosted(item: Mapping[str, Any]) -> HostedCall | None:
         elif kind == "file_search_call":
             arguments, output = {"queries": item.get("queries")}, item.get("results")
         else:
-            arguments = listing({"code": item.get("code"), "container_id": item.get("container_id")})
+            arguments = without_none({"code": item.get("code"), "container_id": item.get("container_id")})
             output = item.get("outputs")
         return HostedCall(
             surface=SURFACE, kind=kind, server_label=None, tool_name=_BUILTIN_ITEMS[kind],
