@@ -16,7 +16,9 @@ module does not pull in SQLAlchemy, Celery or an SDK through this file.
 - Producing: `enqueue`, `results`, `wait_for_results`, `final`, `settled`,
   `default_operation_id`; `Settings`, `make_engine`, `get_engine`, `migrate`.
 - Provider surfaces: `SURFACES`, `Surface`, `AdapterError`,
-  `encode_tool_name`, `decode_tool_name`; MCP: `register_mcp_server`, `ToolPolicy`.
+  `encode_tool_name`, `decode_tool_name`; provider-run calls: `HostedPolicy`,
+  `HostedServer`, `NO_HOSTED_TOOLS`, `HostedCall`, `hosted_violations`;
+  MCP: `register_mcp_server`, `ToolPolicy`.
 """
 
 from __future__ import annotations
@@ -73,6 +75,13 @@ if TYPE_CHECKING:
         Surface,
         decode_tool_name,
         encode_tool_name,
+    )
+    from executor.providers.hosted import (
+        NO_HOSTED_TOOLS,
+        HostedCall,
+        HostedPolicy,
+        HostedServer,
+        hosted_violations,
     )
     from executor.settings import (
         Settings,
@@ -146,6 +155,11 @@ _EXPORTS: dict[str, str] = {
     "settled": "outbox.producer",
     "wait_for_results": "outbox.producer",
     "SURFACES": "executor.providers",
+    "HostedCall": "executor.providers.hosted",
+    "HostedPolicy": "executor.providers.hosted",
+    "HostedServer": "executor.providers.hosted",
+    "NO_HOSTED_TOOLS": "executor.providers.hosted",
+    "hosted_violations": "executor.providers.hosted",
     "AdapterError": "executor.providers",
     "Surface": "executor.providers",
     "decode_tool_name": "executor.providers",
@@ -168,12 +182,16 @@ __all__ = [
     "ErrorDetail",
     "FailedRetryable",
     "FailedTerminal",
+    "HostedCall",
+    "HostedPolicy",
+    "HostedServer",
     "InvalidBatch",
     "InvalidResult",
     "LookupAnswer",
     "LookupResult",
     "LostOwnership",
     "Mode",
+    "NO_HOSTED_TOOLS",
     "Pending",
     "ProposedCall",
     "Registry",
@@ -201,6 +219,7 @@ __all__ = [
     "enqueue",
     "final",
     "get_engine",
+    "hosted_violations",
     "load_registry",
     "make_engine",
     "migrate",

@@ -91,6 +91,28 @@ def _reject(
     )
 
 
+# ---------------------------------------------------------------- exposure
+
+
+def exposed_to(tool: Tool[Any], ctx: ServerContext) -> bool:
+    """May this server context see and call `tool` at all? The one answer.
+
+    The allowlist gate, the authorization gate, the worker's recheck and every
+    provider export (`executor.providers`, which declares to the model exactly
+    the tools this returns True for) ask this function, so what a principal is
+    shown and what admission lets through cannot drift apart.
+
+    It reads only what is known before arguments exist: the tool's roles (or
+    its explicit public flag) against the context's roles. An access `rule` is
+    a per-resource decision on validated arguments (is this account in the
+    caller's tenant?), so exposure cannot evaluate it; a tool is exposed when
+    its rule *could* admit some call, and toolfence takes every rule to admit
+    some arguments for each context its roles admit. A condition on the caller
+    alone (say "only admins") belongs in the roles, where exposure sees it.
+    """
+    return tool.access.exposed_to(ctx)
+
+
 # ---------------------------------------------------------------- gate 1: allowlist
 
 
@@ -98,7 +120,7 @@ def gate_allowlist(call: ProposedCall, registry: Registry, ctx: ServerContext) -
     tool = registry.get(call.tool_name)
     if tool is None:
         raise _reject(call, Gate.ALLOWLIST, ErrorCode.UNKNOWN_TOOL, "no such tool")
-    if not tool.access.exposed_to(ctx):
+    if not exposed_to(tool, ctx):
         raise _reject(
             call, Gate.ALLOWLIST, ErrorCode.TOOL_NOT_ALLOWED, "this tool is not available here"
         )
@@ -375,7 +397,10 @@ def gate_authorization(
     call: ProposedCall, tool: Tool[Any], args: BaseModel, ctx: ServerContext
 ) -> None:
     try:
-        allowed = tool.access.authorizes(args, ctx)
+        # Exposure again, not only the rule: called on its own (the worker path,
+        # a future caller skipping the allowlist), authorization must never grant
+        # a tool this context is not exposed to.
+        allowed = exposed_to(tool, ctx) and tool.access.authorizes(args, ctx)
     except Exception:
         # A rule that cannot decide fails closed; its error text is not shown.
         allowed = False
@@ -488,7 +513,7 @@ def recheck_access(
     """
     if tool is None:
         return ErrorCode.UNKNOWN_TOOL
-    if not tool.access.exposed_to(ctx):
+    if not exposed_to(tool, ctx):
         return ErrorCode.PERMISSION_DENIED
     try:
         args = tool.input_model.model_validate(arguments_json)

@@ -33,6 +33,9 @@ class ErrorCode(StrEnum):
     RETRY_BUDGET_EXHAUSTED = "retry_budget_exhausted"
     INVALID_RESULT = "invalid_result"
     PREDECESSOR_FAILED = "predecessor_failed"
+    # wave 2
+    TRUNCATED_RESPONSE = "truncated_response"
+    HOSTED_CALL_NOT_ALLOWED = "hosted_call_not_allowed"
 
 
 class _Frozen(BaseModel):

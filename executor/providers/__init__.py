@@ -3,14 +3,19 @@
 Each surface reads a provider response (a plain JSON-able dict, as the SDK
 serialises it or the HTTP API returns it) into neutral `ProposedCall`s, writes
 terminal results back in that surface's own shape, and exports the registry's
-tools in its declaration format. No surface reads another's field positions:
+tools in its declaration format: exactly the tools admission would let the
+caller's server context call (`executor.core.admission.exposed_to`), with the
+request options that go with them. No surface reads another's field positions:
 a Responses `call_id` is not a Chat `id`, a Gemini `functionCall` is not an
 Interactions step.
 
     surface = SURFACES["anthropic"]
+    request = {"tools": surface.export_tools(registry, context),
+               **surface.request_options(registry, context)}
     proposals = surface.read_proposals(message_dict, known_names=registry.names())
     ...admit, run, collect one terminal result per proposal...
     messages.extend(surface.write_results(proposals, results))
+    violations = hosted_violations(surface.read_hosted_calls(message_dict), policy)
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from executor.core.tools import Registry
-from executor.core.types import ProposedCall
+from executor.core.types import ProposedCall, ServerContext
 from executor.providers import (
     anthropic_messages,
     gemini_generate,
@@ -38,12 +43,24 @@ from executor.providers.common import (
     decode_tool_name,
     encode_tool_name,
 )
+from executor.providers.hosted import (
+    NO_HOSTED_TOOLS,
+    HostedCall,
+    HostedPolicy,
+    HostedServer,
+    HostedViolation,
+    hosted_violations,
+)
 
 
 class ReadProposals(Protocol):
     def __call__(
         self, response: Mapping[str, Any], *, known_names: Iterable[str] = ...
     ) -> list[ProposedCall]: ...
+
+
+class ReadHostedCalls(Protocol):
+    def __call__(self, response: Mapping[str, Any]) -> list[HostedCall]: ...
 
 
 class WriteResults(Protocol):
@@ -53,18 +70,25 @@ class WriteResults(Protocol):
 
 
 class ExportTools(Protocol):
-    def __call__(self, registry: Registry) -> list[dict[str, Any]]: ...
+    def __call__(self, registry: Registry, context: ServerContext) -> list[dict[str, Any]]: ...
+
+
+class RequestOptions(Protocol):
+    def __call__(self, registry: Registry, context: ServerContext) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
 class Surface:
-    """One provider API surface: its name rule and its three conversions."""
+    """One provider API surface: its name rule, its three conversions, the
+    request options that go with an export, and its reader of provider-run calls."""
 
     name: str
     name_rule: NameRule
     read_proposals: ReadProposals
     write_results: WriteResults
     export_tools: ExportTools
+    request_options: RequestOptions
+    read_hosted_calls: ReadHostedCalls
 
 
 def _surface(module: Any) -> Surface:
@@ -74,6 +98,8 @@ def _surface(module: Any) -> Surface:
         read_proposals=module.read_proposals,
         write_results=module.write_results,
         export_tools=module.export_tools,
+        request_options=module.request_options,
+        read_hosted_calls=module.read_hosted_calls,
     )
 
 
@@ -98,4 +124,10 @@ __all__ = [
     "ToolResult",
     "decode_tool_name",
     "encode_tool_name",
+    "NO_HOSTED_TOOLS",
+    "HostedCall",
+    "HostedPolicy",
+    "HostedServer",
+    "HostedViolation",
+    "hosted_violations",
 ]

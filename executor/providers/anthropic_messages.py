@@ -9,25 +9,27 @@ Whole envelope refused (`AdapterError`): `content` missing, a `tool_use` stop
 with no `tool_use` block, a block that is not the shape above
 (`malformed_call_list`, including `input` that is not an object: the API
 always sends one), a toolset member call (`unsupported_call_type`: toolfence
-declares no toolsets), an empty or repeated id. Server-run blocks
-(`server_tool_use`, their results, thinking, text) are skipped.
+declares no toolsets), an empty or repeated id. Server-run blocks are not
+proposals: `read_hosted_calls` reads them (`server_tool_use`, `mcp_tool_use`,
+`mcp_tool_result`, `web_search_tool_result` and the other `*_tool_result`
+blocks of server tools) for the hosted-tool check; thinking and text are
+skipped.
 
-Left to the admission gates, per call: tool names (`unknown_tool`) and the
-arguments. A response cut off by `max_tokens` (or the context window) while
-writing its last `tool_use` block holds partial input that may still validate;
-that one call's arguments are passed as the truncated JSON text they are (the
-object's JSON without its closing brace) so the parse gate rejects it with
-`invalid_arguments_json` instead of running it with half its arguments.
+Refused as `truncated_response` (before admission): `tool_use` blocks in a
+message that stopped on `max_tokens` or `model_context_window_exceeded`. The
+last block, when it is a `tool_use`, was being written when the limit hit and
+is named: its partial input is an object that may still validate, and the
+blocks before it are a plan the model did not finish. Left to the admission
+gates, per call: tool names (`unknown_tool`) and the arguments.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from executor.core.tools import Registry
-from executor.core.types import ProposedCall
+from executor.core.types import ProposedCall, ServerContext
 from executor.providers.common import (
     AdapterError,
     AdapterErrorCode,
@@ -38,10 +40,19 @@ from executor.providers.common import (
     check_unique_ids,
     declared_tools,
     decode_tool_name,
+    exports_writes,
     is_failure,
     order_results,
     parameters_schema,
     result_text,
+    truncated,
+)
+from executor.providers.hosted import (
+    HostedCall,
+    HostedPolicy,
+    arguments_text,
+    output_digest,
+    text_or_none,
 )
 
 SURFACE = "anthropic"
@@ -78,8 +89,13 @@ def read_proposals(
             raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, f"{where} is not an object")
         if block.get("type") != "tool_use":
             continue
-        cut_off = stop_reason in _TRUNCATING_STOPS and index == len(content) - 1
-        proposals.append(_read_call(block, where, cut_off=cut_off, known_names=known_names))
+        if stop_reason in _TRUNCATING_STOPS:
+            last = content[-1]
+            cut = last.get("id") if isinstance(last, Mapping) and last.get("type") == "tool_use" else None
+            raise truncated(
+                SURFACE, f"stop_reason is {stop_reason} and the message holds tool_use blocks", cut
+            )
+        proposals.append(_read_call(block, where, known_names=known_names))
     if not proposals and stop_reason == "tool_use":
         raise _refuse(
             AdapterErrorCode.TOOL_CALLS_WITHOUT_CALLS,
@@ -89,9 +105,7 @@ def read_proposals(
     return proposals
 
 
-def _read_call(
-    block: Mapping[str, Any], where: str, *, cut_off: bool, known_names: Iterable[str]
-) -> ProposedCall:
+def _read_call(block: Mapping[str, Any], where: str, *, known_names: Iterable[str]) -> ProposedCall:
     call_id = check_call_id(block.get("id"), surface=SURFACE, where=where)
     if block.get("toolset_name"):
         raise _refuse(
@@ -105,13 +119,10 @@ def _read_call(
         raise _refuse(
             AdapterErrorCode.MALFORMED_CALL_LIST, f"{where} input is not an object", call_id
         )
-    proposed: str | dict[str, Any] = dict(arguments)
-    if cut_off:
-        proposed = json.dumps(arguments, ensure_ascii=False)[:-1]
     return ProposedCall(
         call_id=call_id,
         tool_name=decode_tool_name(wire_name, NAME_RULE, known_names),
-        arguments=proposed,
+        arguments=dict(arguments),
     )
 
 
@@ -142,8 +153,10 @@ def write_results(
     return [{"role": "user", "content": blocks}]
 
 
-def export_tools(registry: Registry) -> list[dict[str, Any]]:
+def export_tools(registry: Registry, context: ServerContext) -> list[dict[str, Any]]:
     """`tools` entries: `{"name", "description", "input_schema"}`.
+
+    Only the tools exposed to `context` (`common.declared_tools`), in tool-name order.
 
     The schema goes as pydantic wrote it (JSON Schema 2020-12, which the API
     takes). Anthropic's own `strict` tool mode is not requested: it has its own
@@ -155,5 +168,96 @@ def export_tools(registry: Registry) -> list[dict[str, Any]]:
             "description": tool.description,
             "input_schema": parameters_schema(tool),
         }
-        for wire_name, tool in declared_tools(registry, NAME_RULE, surface=SURFACE)
+        for wire_name, tool in declared_tools(registry, context, NAME_RULE, surface=SURFACE)
+    ]
+
+
+def request_options(registry: Registry, context: ServerContext) -> dict[str, Any]:
+    """Request parameters that go with `export_tools(registry, context)`.
+
+    `tool_choice: {"type": "auto", "disable_parallel_tool_use": true}` when the
+    export holds a write, so the model proposes one call per turn and sees each
+    write's outcome before the next; empty otherwise.
+    """
+    if not exports_writes(registry, context):
+        return {}
+    return {"tool_choice": {"type": "auto", "disable_parallel_tool_use": True}}
+
+
+# ---------------------------------------------------------------- hosted calls
+
+_HOSTED_USE_BLOCKS = frozenset({"server_tool_use", "mcp_tool_use"})
+
+
+def read_hosted_calls(response: Mapping[str, Any]) -> list[HostedCall]:
+    """Every server-run block of `content`, in content order, as `HostedCall`s.
+
+    A result block (`mcp_tool_result`, `web_search_tool_result`, …) carries the
+    id of the use it answers; it is given that use's server and tool name, when
+    the use is in the same message, and a digest of its content.
+    """
+    if not isinstance(response, Mapping):
+        raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, "the response is not an object")
+    content = response.get("content")
+    if not isinstance(content, list):
+        raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, "the message has no content list")
+    calls: list[HostedCall] = []
+    uses: dict[str, HostedCall] = {}
+    for index, block in enumerate(content):
+        if not isinstance(block, Mapping):
+            raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, f"content[{index}] is not an object")
+        kind = block.get("type")
+        if kind in _HOSTED_USE_BLOCKS:
+            use = HostedCall(
+                surface=SURFACE, kind=str(kind),
+                server_label=text_or_none(block.get("server_name")) if kind == "mcp_tool_use" else None,
+                tool_name=text_or_none(block.get("name")),
+                arguments=arguments_text(block.get("input")),
+                item_id=text_or_none(block.get("id")), status=None, output_digest=None,
+            )
+            calls.append(use)
+            if use.item_id is not None:
+                uses[use.item_id] = use
+        elif isinstance(kind, str) and kind.endswith("_tool_result") and kind != "tool_result":
+            answers = text_or_none(block.get("tool_use_id"))
+            answered = uses.get(answers) if answers is not None else None
+            result = block.get("content")
+            errored = block.get("is_error") is True or (
+                isinstance(result, Mapping) and str(result.get("type", "")).endswith("_error")
+            )
+            calls.append(
+                HostedCall(
+                    surface=SURFACE, kind=kind,
+                    server_label=answered.server_label if answered else None,
+                    tool_name=answered.tool_name if answered else None,
+                    arguments=None, item_id=answers,
+                    status="error" if errored else "completed",
+                    output_digest=output_digest(result), is_result=True,
+                )
+            )
+    return calls
+
+
+def export_mcp_servers(policy: HostedPolicy) -> list[dict[str, Any]]:
+    """The request's `mcp_servers` (MCP connector beta), in policy order:
+    `{"type": "url", "url", "name", "tool_configuration": {"enabled": true,
+    "allowed_tools"}}`.
+
+    Only the tools that need no approval are enabled: the connector runs a
+    tool the moment the model calls it, with no pause for an approval, so a
+    tool in `approval_required` cannot run safely through it. Add the
+    server's `authorization_token` (a secret, never part of the policy)
+    yourself.
+    """
+    return [
+        {
+            "type": "url",
+            "url": server.url,
+            "name": server.label,
+            "tool_configuration": {
+                "enabled": True,
+                "allowed_tools": sorted(server.allowed_tools - server.approval_required),
+            },
+        }
+        for server in policy.servers
     ]

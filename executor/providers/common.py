@@ -19,12 +19,15 @@ from typing import Any, TypeAlias
 
 import pydantic_core
 
-from executor.core.tools import Registry, Tool
+from executor.core.admission import exposed_to
+from executor.core.tools import Mode, Registry, Tool
 from executor.core.types import (
+    ErrorCode,
     FailedRetryable,
     FailedTerminal,
     Pending,
     ProposedCall,
+    ServerContext,
     Succeeded,
     ToolError,
 )
@@ -51,6 +54,11 @@ class AdapterErrorCode(StrEnum):
     MALFORMED_ENVELOPE = "malformed_envelope"
     MULTIPLE_CHOICES = "multiple_choices"
     TOOL_CALLS_WITHOUT_CALLS = "tool_calls_without_calls"
+    # The provider says it cut the response off (a token limit) or is still
+    # writing a call: nothing in it is the model's finished proposal. Same text
+    # as `ErrorCode.TRUNCATED_RESPONSE`, so a caller reporting the refusal in a
+    # result or a problem document uses the one stable code.
+    TRUNCATED_RESPONSE = ErrorCode.TRUNCATED_RESPONSE.value
     # inbound: the call list
     MALFORMED_CALL_LIST = "malformed_call_list"
     UNSUPPORTED_CALL_TYPE = "unsupported_call_type"
@@ -88,6 +96,23 @@ class AdapterError(Exception):
         self.message = message
         self.surface = surface
         self.call_id = call_id
+
+
+def truncated(surface: str, message: str, call_id: object = None) -> AdapterError:
+    """The refusal of a response the provider says is not whole.
+
+    Refused as a whole, before admission: a cut-off response is not the model's
+    finished turn, so even its complete calls are a plan it did not finish (the
+    call it was writing may have been meant to come first, or a later one to
+    undo an earlier one). `call_id` names the call that was cut when the
+    envelope shows which one.
+    """
+    return AdapterError(
+        AdapterErrorCode.TRUNCATED_RESPONSE,
+        message,
+        surface=surface,
+        call_id=call_id if isinstance(call_id, str) and call_id.strip() else None,
+    )
 
 
 def quote(value: object, limit: int = 48) -> str:
@@ -294,10 +319,19 @@ def decode_tool_name(wire_name: str, rule: NameRule, known_names: Iterable[str] 
 
 
 def declared_tools(
-    registry: Registry, rule: NameRule, *, surface: str
+    registry: Registry, context: ServerContext, rule: NameRule, *, surface: str
 ) -> list[tuple[str, Tool[Any]]]:
-    """(wire name, tool) for every tool, sorted by tool name so exports are stable
-    (a stable tool list keeps provider-side prompt caches warm)."""
+    """(wire name, tool) for every tool exposed to `context`, sorted by tool name
+    so exports are stable (a stable tool list keeps provider-side prompt caches
+    warm).
+
+    Exposure is `executor.core.admission.exposed_to`, the predicate the
+    allowlist and authorization gates use: a tool the model is shown is one
+    admission would let this context call, and a tool admission would refuse
+    with `tool_not_allowed` is never shown. Wire names are checked for
+    collisions across the whole registry, so a colliding pair fails every
+    export, not only those of principals who see both.
+    """
     declared: list[tuple[str, Tool[Any]]] = []
     owners: dict[str, str] = {}
     for name in registry.names():
@@ -313,8 +347,24 @@ def declared_tools(
                 surface=surface,
             )
         owners[wire] = name
-        declared.append((wire, tool))
+        if exposed_to(tool, context):
+            declared.append((wire, tool))
     return declared
+
+
+def exports_writes(registry: Registry, context: ServerContext) -> bool:
+    """Does the export for `context` include a write?
+
+    Then the request should ask the model for one call at a time: writes of one
+    request run in proposal order, each after the previous is terminal, and a
+    model that proposes them one by one sees each outcome before the next
+    (instead of a batch whose later writes end `predecessor_failed`).
+    """
+    return any(
+        tool.mode is Mode.WRITE
+        for name in registry.names()
+        if (tool := registry.get(name)) is not None and exposed_to(tool, context)
+    )
 
 
 def parameters_schema(tool: Tool[Any]) -> dict[str, Any]:

@@ -19,11 +19,16 @@ Whole envelope refused (`AdapterError`): more than one candidate
 (`multiple_choices`; the caller picks one), a `MALFORMED_FUNCTION_CALL` or
 `UNEXPECTED_TOOL_CALL` finish with no call (`tool_calls_without_calls`), a
 `functionCall` that is not the shape above (`malformed_call_list`), an empty
-or repeated id. No candidates (a blocked prompt) is a response with no calls.
-Left to the admission gates, per call: tool names (`unknown_tool`) and the
-arguments. A `functionCall` part arrives whole (its `args` are an object, not
-streamed text), so unlike Anthropic a `MAX_TOKENS` finish does not mark the
-last call as cut off.
+or repeated id. No candidates (a blocked prompt) is a response with no calls. Code the model
+ran through the built-in code execution tool (`executableCode` and
+`codeExecutionResult` parts) is not a proposal: `read_hosted_calls` reads it.
+Refused as `truncated_response` (before admission): a `functionCall` that
+says it is not whole (`willContinue: true`, or `partialArgs`: its arguments
+are still being streamed; named by its id), and calls in a candidate that
+finished on `MAX_TOKENS` (the last call is named: every `functionCall` part is
+a whole object, but the model may have meant more calls than these). toolfence
+assembles no streamed calls: pass the final, aggregated response. Left to the
+admission gates, per call: tool names (`unknown_tool`) and the arguments.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from executor.core.tools import Registry
-from executor.core.types import ProposedCall, Succeeded
+from executor.core.types import ProposedCall, ServerContext, Succeeded
 from executor.providers.common import (
     AdapterError,
     AdapterErrorCode,
@@ -52,6 +57,13 @@ from executor.providers.common import (
     output_payload,
     parameters_schema,
     quote,
+    truncated,
+)
+from executor.providers.hosted import (
+    HostedCall,
+    arguments_text,
+    output_digest,
+    text_or_none,
 )
 
 SURFACE = "gemini"
@@ -132,6 +144,12 @@ def read_proposals(
         proposals.append(
             _read_call(raw_call, len(proposals), where, known_names=known_names)
         )
+    if proposals and finish_reason == "MAX_TOKENS":
+        raise truncated(
+            SURFACE,
+            f"finishReason is MAX_TOKENS: {len(proposals)} call(s), the last one may be cut",
+            proposals[-1].call_id,
+        )
     if not proposals and finish_reason in _CALL_FAILURE_FINISHES:
         raise _refuse(
             AdapterErrorCode.TOOL_CALLS_WITHOUT_CALLS,
@@ -153,6 +171,17 @@ def _read_call(
     if not isinstance(arguments, Mapping):
         raise _refuse(AdapterErrorCode.MALFORMED_CALL_LIST, f"{where} args is not an object")
     given_id = raw.get("id")
+    will_continue = _get(raw, "will_continue", "willContinue", where)
+    partial_args = _get(raw, "partial_args", "partialArgs", where)
+    if will_continue is True or partial_args:
+        # Streamed function-call arguments (Gemini 3): this part is one chunk of a
+        # call whose arguments are not all here, whatever `args` holds so far.
+        raise truncated(
+            SURFACE,
+            f"{where} functionCall is not whole "
+            f"({'willContinue' if will_continue is True else 'partialArgs'})",
+            given_id,
+        )
     if given_id is None:
         call_id = synthetic_call_id(ordinal, wire_name, arguments)
     else:
@@ -198,9 +227,11 @@ def write_results(
     return [{"role": "user", "parts": parts}]
 
 
-def export_tools(registry: Registry) -> list[dict[str, Any]]:
+def export_tools(registry: Registry, context: ServerContext) -> list[dict[str, Any]]:
     """`tools`: `[{"functionDeclarations": [{name, description, parametersJsonSchema}]}]`,
     one Tool holding every function (empty list when there are none).
+
+    Only the tools exposed to `context` (`common.declared_tools`), in tool-name order.
 
     `parametersJsonSchema` takes the JSON Schema as pydantic wrote it; the
     older `parameters` field wants an OpenAPI subset that would need converting.
@@ -211,6 +242,63 @@ def export_tools(registry: Registry) -> list[dict[str, Any]]:
             "description": tool.description,
             "parametersJsonSchema": parameters_schema(tool),
         }
-        for wire_name, tool in declared_tools(registry, NAME_RULE, surface=SURFACE)
+        for wire_name, tool in declared_tools(registry, context, NAME_RULE, surface=SURFACE)
     ]
     return [{"functionDeclarations": declarations}] if declarations else []
+
+
+def request_options(registry: Registry, context: ServerContext) -> dict[str, Any]:
+    """Request parameters that go with `export_tools(registry, context)`: none.
+
+    GenerateContent has no switch for one call per turn; writes of one request
+    still run in proposal order, each after the previous one is terminal.
+    """
+    return {}
+
+
+# ---------------------------------------------------------------- hosted calls
+
+CODE_EXECUTION = "code_execution"
+
+
+def read_hosted_calls(response: Mapping[str, Any]) -> list[HostedCall]:
+    """The only candidate's `executableCode` / `codeExecutionResult` parts, in
+    part order, as `HostedCall`s of the built-in tool `code_execution`."""
+    if not isinstance(response, Mapping):
+        raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, "the response is not an object")
+    candidates = response.get("candidates")
+    if not isinstance(candidates, list) or len(candidates) != 1:
+        # None or [] (a blocked prompt) ran nothing; several are refused by read_proposals.
+        return []
+    candidate = candidates[0]
+    content = candidate.get("content") if isinstance(candidate, Mapping) else None
+    parts = content.get("parts") if isinstance(content, Mapping) else None
+    calls: list[HostedCall] = []
+    for index, part in enumerate(parts if isinstance(parts, list) else []):
+        if not isinstance(part, Mapping):
+            continue
+        where = f"parts[{index}]"
+        code = _get(part, "executable_code", "executableCode", where)
+        if isinstance(code, Mapping):
+            calls.append(
+                HostedCall(
+                    surface=SURFACE, kind="executable_code", server_label=None,
+                    tool_name=CODE_EXECUTION,
+                    arguments=arguments_text(
+                        {"language": code.get("language"), "code": code.get("code")}
+                    ),
+                    item_id=text_or_none(code.get("id")), status=None, output_digest=None,
+                )
+            )
+        result = _get(part, "code_execution_result", "codeExecutionResult", where)
+        if isinstance(result, Mapping):
+            calls.append(
+                HostedCall(
+                    surface=SURFACE, kind="code_execution_result", server_label=None,
+                    tool_name=CODE_EXECUTION, arguments=None,
+                    item_id=text_or_none(result.get("id")),
+                    status=text_or_none(result.get("outcome")),
+                    output_digest=output_digest(result.get("output")), is_result=True,
+                )
+            )
+    return calls

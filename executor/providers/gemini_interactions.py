@@ -10,9 +10,12 @@ Arguments arrive as an object and are passed on as that object.
 Whole envelope refused (`AdapterError`): `steps` not a list, status
 `requires_action` with no unanswered call (`tool_calls_without_calls`), a call
 step not of the shape above (`malformed_call_list`), an empty or repeated id.
-Server-run steps (search, code execution, MCP server tools, thoughts,
-model output) are skipped. Left to the admission gates, per call: tool names
-(`unknown_tool`) and the arguments.
+Server-run steps (search, code execution, URL context, MCP server tools, …)
+are not proposals: `read_hosted_calls` reads them; thoughts and model output
+are skipped. Refused as `truncated_response` (before
+admission): unanswered calls of an interaction whose status is `incomplete`
+(it ended early; the last call is named). Left to the admission gates, per
+call: tool names (`unknown_tool`) and the arguments.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from executor.core.tools import Registry
-from executor.core.types import ProposedCall
+from executor.core.types import ProposedCall, ServerContext
 from executor.providers.common import (
     AdapterError,
     AdapterErrorCode,
@@ -37,6 +40,13 @@ from executor.providers.common import (
     order_results,
     parameters_schema,
     result_text,
+    truncated,
+)
+from executor.providers.hosted import (
+    HostedCall,
+    arguments_text,
+    output_digest,
+    text_or_none,
 )
 
 SURFACE = "gemini-interactions"
@@ -84,6 +94,12 @@ def read_proposals(
                 answered.add(call_id)
     check_unique_ids(calls, surface=SURFACE)
     pending = [call for call in calls if call.call_id not in answered]
+    if pending and response.get("status") == "incomplete":
+        raise truncated(
+            SURFACE,
+            f"status is incomplete with {len(pending)} unanswered call(s)",
+            pending[-1].call_id,
+        )
     if not pending and response.get("status") == "requires_action":
         raise _refuse(
             AdapterErrorCode.TOOL_CALLS_WITHOUT_CALLS,
@@ -130,8 +146,11 @@ def write_results(
     ]
 
 
-def export_tools(registry: Registry) -> list[dict[str, Any]]:
-    """`tools` entries: `{"type": "function", "name", "description", "parameters"}`."""
+def export_tools(registry: Registry, context: ServerContext) -> list[dict[str, Any]]:
+    """`tools` entries: `{"type": "function", "name", "description", "parameters"}`.
+
+    Only the tools exposed to `context` (`common.declared_tools`), in tool-name order.
+    """
     return [
         {
             "type": "function",
@@ -139,5 +158,60 @@ def export_tools(registry: Registry) -> list[dict[str, Any]]:
             "description": tool.description,
             "parameters": parameters_schema(tool),
         }
-        for wire_name, tool in declared_tools(registry, NAME_RULE, surface=SURFACE)
+        for wire_name, tool in declared_tools(registry, context, NAME_RULE, surface=SURFACE)
     ]
+
+
+def request_options(registry: Registry, context: ServerContext) -> dict[str, Any]:
+    """Request parameters that go with `export_tools(registry, context)`: none.
+
+    The Interactions API has no switch for one call per turn; writes of one request
+    still run in proposal order, each after the previous one is terminal.
+    """
+    return {}
+
+
+# ---------------------------------------------------------------- hosted calls
+
+
+def read_hosted_calls(response: Mapping[str, Any]) -> list[HostedCall]:
+    """Every server-run step, in step order, as `HostedCall`s.
+
+    A `<tool>_call` step other than `function_call` is a call of the built-in
+    tool `<tool>` (`google_search`, `code_execution`, `url_context`, …), or of
+    an MCP server's tool for `mcp_server_tool_call`; a `<tool>_result` step
+    other than `function_result` is its result, matched by `call_id`.
+    """
+    if not isinstance(response, Mapping):
+        raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, "the interaction is not an object")
+    steps = response.get("steps")
+    calls: list[HostedCall] = []
+    for step in steps if isinstance(steps, list) else []:
+        if not isinstance(step, Mapping):
+            continue
+        kind = step.get("type")
+        if not isinstance(kind, str) or kind in ("function_call", "function_result"):
+            continue
+        mcp = kind.startswith("mcp_server_tool_")
+        if kind.endswith("_call"):
+            calls.append(
+                HostedCall(
+                    surface=SURFACE, kind=kind,
+                    server_label=text_or_none(step.get("server_name")) if mcp else None,
+                    tool_name=text_or_none(step.get("name")) if mcp else kind[: -len("_call")],
+                    arguments=arguments_text(step.get("arguments")),
+                    item_id=text_or_none(step.get("id")), status=None, output_digest=None,
+                )
+            )
+        elif kind.endswith("_result"):
+            calls.append(
+                HostedCall(
+                    surface=SURFACE, kind=kind,
+                    server_label=text_or_none(step.get("server_name")) if mcp else None,
+                    tool_name=text_or_none(step.get("name")) if mcp else kind[: -len("_result")],
+                    arguments=None, item_id=text_or_none(step.get("call_id")),
+                    status="error" if step.get("is_error") is True else "completed",
+                    output_digest=output_digest(step.get("result")), is_result=True,
+                )
+            )
+    return calls

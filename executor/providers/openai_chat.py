@@ -9,9 +9,12 @@ answered: no single choice (`multiple_choices`; the caller picks one), a
 `tool_calls` finish with no calls, a call list or call that is not the shape
 above (`malformed_call_list`), a legacy `function_call` or a `custom` tool call
 (`unsupported_call_type`: toolfence declares neither, and answers them
-differently), an empty or repeated call id. Left to the admission gates, per
-call: the arguments text, verbatim, however broken or truncated
-(`invalid_arguments_json`), and tool names (`unknown_tool`).
+differently), an empty or repeated call id, and calls in a choice that ended
+with `finish_reason: "length"` (`truncated_response`, naming the last call,
+the one being written when the token limit hit: its cut arguments text may
+still parse, and the calls before it are a plan the model did not finish).
+Left to the admission gates, per call: the arguments text, verbatim, however
+broken (`invalid_arguments_json`), and tool names (`unknown_tool`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from executor.core.tools import Registry
-from executor.core.types import ProposedCall
+from executor.core.types import ProposedCall, ServerContext
 from executor.providers.common import (
     AdapterError,
     AdapterErrorCode,
@@ -31,11 +34,14 @@ from executor.providers.common import (
     check_unique_ids,
     declared_tools,
     decode_tool_name,
+    exports_writes,
     order_results,
     parameters_schema,
     result_text,
     strict_parameters_schema,
+    truncated,
 )
+from executor.providers.hosted import HostedCall
 
 SURFACE = "openai-chat"
 # FunctionDefinition.name: "a-z, A-Z, 0-9, or contain underscores and dashes,
@@ -88,6 +94,13 @@ def read_proposals(
                 "finish_reason is tool_calls but the message carries no calls",
             )
         return []
+    if finish_reason == "length":
+        last = raw_calls[-1]
+        raise truncated(
+            SURFACE,
+            f"finish_reason is length: {len(raw_calls)} call(s), the last one cut off",
+            last.get("id") if isinstance(last, Mapping) else None,
+        )
     proposals = [
         _read_call(raw, index, known_names=known_names) for index, raw in enumerate(raw_calls)
     ]
@@ -142,9 +155,11 @@ def write_results(
     ]
 
 
-def export_tools(registry: Registry) -> list[dict[str, Any]]:
+def export_tools(registry: Registry, context: ServerContext) -> list[dict[str, Any]]:
     """`tools` entries: `{"type": "function", "function": {name, description,
     parameters, strict}}`.
+
+    Only the tools exposed to `context` (`common.declared_tools`), in tool-name order.
 
     `strict: true` when the input schema converts faithfully to strict form
     (`common.strict_parameters_schema`); otherwise the schema is sent as pydantic
@@ -153,7 +168,7 @@ def export_tools(registry: Registry) -> list[dict[str, Any]]:
     the model must fill) or hide constraints from the model.
     """
     declarations: list[dict[str, Any]] = []
-    for wire_name, tool in declared_tools(registry, NAME_RULE, surface=SURFACE):
+    for wire_name, tool in declared_tools(registry, context, NAME_RULE, surface=SURFACE):
         schema = parameters_schema(tool)
         strict_schema, _reason = strict_parameters_schema(schema)
         declarations.append(
@@ -168,3 +183,23 @@ def export_tools(registry: Registry) -> list[dict[str, Any]]:
             }
         )
     return declarations
+
+
+def request_options(registry: Registry, context: ServerContext) -> dict[str, Any]:
+    """Request parameters that go with `export_tools(registry, context)`.
+
+    `parallel_tool_calls: false` when the export holds a write, so the model
+    proposes one call per turn and sees each write's outcome before the next;
+    empty otherwise (reads may run in parallel, and the API refuses the flag
+    on a request with no tools).
+    """
+    return {"parallel_tool_calls": False} if exports_writes(registry, context) else {}
+
+
+def read_hosted_calls(response: Mapping[str, Any]) -> list[HostedCall]:
+    """Always empty: Chat Completions runs no tools itself. (A search model's
+    `annotations` are citations in the text, not calls.) Kept so every surface
+    answers the same question."""
+    if not isinstance(response, Mapping):
+        raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, "the response is not an object")
+    return []

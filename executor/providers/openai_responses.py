@@ -9,10 +9,17 @@ Whole envelope refused (`AdapterError`) when calls cannot be correlated or
 answered: `output` missing, a `function_call` item that is not the shape above
 (`malformed_call_list`), an empty or repeated `call_id`, and items the client
 would have to answer but toolfence never declared (`unsupported_call_type`:
-custom tools, computer use, shells, apply-patch, MCP approval requests,
-client-side tool search, namespaced functions). Server-run items (web search,
-file search, code interpreter, MCP calls, reasoning, messages, …) are skipped.
-Left to the admission gates, per call: the arguments text, verbatim
+custom tools, computer use, shells, apply-patch, client-side tool search,
+namespaced functions). Server-run items are not proposals: `read_hosted_calls`
+reads them (`mcp_call`, `mcp_list_tools`, `mcp_approval_request`,
+`web_search_call`, `file_search_call`, `code_interpreter_call`) for the
+hosted-tool check; an `mcp_approval_request` is answered with
+`write_approval_response` once toolfence's approval flow has decided.
+Refused as `truncated_response` (before admission): calls in a response with
+`status: "incomplete"` (a token limit or a content filter ended it), and a
+`function_call` item whose own status is `incomplete` or `in_progress` (named
+by its `call_id`): its arguments text is not the model's whole call even when
+it parses. Left to the admission gates, per call: the arguments text, verbatim
 (`invalid_arguments_json`), and tool names (`unknown_tool`). This surface has no
 "tool calls" stop signal, so there is no `tool_calls_without_calls` case.
 """
@@ -23,7 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from executor.core.tools import Registry
-from executor.core.types import ProposedCall
+from executor.core.types import ProposedCall, ServerContext
 from executor.providers.common import (
     AdapterError,
     AdapterErrorCode,
@@ -34,10 +41,20 @@ from executor.providers.common import (
     check_unique_ids,
     declared_tools,
     decode_tool_name,
+    exports_writes,
     order_results,
     parameters_schema,
     result_text,
     strict_parameters_schema,
+    truncated,
+)
+from executor.providers.hosted import (
+    HostedCall,
+    HostedPolicy,
+    arguments_text,
+    output_digest,
+    text_or_none,
+    without_none,
 )
 
 SURFACE = "openai-responses"
@@ -53,7 +70,6 @@ _CLIENT_ANSWERED_ITEMS = frozenset(
         "local_shell_call",
         "shell_call",
         "apply_patch_call",
-        "mcp_approval_request",
     }
 )
 
@@ -91,8 +107,34 @@ def read_proposals(
             )
         if kind == "function_call":
             proposals.append(_read_call(item, where, known_names=known_names))
+    _refuse_if_truncated(response, output, proposals)
     check_unique_ids(proposals, surface=SURFACE)
     return proposals
+
+
+# A function_call item the model has not finished writing: `incomplete` when the
+# response was cut off, `in_progress` in a snapshot taken while it streams.
+_UNFINISHED_ITEM_STATUSES = frozenset({"incomplete", "in_progress"})
+
+
+def _refuse_if_truncated(
+    response: Mapping[str, Any], output: list[Any], proposals: list[ProposedCall]
+) -> None:
+    if not proposals:
+        return
+    for item in output:
+        if item.get("type") == "function_call" and item.get("status") in _UNFINISHED_ITEM_STATUSES:
+            raise truncated(
+                SURFACE,
+                f"a function_call item has status {item.get('status')}",
+                item.get("call_id"),
+            )
+    if response.get("status") == "incomplete":
+        details = response.get("incomplete_details")
+        reason = details.get("reason") if isinstance(details, Mapping) else None
+        # Every call item says completed; the response still ended early, so the
+        # model may have meant more calls than these.
+        raise truncated(SURFACE, f"the response is incomplete ({reason or 'no reason given'})")
 
 
 def _read_call(item: Mapping[str, Any], where: str, *, known_names: Iterable[str]) -> ProposedCall:
@@ -139,14 +181,16 @@ def write_results(
     ]
 
 
-def export_tools(registry: Registry) -> list[dict[str, Any]]:
+def export_tools(registry: Registry, context: ServerContext) -> list[dict[str, Any]]:
     """`tools` entries: `{"type": "function", name, description, parameters, strict}`.
+
+    Only the tools exposed to `context` (`common.declared_tools`), in tool-name order.
 
     Strict when the input schema converts faithfully, as for Chat Completions
     (see `common.strict_parameters_schema` for when and why it falls back).
     """
     declarations: list[dict[str, Any]] = []
-    for wire_name, tool in declared_tools(registry, NAME_RULE, surface=SURFACE):
+    for wire_name, tool in declared_tools(registry, context, NAME_RULE, surface=SURFACE):
         schema = parameters_schema(tool)
         strict_schema, _reason = strict_parameters_schema(schema)
         declarations.append(
@@ -159,3 +203,135 @@ def export_tools(registry: Registry) -> list[dict[str, Any]]:
             }
         )
     return declarations
+
+
+def request_options(registry: Registry, context: ServerContext) -> dict[str, Any]:
+    """Request parameters that go with `export_tools(registry, context)`.
+
+    `parallel_tool_calls: false` when the export holds a write, so the model
+    proposes one call per turn and sees each write's outcome before the next;
+    empty otherwise (reads may run in parallel, and the API refuses the flag
+    on a request with no tools).
+    """
+    return {"parallel_tool_calls": False} if exports_writes(registry, context) else {}
+
+
+# ---------------------------------------------------------------- hosted calls
+
+# Built-in tool items, named for the tool type the request declares.
+_BUILTIN_ITEMS = {
+    "web_search_call": "web_search",
+    "file_search_call": "file_search",
+    "code_interpreter_call": "code_interpreter",
+}
+
+
+def read_hosted_calls(response: Mapping[str, Any]) -> list[HostedCall]:
+    """Every provider-run item of `output`, in output order, as `HostedCall`s.
+
+    Check them with `hosted.hosted_violations(calls, policy)`: the provider
+    has already run an `mcp_call` or a web search by the time toolfence reads
+    it, so the point is that none goes unreported.
+    """
+    if not isinstance(response, Mapping):
+        raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, "the response is not an object")
+    output = response.get("output")
+    if not isinstance(output, list):
+        raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, "the response has no output list")
+    calls: list[HostedCall] = []
+    for index, item in enumerate(output):
+        if not isinstance(item, Mapping):
+            raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, f"output[{index}] is not an object")
+        hosted = _read_hosted(item)
+        if hosted is not None:
+            calls.append(hosted)
+    return calls
+
+
+def _read_hosted(item: Mapping[str, Any]) -> HostedCall | None:
+    kind = item.get("type")
+    item_id = text_or_none(item.get("id"))
+    status = text_or_none(item.get("status"))
+    if kind in ("mcp_call", "mcp_approval_request"):
+        failed = item.get("error") is not None
+        return HostedCall(
+            surface=SURFACE, kind=kind, server_label=text_or_none(item.get("server_label")),
+            tool_name=text_or_none(item.get("name")),
+            arguments=arguments_text(item.get("arguments")), item_id=item_id,
+            status="failed" if failed and status is None else status,
+            output_digest=output_digest(item.get("output")),
+            approval_request_id=text_or_none(item.get("approval_request_id")),
+        )
+    if kind == "mcp_list_tools":
+        return HostedCall(
+            surface=SURFACE, kind=kind, server_label=text_or_none(item.get("server_label")),
+            tool_name=None, arguments=None, item_id=item_id,
+            status="failed" if item.get("error") is not None else "completed",
+            output_digest=output_digest(item.get("tools")),
+        )
+    if isinstance(kind, str) and kind in _BUILTIN_ITEMS:
+        if kind == "web_search_call":
+            arguments, output = item.get("action"), None
+        elif kind == "file_search_call":
+            arguments, output = {"queries": item.get("queries")}, item.get("results")
+        else:
+            arguments = without_none({"code": item.get("code"), "container_id": item.get("container_id")})
+            output = item.get("outputs")
+        return HostedCall(
+            surface=SURFACE, kind=kind, server_label=None, tool_name=_BUILTIN_ITEMS[kind],
+            arguments=arguments_text(arguments), item_id=item_id, status=status,
+            output_digest=output_digest(output),
+        )
+    return None
+
+
+def export_mcp_tools(policy: HostedPolicy) -> list[dict[str, Any]]:
+    """`tools` entries for the policy's MCP servers, in policy order:
+    `{"type": "mcp", "server_label", "server_url", "allowed_tools",
+    "require_approval": {"always": {"tool_names"}, "never": {"tool_names"}}}`.
+
+    Append them to `export_tools(...)`; add the server's `authorization` (a
+    secret, never part of the policy) to the entry yourself. Tools neither
+    allowed nor approval-routed are left out of `allowed_tools`, so the
+    provider never offers them to the model.
+    """
+    entries: list[dict[str, Any]] = []
+    for server in policy.servers:
+        require_approval: dict[str, Any] = {}
+        if server.approval_required:
+            require_approval["always"] = {"tool_names": sorted(server.approval_required)}
+        if server.allowed_tools - server.approval_required:
+            require_approval["never"] = {
+                "tool_names": sorted(server.allowed_tools - server.approval_required)
+            }
+        entries.append(
+            {
+                "type": "mcp",
+                "server_label": server.label,
+                "server_url": server.url,
+                "allowed_tools": sorted(server.allowed_tools),
+                # Tools in neither list would default to "always"; both are given.
+                "require_approval": require_approval or "always",
+            }
+        )
+    return entries
+
+
+def write_approval_response(
+    approval_request_id: str, *, approve: bool, reason: str | None = None
+) -> dict[str, Any]:
+    """The `mcp_approval_response` input item answering an `mcp_approval_request`.
+
+    `approve` is the decision of toolfence's approval flow (this function only
+    writes it). Send the item as `input` with `previous_response_id`.
+    """
+    if not isinstance(approval_request_id, str) or not approval_request_id.strip():
+        raise _refuse(AdapterErrorCode.EMPTY_CALL_ID, "an approval response needs the request's id")
+    item: dict[str, Any] = {
+        "type": "mcp_approval_response",
+        "approval_request_id": approval_request_id,
+        "approve": approve,
+    }
+    if reason is not None:
+        item["reason"] = reason
+    return item

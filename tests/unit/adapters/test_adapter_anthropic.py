@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from adapter_testkit import (
+    SERVER_CONTEXT,
     Call,
     admit_call,
     anthropic_response,
@@ -114,28 +115,6 @@ def test_read__duplicate_and_empty_ids__refused() -> None:
     assert _refused(empty) is AdapterErrorCode.EMPTY_CALL_ID
 
 
-def test_read__cut_off_by_max_tokens__last_call_rejected_as_truncated_not_run() -> None:
-    registry = make_registry()
-    # `reason` has a default, so the partial input {"order_id", "amount_cents"}
-    # would pass the schema gate if taken at face value.
-    response = anthropic_response(
-        [
-            Call("toolu_1", "get_weather", {"city": "Oslo"}),
-            Call("toolu_2", "refund", {"order_id": "o-1", "amount_cents": 100}),
-        ],
-        stop_reason="max_tokens",
-    )
-
-    complete, cut_off = anthropic_messages.read_proposals(response)
-
-    assert complete.arguments == {"city": "Oslo"}
-    assert isinstance(cut_off.arguments, str)
-    outcome = admit_call(cut_off, registry)
-    assert isinstance(outcome, Rejected)
-    assert outcome.result.error.code is ErrorCode.INVALID_ARGUMENTS_JSON
-    assert not isinstance(admit_call(complete, registry), Rejected)
-
-
 def test_read__unknown_tool__left_to_the_gates() -> None:
     [proposal] = anthropic_messages.read_proposals(anthropic_response([Call("t1", "nope", {})]))
     outcome = admit_call(proposal, make_registry())
@@ -189,7 +168,7 @@ def test_write__untrusted_output__labelled_as_data() -> None:
 
 
 def test_export__every_tool__valid_tool_param() -> None:
-    tools = anthropic_messages.export_tools(make_registry())
+    tools = anthropic_messages.export_tools(make_registry(), SERVER_CONTEXT)
 
     for tool in tools:
         validate_typed(ToolParam, tool)

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from adapter_testkit import (
     LONG_TOOL_NAME,
+    SERVER_CONTEXT,
     Call,
     admit_call,
     failed,
@@ -202,7 +203,7 @@ def test_write__no_calls__no_content() -> None:
 
 
 def test_export__all_tools__one_sdk_tool_with_every_declaration() -> None:
-    [tool] = gemini_generate.export_tools(make_registry())
+    [tool] = gemini_generate.export_tools(make_registry(), SERVER_CONTEXT)
 
     validated = genai_types.Tool.model_validate(tool)
 
@@ -217,4 +218,4 @@ def test_export__all_tools__one_sdk_tool_with_every_declaration() -> None:
 def test_export__empty_registry__no_tool() -> None:
     from executor.core.tools import Registry
 
-    assert gemini_generate.export_tools(Registry()) == []
+    assert gemini_generate.export_tools(Registry(), SERVER_CONTEXT) == []

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from adapter_testkit import (
+    SERVER_CONTEXT,
     Call,
     admit_call,
     failed,
@@ -147,7 +148,7 @@ def test_write__results_in_any_order__function_result_steps_in_call_order() -> N
 
 
 def test_export__every_tool__valid_function_tool() -> None:
-    tools = gemini_interactions.export_tools(make_registry())
+    tools = gemini_interactions.export_tools(make_registry(), SERVER_CONTEXT)
 
     for tool in tools:
         parsed = TypeAdapter(genai_interactions.Tool).validate_python(tool)

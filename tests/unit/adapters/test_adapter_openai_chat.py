@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from adapter_testkit import (
     LONG_TOOL_NAME,
+    SERVER_CONTEXT,
     Call,
     admit_call,
     assert_keys_within,
@@ -37,7 +38,7 @@ from openai.types.chat import (
     ChatCompletionToolMessageParam,
 )
 
-from executor.core.admission import Rejected
+from executor.core.admission import Rejected, exposed_to
 from executor.core.types import ErrorCode, ProposedCall
 from executor.providers import openai_chat
 from executor.providers.common import AdapterError, AdapterErrorCode, encode_tool_name
@@ -265,7 +266,7 @@ def test_write__untrusted_output__labelled_as_data() -> None:
 
 
 def test_export__every_tool__valid_sdk_tool_param_with_provider_safe_name() -> None:
-    tools = openai_chat.export_tools(make_registry())
+    tools = openai_chat.export_tools(make_registry(), SERVER_CONTEXT)
 
     for tool in tools:
         validate_typed(ChatCompletionFunctionToolParam, tool)
@@ -284,13 +285,13 @@ def test_export__every_tool__valid_sdk_tool_param_with_provider_safe_name() -> N
 # names (which depends on the hash seed) and prints the export as JSON.
 _EXPORT_IN_A_FRESH_PROCESS = """
 import json
-from adapter_testkit import make_registry
+from adapter_testkit import SERVER_CONTEXT, make_registry
 from executor.core.tools import Registry
 from executor.providers import openai_chat
 
 tools = {tool.name: tool for tool in make_registry()}
 registry = Registry(tools[name] for name in {name for name in tools})
-print(json.dumps(openai_chat.export_tools(registry)))
+print(json.dumps(openai_chat.export_tools(registry, SERVER_CONTEXT)))
 """
 
 
@@ -318,8 +319,8 @@ def test_export__different_hash_seeds__identical_declarations_sorted_by_tool_nam
     for seed, exported in exports.items():
         assert json.dumps(exported) == json.dumps(first), f"PYTHONHASHSEED={seed} changed the export"
     # and in tool-name order, as `declared_tools` promises
-    names = sorted(tool.name for tool in make_registry())
+    names = sorted(tool.name for tool in make_registry() if exposed_to(tool, SERVER_CONTEXT))
     assert [tool["function"]["name"] for tool in first] == [
         encode_tool_name(name, openai_chat.NAME_RULE) for name in names
     ]
-    assert first == openai_chat.export_tools(make_registry())
+    assert first == openai_chat.export_tools(make_registry(), SERVER_CONTEXT)

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from adapter_testkit import (
+    SERVER_CONTEXT,
     Call,
     admit_call,
     assert_keys_within,
@@ -80,11 +81,6 @@ def test_read__server_side_items__skipped() -> None:
         pytest.param(
             {"type": "custom_tool_call", "call_id": "c9", "name": "x", "input": "hi", "id": "ctc"},
             id="custom-tool",
-        ),
-        pytest.param(
-            {"type": "mcp_approval_request", "id": "mr", "name": "x", "arguments": "{}",
-             "server_label": "s"},
-            id="mcp-approval",
         ),
     ],
 )
@@ -180,7 +176,7 @@ def test_write__results_in_any_order__function_call_outputs_in_call_order() -> N
 
 
 def test_export__every_tool__valid_function_tool_with_strict_where_faithful() -> None:
-    tools = openai_responses.export_tools(make_registry())
+    tools = openai_responses.export_tools(make_registry(), SERVER_CONTEXT)
 
     for tool in tools:
         validate_typed(FunctionToolParam, tool)
