@@ -8,7 +8,7 @@ loaded on first use (PEP 562), so `import executor.core.states` in a pure
 module does not pull in SQLAlchemy, Celery or an SDK through this file.
 
 - Declaring tools: `Tool`, `Mode`, `Effect`, `Access`, `Approval`, `RetryPolicy`,
-  `Written`, `LookupAnswer`, `LookupResult`, `RunContext`, `Registry`,
+  `Written`, `Observed`, `LookupAnswer`, `LookupResult`, `RunContext`, `Registry`,
   `load_registry`, and the failures a tool raises (`RetryableError`,
   `TerminalError`, `BusinessRuleViolation`, `StaleFencingToken`, ...).
 - Values: `ProposedCall`, `ServerContext`, the results (`Succeeded`,
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
         LookupResult,
         LostOwnership,
         Mode,
+        Observed,
         Registry,
         RetryableError,
         RetryPolicy,
@@ -108,6 +109,7 @@ _EXPORTS: dict[str, str] = {
     "LookupResult": "executor.core.tools",
     "LostOwnership": "executor.core.tools",
     "Mode": "executor.core.tools",
+    "Observed": "executor.core.tools",
     "Registry": "executor.core.tools",
     "RetryPolicy": "executor.core.tools",
     "RetryableError": "executor.core.tools",
@@ -174,6 +176,7 @@ __all__ = [
     "LookupResult",
     "LostOwnership",
     "Mode",
+    "Observed",
     "Pending",
     "ProposedCall",
     "Registry",
