@@ -813,8 +813,12 @@ def test_provider_round_trip__enqueue_execute_results__one_sdk_valid_result_per_
     if back[0].name is not None:  # surfaces whose results carry the function's name
         assert [b.name for b in back] == [wire_balance, wire_credit, wire_balance]
     balance, credit, rejected = back
-    assert balance.payload == {"account_id": "acc-1", "balance_cents": 100_000}
-    assert credit.payload["applied"] is True and credit.payload["receipt"]
+    assert balance.payload["output"] == {"account_id": "acc-1", "balance_cents": 100_000}
+    assert credit.payload["output"]["applied"] is True and credit.payload["output"]["receipt"]
+    for success in (balance, credit):  # freshness on the database clock, every surface
+        assert success.payload["observed_at"].endswith("Z")
+        assert 0 <= success.payload["age_seconds"] < 60
+        assert success.payload["stale"] is False
     assert rejected.payload["error"]["code"] == case.rejected_code
     if back[0].is_error is not None:
         assert [b.is_error for b in back] == [False, False, True]
