@@ -8,7 +8,7 @@ loaded on first use (PEP 562), so `import executor.core.states` in a pure
 module does not pull in SQLAlchemy, Celery or an SDK through this file.
 
 - Declaring tools: `Tool`, `Mode`, `Effect`, `Access`, `Approval`, `RetryPolicy`,
-  `Written`, `LookupAnswer`, `LookupResult`, `RunContext`, `Registry`,
+  `Written`, `Observed`, `LookupAnswer`, `LookupResult`, `RunContext`, `Registry`,
   `load_registry`, and the failures a tool raises (`RetryableError`,
   `TerminalError`, `BusinessRuleViolation`, `StaleFencingToken`, ...).
 - Values: `ProposedCall`, `ServerContext`, the results (`Succeeded`,
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
         LookupResult,
         LostOwnership,
         Mode,
+        Observed,
         Registry,
         RetryableError,
         RetryPolicy,
@@ -117,6 +118,7 @@ _EXPORTS: dict[str, str] = {
     "LookupResult": "executor.core.tools",
     "LostOwnership": "executor.core.tools",
     "Mode": "executor.core.tools",
+    "Observed": "executor.core.tools",
     "Registry": "executor.core.tools",
     "RetryPolicy": "executor.core.tools",
     "RetryableError": "executor.core.tools",
@@ -192,6 +194,7 @@ __all__ = [
     "LostOwnership",
     "Mode",
     "NO_HOSTED_TOOLS",
+    "Observed",
     "Pending",
     "ProposedCall",
     "Registry",

@@ -217,7 +217,7 @@ def _register(
         record(operation_id=operation_id, gate=Gate.REGISTRATION, result=None)
         row = store.get_operation(conn, operation_id)
         assert row is not None
-        status = operation_status(call.call_id, call.tool_name, row)
+        status = operation_status(call.call_id, call.tool_name, row, now=store.read_now(conn))
         return CallHandle(call.call_id, call.tool_name, operation_id, status), (
             outcome.state is State.SUCCEEDED
         )
@@ -248,8 +248,14 @@ def _register(
 # ------------------------------------------------------------------ results
 
 
-def operation_status(call_id: str, tool_name: str, row: Any) -> CallStatus:
-    """The caller-facing status of one operation row, for one call id."""
+def operation_status(
+    call_id: str, tool_name: str, row: Any, *, now: float | None = None
+) -> CallStatus:
+    """The caller-facing status of one operation row, for one call id.
+
+    `now` is the database clock at read time (`store.read_now`): a success then says
+    how old it is, and whether that is past its tool's max age.
+    """
     state = State(row.state)
     if state is State.SUCCEEDED:
         stored = json.loads(row.result) if row.result else {}
@@ -257,6 +263,7 @@ def operation_status(call_id: str, tool_name: str, row: Any) -> CallStatus:
             call_id=call_id, tool_name=tool_name, operation_id=row.operation_id,
             output=stored.get("model_view", stored.get("output")) if isinstance(stored, dict) else stored,
             untrusted=bool(stored.get("untrusted")) if isinstance(stored, dict) else False,
+            **_freshness(row, stored if isinstance(stored, dict) else {}, now),
         )
     if state is State.FAILED_TERMINAL:
         error = json.loads(row.error) if row.error else {}
@@ -273,6 +280,27 @@ def operation_status(call_id: str, tool_name: str, row: Any) -> CallStatus:
         call_id=call_id, tool_name=tool_name, operation_id=row.operation_id, state=state.value,
         impact=impact,
     )
+
+
+def _freshness(row: Any, stored: dict[str, Any], now: float | None) -> dict[str, Any]:
+    """observed_at, source_time, age_seconds and stale of a succeeded operation.
+
+    `observed_at` is the row's `finished_at`: the completing CAS wrote it from the
+    database clock in the statement that recorded the result. Ages are measured on
+    that clock too, never on this process's. A result stored before max ages existed
+    has no `max_age_seconds` and is never called stale.
+    """
+    observed_at = row.finished_at
+    if observed_at is None:
+        return {}
+    freshness: dict[str, Any] = {
+        "observed_at": observed_at, "source_time": stored.get("source_time"),
+    }
+    if now is not None:
+        age = max(0.0, now - observed_at)
+        max_age = stored.get("max_age_seconds")
+        freshness |= {"age_seconds": age, "stale": max_age is not None and age > max_age}
+    return freshness
 
 
 def results(session: Session | Connection | Engine, request_id: str) -> list[CallStatus]:
@@ -295,13 +323,14 @@ def results(session: Session | Connection | Engine, request_id: str) -> list[Cal
                 )
             ).all()
         }
+    now = store.read_now(conn) if ops else None
     statuses: list[CallStatus] = []
     for r in rows:
         if r.result:
             statuses.append(_parse_status(json.loads(r.result)))
             continue
         op = ops[r.operation_id]
-        status = operation_status(r.call_id, r.tool_name, op)
+        status = operation_status(r.call_id, r.tool_name, op, now=now)
         if isinstance(status, Pending) and status.state == State.PENDING_APPROVAL.value:
             status = status.model_copy(update={"approval_id": approval_ids.get(op.operation_id)})
         statuses.append(status)

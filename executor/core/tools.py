@@ -13,6 +13,7 @@ import importlib
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
 from typing import Any, Generic, TypeVar
 
@@ -180,6 +181,16 @@ class Written:
     receipt: str
 
 
+@dataclass(frozen=True)
+class Observed:
+    """What a read may return instead of its bare output, to say when the data was true
+    at the source: `source_time` is the source's own timestamp (timezone-aware), on the
+    source's clock. toolfence reports it beside `observed_at`, its own database clock."""
+
+    output: Any
+    source_time: datetime
+
+
 class LookupAnswer(StrEnum):
     DONE = "done"
     NOT_DONE = "not_done"
@@ -240,6 +251,7 @@ class Tool(Generic[ArgsT]):
         retry: RetryPolicy = RetryPolicy(),
         retryable_exceptions: tuple[type[BaseException], ...] = (),
         timeout_seconds: float = 30.0,
+        max_age_seconds: float | None = None,
     ) -> None:
         if not name or not isinstance(name, str):
             raise ToolDeclarationError("a tool needs a non-empty name")
@@ -283,6 +295,12 @@ class Tool(Generic[ArgsT]):
             raise ToolDeclarationError(f"tool {name!r}: output_model must be a pydantic model")
         if retry.max_attempts < 1:
             raise ToolDeclarationError(f"tool {name!r}: retry.max_attempts must be >= 1")
+        if max_age_seconds is not None and mode is Mode.WRITE:
+            # A write's result is a receipt of what happened: it never goes stale, and
+            # "stale" would invite doing the write again.
+            raise ToolDeclarationError(f"tool {name!r}: max_age_seconds is for reads only")
+        if max_age_seconds is not None and not max_age_seconds > 0:
+            raise ToolDeclarationError(f"tool {name!r}: max_age_seconds must be > 0")
         self.name = name
         self.description = description
         self.mode = Mode(mode)
@@ -302,12 +320,23 @@ class Tool(Generic[ArgsT]):
         self.retry = retry
         self.retryable_exceptions = retryable_exceptions
         self.timeout_seconds = timeout_seconds
+        self.max_age_seconds = max_age_seconds
 
     def stored_result(self, value: Any) -> dict[str, Any]:
         """What is stored for a successful call, whoever saw it succeed (worker or
         reconciler): the output validated against the output model, the model's
-        view of it (the tool's projection), and whether it is untrusted data.
+        view of it (the tool's projection), and whether it is untrusted data; for a
+        read, also the source's timestamp (`Observed`) and the tool's max age.
         """
+        freshness: dict[str, float] = {}
+        if isinstance(value, Observed) and self.mode is Mode.READ:
+            source_time = value.source_time
+            if not isinstance(source_time, datetime) or source_time.utcoffset() is None:
+                raise InvalidResult("source_time must be a timezone-aware datetime")
+            freshness["source_time"] = source_time.timestamp()
+            value = value.output
+        if self.max_age_seconds is not None:
+            freshness["max_age_seconds"] = self.max_age_seconds
         try:
             output = self.output_model.model_validate(
                 value.model_dump(mode="json") if isinstance(value, BaseModel) else value
@@ -323,7 +352,7 @@ class Tool(Generic[ArgsT]):
                 view = self.project(output)
             except Exception:
                 raise InvalidResult("the output projection failed") from None
-        return {"output": full, "model_view": view, "untrusted": self.untrusted_output}
+        return {"output": full, "model_view": view, "untrusted": self.untrusted_output, **freshness}
 
     @property
     def takeover_allowed(self) -> bool:

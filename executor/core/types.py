@@ -104,6 +104,16 @@ class Succeeded(_Frozen):
     operation_id: str | None = None
     output: Any = None
     untrusted: bool = False
+    # Freshness (epoch seconds). None on results stored before these fields existed,
+    # and on results an application builds itself: "not known", never "fresh".
+    # `observed_at` is the database clock when the completing statement recorded the
+    # downstream's answer; `source_time` the source's own timestamp, on its clock.
+    # `age_seconds` is measured on the database clock when the result is read, and
+    # `stale` is true once that age passes the tool's `max_age_seconds`.
+    observed_at: float | None = None
+    source_time: float | None = None
+    age_seconds: float | None = None
+    stale: bool | None = None
 
 
 class FailedRetryable(_Frozen):

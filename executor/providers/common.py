@@ -14,6 +14,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, TypeAlias
 
@@ -488,16 +489,33 @@ def _jsonable(value: Any, *, surface: str, call_id: str) -> Any:
         ) from None
 
 
+def _timestamp(epoch_seconds: float | None) -> str | None:
+    if epoch_seconds is None:
+        return None
+    moment = datetime.fromtimestamp(epoch_seconds, UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 def output_payload(result: Succeeded, *, surface: str) -> Any:
     """The JSON value a model sees for a success; untrusted output is labelled.
 
     The note comes before the data so a model reading in order meets the label
-    before any text inside the data that poses as an instruction.
+    before any text inside the data that poses as an instruction. A result whose
+    observation time is known says so first, and how old it is, every surface
+    alike: `{"observed_at", "source_time", "age_seconds", "stale", "output"}`.
     """
     output = _jsonable(result.output, surface=surface, call_id=result.call_id)
     if result.untrusted:
-        return {"note": UNTRUSTED_NOTE, "untrusted_data": output}
-    return output
+        output = {"note": UNTRUSTED_NOTE, "untrusted_data": output}
+    if result.observed_at is None:
+        return output
+    return {
+        "observed_at": _timestamp(result.observed_at),
+        "source_time": _timestamp(result.source_time),
+        "age_seconds": None if result.age_seconds is None else round(result.age_seconds, 3),
+        "stale": result.stale,
+        "output": output,
+    }
 
 
 def result_payload(result: ToolResult, *, surface: str) -> Any:

@@ -25,7 +25,7 @@ from executor.store.approvals import (
 from executor.store.audit import (
     audit_trail,
 )
-from executor.store.clock import DATABASE_CLOCK, Clock, ManualClock
+from executor.store.clock import DATABASE_CLOCK, Clock, ManualClock, read_now
 from executor.store.intake import (
     add_outbox_row,
     record_call,
@@ -115,6 +115,7 @@ __all__ = [
     "operations_in",
     "predecessor_failed",
     "promote_due_retry",
+    "read_now",
     "record_call",
     "record_lookup_result",
     "record_receipt",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Protocol
 
-from sqlalchemy import ColumnElement, Float, literal
+from sqlalchemy import ColumnElement, Connection, Float, literal, select
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 
@@ -61,3 +61,9 @@ class ManualClock:
 
 
 DATABASE_CLOCK = DatabaseClock()
+
+
+def read_now(conn: Connection, clock: Clock = DATABASE_CLOCK) -> float:
+    """The clock's current value, read once: for ages computed in Python against
+    times the store recorded on the same clock (a result's `observed_at`)."""
+    return float(conn.execute(select(clock.now())).scalar_one())

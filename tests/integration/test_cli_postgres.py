@@ -258,7 +258,7 @@ def test_provider_turn__real_fleet__results_then_approval_then_the_transfer_resu
         ("toolu_move", "approval_required", True),
         ("toolu_bad", "invalid_arguments", True),
     ]
-    assert answered[0][1] == {"account_id": "acc-1", "balance_cents": 100_000}
+    assert answered[0][1]["output"] == {"account_id": "acc-1", "balance_cents": 100_000}
 
     [pending] = json.loads(toolfence("approvals").stdout)
     assert pending["impact"]["amount_cents"] == 60_000
@@ -267,10 +267,14 @@ def test_provider_turn__real_fleet__results_then_approval_then_the_transfer_resu
 
     read, move, bad = _tool_results(json.loads(second.stdout))
     assert (move[0], move[2]) == ("toolu_move", False)
-    assert move[1]["applied"] is True and move[1]["receipt"]
-    assert read == answered[0]
+    assert move[1]["output"]["applied"] is True and move[1]["output"]["receipt"]
+    # The same stored read, read again later: same observation, older by then.
+    assert (read[0], read[1]["output"], read[1]["observed_at"]) == (
+        answered[0][0], answered[0][1]["output"], answered[0][1]["observed_at"],
+    )
+    assert read[1]["age_seconds"] >= answered[0][1]["age_seconds"]
     assert bad[1]["error"]["code"] == "invalid_arguments"
     assert (ledger.balance("acc-1"), ledger.balance("acc-2")) == (40_000, 60_000)
     shown = json.loads(toolfence("show", pending["operation_id"]).stdout)
     assert (shown["state"], shown["generation"]) == ("succeeded", 1)
-    assert [r["receipt"] for r in shown["receipts"]] == [move[1]["receipt"]]
+    assert [r["receipt"] for r in shown["receipts"]] == [move[1]["output"]["receipt"]]

@@ -661,14 +661,13 @@ def responses_back(response: dict[str, Any], written: list[dict[str, Any]]) -> l
     return [WrittenResult(i["call_id"], None, json.loads(i["output"]), None) for i in written]
 
 
-def anthropic_response(calls: list[WireCall]) -> dict[str, Any]:
-    # Cut off by max_tokens while writing the last tool_use block: its input is partial.
+def anthropic_response(calls: list[WireCall], stop_reason: str = "tool_use") -> dict[str, Any]:
     return anthropic_types.Message.model_validate({
         "id": "msg_1", "type": "message", "role": "assistant", "model": "claude-test",
         "content": [{"type": "text", "text": "Checking."}] + [
             {"type": "tool_use", "id": c.call_id, "name": c.name, "input": c.arguments} for c in calls
         ],
-        "stop_reason": "max_tokens", "stop_sequence": None,
+        "stop_reason": stop_reason, "stop_sequence": None,
         "usage": {"input_tokens": 10, "output_tokens": 10},
     }).to_dict()
 
@@ -749,9 +748,10 @@ CASES = {
         responses_response, responses_back, True, "{account_id: acc-1}", "invalid_arguments_json",
         ("call_r1", "call_r2", "call_r3"),
     ),
-    # The last block of a max_tokens response: the adapter passes it as truncated text.
+    # Anthropic's input is always an object: the schema gate rejects this one.
     "anthropic": SurfaceCase(
-        anthropic_response, anthropic_back, False, {"account_id": "acc-1"}, "invalid_arguments_json",
+        anthropic_response, anthropic_back, False, {"account_id": "acc-1", "tenant": "globex"},
+        "invalid_arguments",
         ("toolu_01A", "toolu_01B", "toolu_01C"),
     ),
     # Gemini's arguments are always an object: the schema gate rejects this one. The
@@ -769,6 +769,24 @@ CASES = {
 
 def test_provider_cases__cover_every_surface() -> None:
     assert set(CASES) == set(SURFACES)
+
+
+def test_enqueue__anthropic_response_cut_at_max_tokens__refused_whole_in_one_line(
+    home: Path, cli: Callable[..., Run]
+) -> None:
+    # Given a response cut off by max_tokens while writing its last tool_use block
+    response = anthropic_response([
+        WireCall("toolu_01A", encode_tool_name(BALANCE, SURFACES["anthropic"].name_rule),
+                 {"account_id": "acc-1"}),
+    ], stop_reason="max_tokens")
+    # When the CLI is asked to enqueue it
+    run = cli(
+        "enqueue", write_json(home / "response.json", response), *WHO,
+        "--provider", "anthropic", "--request-id", "req-cut",
+    )
+    # Then nothing is admitted: one line names the stable code
+    assert_one_line_error(run, "truncated_response")
+    assert_one_line_error(cli("results", "req-cut"), "no request 'req-cut'")
 
 
 @pytest.mark.parametrize("surface_name", list(CASES))
@@ -813,8 +831,12 @@ def test_provider_round_trip__enqueue_execute_results__one_sdk_valid_result_per_
     if back[0].name is not None:  # surfaces whose results carry the function's name
         assert [b.name for b in back] == [wire_balance, wire_credit, wire_balance]
     balance, credit, rejected = back
-    assert balance.payload == {"account_id": "acc-1", "balance_cents": 100_000}
-    assert credit.payload["applied"] is True and credit.payload["receipt"]
+    assert balance.payload["output"] == {"account_id": "acc-1", "balance_cents": 100_000}
+    assert credit.payload["output"]["applied"] is True and credit.payload["output"]["receipt"]
+    for success in (balance, credit):  # freshness on the database clock, every surface
+        assert success.payload["observed_at"].endswith("Z")
+        assert 0 <= success.payload["age_seconds"] < 60
+        assert success.payload["stale"] is False
     assert rejected.payload["error"]["code"] == case.rejected_code
     if back[0].is_error is not None:
         assert [b.is_error for b in back] == [False, False, True]
