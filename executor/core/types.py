@@ -33,6 +33,7 @@ class ErrorCode(StrEnum):
     RETRY_BUDGET_EXHAUSTED = "retry_budget_exhausted"
     INVALID_RESULT = "invalid_result"
     PREDECESSOR_FAILED = "predecessor_failed"
+    APPROVAL_SCOPE_EXCEEDED = "approval_scope_exceeded"
 
 
 class _Frozen(BaseModel):
