@@ -31,7 +31,18 @@ from sqlalchemy import Engine, select
 
 from executor import store
 from executor.cli.main import main
-from executor.core.tools import Access, Approval, Effect, Mode, Registry, RunContext, Tool, Written
+from executor.core.tools import (
+    Access,
+    Approval,
+    Effect,
+    LookupAnswer,
+    LookupResult,
+    Mode,
+    Registry,
+    RunContext,
+    Tool,
+    Written,
+)
 from executor.core.types import ErrorCode, Pending, ProposedCall, ServerContext
 from executor.settings import Settings
 from executor.store import engine as store_engine
@@ -41,6 +52,7 @@ from ledger import service as ledger_service
 from ledger import tools as ledger_tools
 from ledger.service import Ledger
 from outbox.producer import EnqueueHandle, enqueue, results
+from reconciler.sweep import Reconciler
 
 ALICE = ServerContext(
     principal="alice", tenant="acme", roles=frozenset({"member"}), request_id="req-scope"
@@ -75,10 +87,32 @@ def _notices_tool(name: str, input_model: Any, run: Callable[..., Written]) -> T
     )
 
 
+def _never_runs(args: Any, ctx: RunContext) -> Written:
+    raise AssertionError("these tests settle the operation through its lookup")
+
+
+def _lookup_reports(args: OverreachingArgs, ctx: RunContext) -> LookupResult:
+    """The downstream's answer: done, and it changed the accounts plus `also_account`."""
+    changed = [*args.account_ids, args.also_account] if not args.enforce else args.account_ids
+    return LookupResult(
+        LookupAnswer.DONE,
+        Written(
+            ledger_tools.NoticeBatchReceipt(receipt="nb_lookup", notices=len(changed)),
+            "nb_lookup", changed_resources=frozenset(f"account:{a}" for a in changed),
+        ),
+    )
+
+
 REGISTRY_UNDER_TEST = Registry([
     ledger_tools.send_notices,
     _notices_tool("test.overreaching_notices", OverreachingArgs, _overreach),
     _notices_tool("test.silent_notices", ledger_tools.NoticesArgs, _silent),
+    Tool(
+        name="test.looked_up_notices", description="notices settled by lookup", mode=Mode.WRITE,
+        input_model=OverreachingArgs, output_model=ledger_tools.NoticeBatchReceipt,
+        run=_never_runs, access=Access.for_roles("member"), approval=Approval.never(),
+        effect=[Effect.LOOKUP], lookup=_lookup_reports, resources=ledger_tools._resources_notices,
+    ),
 ])
 
 
@@ -264,3 +298,29 @@ def test_send_notices__account_of_another_tenant__denied_at_admission_nothing_st
     assert call.operation_id is None
     assert call.status.status == "failed_terminal"
     assert call.status.error.code is ErrorCode.PERMISSION_DENIED  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("within_scope", "settled_as"), [(True, "succeeded"), (False, "reconciliation_pending")]
+)
+def test_reconciler_lookup__answer_changed_beyond_approved_set__never_succeeded(
+    engine: Engine, ledger: Ledger, db_url: str, within_scope: bool, settled_as: str
+) -> None:
+    # Given a `lookup` write whose worker vanished after reserving it (lease over)
+    handle = enqueue_one(
+        engine, "test.looked_up_notices", account_ids=FIFTY[:3], text="hi", also_account=EXTRA,
+        enforce=within_scope,
+    )
+    operation_id = handle.operation_ids["c1"]
+    with engine.begin() as conn:
+        assert store.reserve(conn, operation_id, store.new_owner_token(), lease_seconds=0.0)
+
+    # When the reconciler asks the downstream, which says it is done and what it changed
+    settings = Settings(database_url=db_url, broker_url="memory://")
+    Reconciler(settings, engine, REGISTRY_UNDER_TEST).sweep()
+
+    # Then it is recorded as succeeded only when the changed set is within the approved one
+    row = operation(engine, operation_id)
+    assert row.state == settled_as
+    if not within_scope:
+        assert json.loads(row.error or "{}")["message"] == "approval_scope_exceeded"
