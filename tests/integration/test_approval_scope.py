@@ -324,3 +324,38 @@ def test_reconciler_lookup__answer_changed_beyond_approved_set__never_succeeded(
     assert row.state == settled_as
     if not within_scope:
         assert json.loads(row.error or "{}")["message"] == "approval_scope_exceeded"
+
+
+def test_mark_scope_exceeded__stale_owner__changes_nothing_current_owner_wins(
+    engine: Engine, ledger: Ledger
+) -> None:
+    # Given an operation reserved by an owner whose lease expired, then taken over
+    handle = enqueue_one(engine, "test.silent_notices", account_ids=FIFTY[:2], text="hi")
+    operation_id = handle.operation_ids["c1"]
+    with engine.begin() as conn:
+        stale = store.reserve(conn, operation_id, store.new_owner_token(), lease_seconds=0.0)
+        assert stale is not None
+        current = store.take_over(conn, operation_id, store.new_owner_token(), lease_seconds=30.0)
+        assert current is not None
+    error = {"cause": "approval_scope_exceeded", "message": "beyond"}
+
+    # When the stale owner, then the current one, record an excess
+    with engine.begin() as conn:
+        stale_won = store.mark_scope_exceeded(
+            conn, operation_id, stale.generation, owner_token=stale.owner_token,
+            receipt="r-stale", error=error,
+        )
+    after_stale = operation(engine, operation_id)
+    with engine.begin() as conn:
+        current_won = store.mark_scope_exceeded(
+            conn, operation_id, current.generation, owner_token=current.owner_token,
+            receipt="r-current", error=error,
+        )
+
+    # Then only the current owner's CAS matched
+    assert (stale_won, after_stale.state) == (False, "started")
+    assert current_won
+    row = operation(engine, operation_id)
+    assert (row.state, row.error_code, row.receipt, row.owner_token) == (
+        "reconciliation_pending", "approval_scope_exceeded", "r-current", None,
+    )
