@@ -11,7 +11,11 @@ the way a downstream must be for each effect contract:
 - `create_invoice` does neither but can answer "did operation K happen?" (`lookup`),
   and its answer stays true: asking closes the door on the attempt asked about
   (see `find_invoice`);
-- `send_notice` promises nothing (`unsafe`).
+- `send_notice` promises nothing (`unsafe`);
+- `send_notices` sends one notice per account of a batch, each a row, deduped on
+  the key (`idempotent`), and holds the batch to the accounts it was approved for:
+  one account outside that set (or of another tenant) refuses the whole batch in
+  the effect's own transaction, so nothing is sent.
 
 Every accepted effect is recorded in `ledger_effects` with operation id and
 generation, and every refused stale write in `ledger_fenced`, so tests can count
@@ -23,6 +27,7 @@ from __future__ import annotations
 import os
 import secrets
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,8 +122,36 @@ notices = Table(
 )
 
 
+# One row per notice of a batch; an account gets at most one notice per batch.
+batch_notices = Table(
+    "ledger_batch_notices",
+    metadata,
+    Column("notice_id", String(64), primary_key=True),
+    Column("batch_receipt", String(64), nullable=False),
+    Column("operation_id", String(200), nullable=False),
+    Column("account_id", String(64), nullable=False),
+    Column("text", String(2000), nullable=False),
+    UniqueConstraint("batch_receipt", "account_id"),
+)
+
+
 class AccountNotFound(LookupError):
     pass
+
+
+class OutsideApprovedSet(PermissionError):
+    """A batch named accounts outside the set it was approved for; nothing was sent."""
+
+    def __init__(self, outside_count: int) -> None:
+        super().__init__(f"{outside_count} account(s) outside the approved set")
+        self.outside_count = outside_count
+
+
+@dataclass(frozen=True)
+class NoticeBatch:
+    receipt: str
+    applied: bool  # False when an earlier attempt with the same key had sent it
+    account_ids: frozenset[str]  # the accounts the batch notified
 
 
 @dataclass(frozen=True)
@@ -174,6 +207,27 @@ class Ledger:
                 insert(accounts).values(
                     account_id=account_id, tenant=tenant, balance_cents=balance_cents
                 )
+            )
+
+    def account_tenants(self, account_ids: Sequence[str]) -> dict[str, str]:
+        """Tenant per account, for the accounts that exist (one query for a batch)."""
+        with self.reader.connect() as conn:
+            rows = conn.execute(
+                select(accounts.c.account_id, accounts.c.tenant).where(
+                    accounts.c.account_id.in_(list(account_ids))
+                )
+            ).all()
+        return {account_id: tenant for account_id, tenant in rows}
+
+    def notices_of_operation(self, operation_id: str) -> list[str]:
+        """Accounts notified by an operation's batches, sorted (a duplicate shows twice)."""
+        with self.reader.connect() as conn:
+            return sorted(
+                conn.execute(
+                    select(batch_notices.c.account_id).where(
+                        batch_notices.c.operation_id == operation_id
+                    )
+                ).scalars()
             )
 
     def account_tenant(self, account_id: str) -> str | None:
@@ -417,6 +471,62 @@ class Ledger:
                 generation=generation, kind="notice", account_id=account_id, amount_cents=None,
             )
             return notice_id
+
+    def send_notices(
+        self, *, key: str, operation_id: str, generation: int, tenant: str,
+        account_ids: Sequence[str], text: str, approved_accounts: frozenset[str] | None,
+    ) -> NoticeBatch:
+        """Idempotent batch: one notice row per account, applied once per key.
+
+        In the same transaction as the effect it refuses the whole batch when one
+        account is outside `approved_accounts` (`OutsideApprovedSet`) or is not
+        `tenant`'s (`AccountNotFound`): a batch is all or nothing, so a refusal
+        leaves nothing sent and nothing to reconcile. `approved_accounts=None` is a
+        caller that holds no approved set: only the tenant is checked.
+        """
+        self._pause()
+        wanted = list(dict.fromkeys(account_ids))
+        with self.engine.begin() as conn:
+            receipt = _new_id("nb")
+            # The dedupe row first: every writer of the key serialises on it.
+            if not insert_ignore(
+                conn, dedupe, {"kind": "notices", "idempotency_key": key, "receipt": receipt},
+                ["kind", "idempotency_key"],
+            ):
+                existing = self._existing(conn, "notices", key)
+                assert existing is not None
+                sent = conn.execute(
+                    select(batch_notices.c.account_id).where(
+                        batch_notices.c.batch_receipt == existing
+                    )
+                ).scalars()
+                return NoticeBatch(existing, applied=False, account_ids=frozenset(sent))
+            if approved_accounts is not None:
+                outside = [a for a in wanted if a not in approved_accounts]
+                if outside:
+                    raise OutsideApprovedSet(len(outside))  # rolls the dedupe row back too
+            owners = dict(
+                conn.execute(
+                    select(accounts.c.account_id, accounts.c.tenant).where(
+                        accounts.c.account_id.in_(wanted)
+                    )
+                ).all()
+            )
+            foreign = [a for a in wanted if owners.get(a) != tenant]
+            if foreign:
+                raise AccountNotFound(foreign[0])
+            for account_id in wanted:
+                conn.execute(
+                    insert(batch_notices).values(
+                        notice_id=_new_id("ntc"), batch_receipt=receipt,
+                        operation_id=operation_id, account_id=account_id, text=text,
+                    )
+                )
+            self._record_effect(
+                conn, receipt=receipt, operation_id=operation_id, key=key,
+                generation=generation, kind="notices", account_id=None, amount_cents=None,
+            )
+            return NoticeBatch(receipt, applied=True, account_ids=frozenset(wanted))
 
 
 _default: Ledger | None = None

@@ -1,4 +1,5 @@
-"""Tool declarations for the reference ledger: one write per effect contract and a read.
+"""Tool declarations for the reference ledger: one write per effect contract, a read,
+and a batch write held to the set of accounts it was approved for (`send_notices`).
 
 This module is what a tool author writes. `registry` is what `toolfence worker`
 loads by default (`TOOLFENCE_TOOLS=ledger.tools:registry`).
@@ -6,15 +7,17 @@ loads by default (`TOOLFENCE_TOOLS=ledger.tools:registry`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from executor import (
     Access,
     Approval,
     BusinessRuleViolation,
     Effect,
+    ErrorCode,
+    ErrorDetail,
     LookupAnswer,
     LookupResult,
     Mode,
@@ -23,11 +26,16 @@ from executor import (
     ServerContext,
     TerminalError,
     Tool,
+    ToolFailure,
     Written,
 )
-from ledger.service import AccountNotFound, default_ledger
+from ledger.service import AccountNotFound, OutsideApprovedSet, default_ledger
 
 APPROVAL_THRESHOLD_CENTS = 50_000
+# A notice batch to more accounts than this waits for a person, who sees the accounts.
+NOTICE_BATCH_APPROVAL_THRESHOLD = 10
+MAX_NOTICE_BATCH = 200
+ACCOUNT = "account:"
 
 
 class _Args(BaseModel):
@@ -60,6 +68,20 @@ class NoticeArgs(_Args):
     text: str = Field(min_length=1, max_length=500)
 
 
+class NoticesArgs(_Args):
+    account_ids: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
+        min_length=1, max_length=MAX_NOTICE_BATCH
+    )
+    text: str = Field(min_length=1, max_length=500)
+
+    @field_validator("account_ids")
+    @classmethod
+    def _each_account_once(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError("each account at most once")
+        return value
+
+
 class Balance(BaseModel):
     account_id: str
     balance_cents: int
@@ -68,6 +90,12 @@ class Balance(BaseModel):
 class Receipt(BaseModel):
     receipt: str
     applied: bool = True
+
+
+class NoticeBatchReceipt(BaseModel):
+    receipt: str
+    applied: bool = True
+    notices: int
 
 
 def _owns_account(account_id: str, ctx: ServerContext) -> bool:
@@ -81,6 +109,11 @@ def _owns(args: Any, ctx: ServerContext) -> bool:
 
 def _owns_both(args: TransferArgs, ctx: ServerContext) -> bool:
     return _owns_account(args.source_account, ctx) and _owns_account(args.target_account, ctx)
+
+
+def _owns_all(args: NoticesArgs, ctx: ServerContext) -> bool:
+    tenants = default_ledger().account_tenants(args.account_ids)
+    return all(tenants.get(account_id) == ctx.tenant for account_id in args.account_ids)
 
 
 def _sufficient_funds(args: TransferArgs, ctx: ServerContext) -> None:
@@ -105,6 +138,20 @@ def _resources_account(args: Any, ctx: ServerContext) -> list[str]:
 
 def _resources_transfer(args: TransferArgs, ctx: ServerContext) -> list[str]:
     return [f"account:{args.source_account}", f"account:{args.target_account}"]
+
+
+def _resources_notices(args: NoticesArgs, ctx: ServerContext) -> list[str]:
+    """The accounts a batch may change: what the approver sees and the ledger enforces."""
+    return [ACCOUNT + account_id for account_id in args.account_ids]
+
+
+def approved_accounts(ctx: RunContext) -> frozenset[str] | None:
+    """The account ids in the operation's approved set (None: it was admitted without one)."""
+    if ctx.approved_resources is None:
+        return None
+    return frozenset(
+        r.removeprefix(ACCOUNT) for r in ctx.approved_resources if r.startswith(ACCOUNT)
+    )
 
 
 # ------------------------------------------------------------------ handlers
@@ -170,6 +217,42 @@ def _notice(args: NoticeArgs, ctx: RunContext) -> Written:
         text=args.text,
     )
     return Written(Receipt(receipt=notice_id), notice_id)
+
+
+def deliver_notices(account_ids: list[str], text: str, ctx: RunContext, *, enforce: bool) -> Written:
+    """Send a batch through the ledger and report the accounts it changed.
+
+    With `enforce` the ledger holds the batch to `ctx.approved_resources` in its own
+    transaction; the test fleet's overreaching tool turns it off to play a
+    downstream that does not, so the worker's check is what catches it.
+    """
+    ctx.ensure_owner()
+    try:
+        batch = default_ledger().send_notices(
+            key=ctx.idempotency_key, operation_id=ctx.operation_id, generation=ctx.fencing_token,
+            tenant=ctx.server.tenant, account_ids=account_ids, text=text,
+            approved_accounts=approved_accounts(ctx) if enforce else None,
+        )
+    except AccountNotFound:
+        raise TerminalError("no such account") from None
+    except OutsideApprovedSet:
+        raise ToolFailure(
+            ErrorCode.APPROVAL_SCOPE_EXCEEDED,
+            "the ledger refused notices to accounts outside the approved set; none was sent",
+            retryable=False,
+            details=(
+                ErrorDetail(path="account_ids", code="outside_approved_set", expected="approved accounts"),
+            ),
+        ) from None
+    return Written(
+        NoticeBatchReceipt(receipt=batch.receipt, applied=batch.applied, notices=len(batch.account_ids)),
+        batch.receipt,
+        changed_resources=frozenset(ACCOUNT + account_id for account_id in batch.account_ids),
+    )
+
+
+def _notices(args: NoticesArgs, ctx: RunContext) -> Written:
+    return deliver_notices(args.account_ids, args.text, ctx, enforce=True)
 
 
 MEMBERS = ("member",)
@@ -241,4 +324,19 @@ send_notice: Tool[NoticeArgs] = Tool(
     resource_ids=_resources_account,
 )
 
-registry = Registry([get_balance, credit, transfer, create_invoice, send_notice])
+send_notices: Tool[NoticesArgs] = Tool(
+    name="ledger.send_notices",
+    description="Send one notice to each of several accounts of the tenant.",
+    mode=Mode.WRITE,
+    input_model=NoticesArgs,
+    output_model=NoticeBatchReceipt,
+    run=_notices,
+    access=Access.for_roles(*MEMBERS, rule=_owns_all),
+    approval=Approval.when(
+        lambda args, ctx: len(args.account_ids) > NOTICE_BATCH_APPROVAL_THRESHOLD
+    ),
+    effect=[Effect.IDEMPOTENT],
+    resources=_resources_notices,
+)
+
+registry = Registry([get_balance, credit, transfer, create_invoice, send_notice, send_notices])

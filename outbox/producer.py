@@ -189,6 +189,7 @@ def _register(
             needs_approval=admitted.needs_approval,
             impact=admitted.impact,
             approval_ttl_seconds=tool.approval.ttl_seconds,
+            approved_resources=admitted.approved_resources,
         ),
     )
     def record(*, operation_id: str | None, gate: Gate | None, result: dict[str, Any] | None) -> None:

@@ -33,6 +33,7 @@ from pydantic import ValidationError
 from sqlalchemy import Connection, Engine
 
 from executor import store
+from executor.core.scope import check_scope
 from executor.core.states import State
 from executor.core.tools import Effect, InvalidResult, LookupAnswer, Registry, RunContext, Tool, load_registry
 from executor.core.types import ServerContext
@@ -215,6 +216,14 @@ class Reconciler:
             if answer.answer is not LookupAnswer.DONE or answer.written is None:
                 return _CannotTell("lookup_could_not_answer")
             result = tool.stored_result(answer.written.output)
+            if row.approved_resources is not None and (
+                answer.written.changed_resources is None
+                or check_scope(
+                    frozenset(json.loads(row.approved_resources)), answer.written.changed_resources
+                ) is not None
+            ):
+                # Approved set = changed set (executor/core/scope.py): never `succeeded`.
+                return _CannotTell("approval_scope_exceeded")
         except Exception as exc:
             # No traceback for a validation error: its text quotes the stored arguments.
             log.warning(

@@ -303,6 +303,9 @@ def cmd_show(args: argparse.Namespace) -> int:
             "generation": row.generation,
             "attempts": row.attempts,
             "error_code": row.error_code,
+            "cause": _cause(row),
+            # Operator view: for `approval_scope_exceeded`, the approved and changed sets.
+            "error": json.loads(row.error) if row.error else None,
             "receipt": row.receipt,
             "receipts": [
                 {"receipt": r.receipt, "generation": r.generation, "accepted": r.accepted}
@@ -395,6 +398,14 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cause(row: Any) -> str | None:
+    """Why an operation is where it is: the cause its error names (a write that went
+    beyond its approved set: `approval_scope_exceeded`), else its error code."""
+    error = json.loads(row.error) if row.error else {}
+    cause = error.get("cause") if isinstance(error, dict) else None
+    return str(cause) if cause else row.error_code
+
+
 def cmd_pending(args: argparse.Namespace) -> int:
     engine = _engine(_settings())
     with engine.connect() as conn:
@@ -414,6 +425,7 @@ def cmd_pending(args: argparse.Namespace) -> int:
                 "generation": r.generation,
                 "since": r.updated_at,
                 "reason": json.loads(r.error).get("message") if r.error else None,
+                "cause": _cause(r),
             }
             for r in rows
         ]

@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from executor.core.canonical import NotCanonicalizable, canonical_json, intent_hash
+from executor.core.scope import MAX_DECLARED_RESOURCES, InvalidResourceSet, declared_resources
 from executor.core.tools import Registry, Tool, ToolFailure
 from executor.core.types import ErrorCode, ErrorDetail, FailedTerminal, ProposedCall, ServerContext
 
@@ -63,6 +64,8 @@ class Admitted:
     intent_hash: str
     needs_approval: bool
     impact: dict[str, Any] | None
+    # The resource ids a write declaring `resources` is admitted for (None: declares none).
+    approved_resources: frozenset[str] | None = None
 
 
 class Rejected(Exception):
@@ -433,6 +436,45 @@ def gate_business_rules(
 # ---------------------------------------------------------------- gate 6: approval
 
 
+def gate_resources(
+    call: ProposedCall, tool: Tool[Any], args: BaseModel, ctx: ServerContext
+) -> frozenset[str] | None:
+    """The set of resource ids a write may change, computed by the server from its
+    validated arguments: what the approver is shown and the handler is held to.
+
+    Part of the approval gate, after authorization (the hook may read resources a
+    principal must be allowed to touch first). A hook that cannot say fails closed.
+    """
+    if tool.resources is None:
+        return None
+    try:
+        return declared_resources(tool.resources(args, ctx))
+    except InvalidResourceSet:
+        raise _reject(
+            call, Gate.APPROVAL, ErrorCode.INVALID_ARGUMENTS,
+            "the call would change too many resources, or names invalid ones",
+            (ErrorDetail(path="", code="resources", expected=f"1..{MAX_DECLARED_RESOURCES} resource ids"),),
+        ) from None
+    except ToolFailure as failure:
+        raise _reject(
+            call, Gate.APPROVAL, ErrorCode.BUSINESS_RULE_VIOLATION, failure.message, failure.details
+        ) from None
+    except Exception:
+        raise _reject(
+            call, Gate.APPROVAL, ErrorCode.BUSINESS_RULE_VIOLATION,
+            "the resources this call would change could not be determined",
+        ) from None
+
+
+def _impact_with_resources(
+    impact: dict[str, Any] | None, resources: frozenset[str] | None
+) -> dict[str, Any] | None:
+    """The approver sees the server's set, whatever the tool's own impact hook says."""
+    if impact is None or resources is None:
+        return impact
+    return impact | {"resources": sorted(resources), "resource_count": len(resources)}
+
+
 def gate_approval(
     call: ProposedCall, tool: Tool[Any], args: BaseModel, ctx: ServerContext
 ) -> tuple[bool, dict[str, Any] | None]:
@@ -457,8 +499,17 @@ def gate_approval(
 # ---------------------------------------------------------------- all gates
 
 
-def compute_intent_hash(tool: Tool[Any], args: BaseModel, ctx: ServerContext) -> str:
+def compute_intent_hash(
+    tool: Tool[Any],
+    args: BaseModel,
+    ctx: ServerContext,
+    approved_resources: frozenset[str] | None = None,
+) -> str:
+    """The intent hash; for a tool declaring `resources`, over that set too (computed
+    here unless given), so an approval binds the set the approver saw."""
     resource_ids = tool.resource_ids(args, ctx) if tool.resource_ids else ()
+    if tool.resources is not None and approved_resources is None:
+        approved_resources = declared_resources(tool.resources(args, ctx))
     return intent_hash(
         tenant=ctx.tenant,
         principal=ctx.principal,
@@ -466,6 +517,7 @@ def compute_intent_hash(tool: Tool[Any], args: BaseModel, ctx: ServerContext) ->
         schema_version=tool.schema_version,
         arguments=args.model_dump(mode="json"),
         resource_ids=resource_ids,
+        approved_resources=approved_resources if tool.resources is not None else None,
     )
 
 
@@ -482,9 +534,11 @@ def admit(
         args = gate_schema(call, tool, value)
         gate_authorization(call, tool, args, ctx)
         gate_business_rules(call, tool, args, ctx)
+        approved_resources = gate_resources(call, tool, args, ctx)
         needs_approval, impact = gate_approval(call, tool, args, ctx)
+        impact = _impact_with_resources(impact, approved_resources)
         try:
-            digest = compute_intent_hash(tool, args, ctx)
+            digest = compute_intent_hash(tool, args, ctx, approved_resources)
         except NotCanonicalizable:
             raise _reject(
                 call, Gate.SCHEMA, ErrorCode.INVALID_ARGUMENTS,
@@ -499,6 +553,7 @@ def admit(
             intent_hash=digest,
             needs_approval=needs_approval,
             impact=impact,
+            approved_resources=approved_resources,
         )
     except Rejected as rejected:
         return rejected

@@ -33,8 +33,9 @@ def intent_hash(
     schema_version: int,
     arguments: dict[str, Any],
     resource_ids: Iterable[str] = (),
+    approved_resources: Iterable[str] | None = None,
 ) -> str:
-    document = {
+    document: dict[str, Any] = {
         "tenant": tenant,
         "principal": principal,
         "tool": tool_name,
@@ -42,4 +43,8 @@ def intent_hash(
         "arguments": arguments,
         "resource_ids": sorted(set(resource_ids)),
     }
+    if approved_resources is not None:
+        # Only for tools that declare `resources`: every other tool's hash is unchanged,
+        # and "declares an empty set" differs from "declares none".
+        document["approved_resources"] = sorted(set(approved_resources))
     return hashlib.sha256(canonical_json(document)).hexdigest()

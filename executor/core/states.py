@@ -48,7 +48,7 @@ LEGAL_TRANSITIONS: frozenset[tuple[State | None, State]] = frozenset(
         (State.STARTED, State.FAILED_TERMINAL),  # complete
         (State.STARTED, State.RETRY_WAIT),  # release_to_retry
         (State.STARTED, State.QUEUED),  # requeue_stale (reconciler)
-        (State.STARTED, State.RECONCILIATION_PENDING),  # mark_unknown, mark_unknown_expired
+        (State.STARTED, State.RECONCILIATION_PENDING),  # mark_unknown(_expired), mark_scope_exceeded
         (State.RETRY_WAIT, State.QUEUED),  # promote_due_retry
         (State.RECONCILIATION_PENDING, State.SUCCEEDED),  # resolve (operator)
         (State.RECONCILIATION_PENDING, State.FAILED_TERMINAL),  # resolve (operator)

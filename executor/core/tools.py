@@ -175,10 +175,22 @@ class RetryPolicy:
 
 @dataclass(frozen=True)
 class Written:
-    """What a write returns: its output and the downstream's receipt (its id for the effect)."""
+    """What a write returns: its output and the downstream's receipt (its id for the effect).
+
+    `changed_resources`: the resource ids the write changed, as the downstream reports
+    them. Required from a tool that declares `resources` (the set it was approved for):
+    the worker compares the two, and a write that changed more than it was approved
+    for never ends `succeeded`.
+    """
 
     output: Any
     receipt: str
+    changed_resources: frozenset[str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.changed_resources is not None and not isinstance(self.changed_resources, frozenset):
+            # Any iterable of ids is accepted; a frozenset is what is compared and kept.
+            object.__setattr__(self, "changed_resources", frozenset(self.changed_resources))
 
 
 @dataclass(frozen=True)
@@ -214,6 +226,10 @@ class RunContext:
     server: ServerContext
     attempt: int
     call_id: str = ""
+    # The resource ids this write was admitted (and, if asked, approved) for, as recorded
+    # on the operation; None for a tool that declares no `resources`. A careful
+    # downstream refuses, in the effect's own transaction, anything outside it.
+    approved_resources: frozenset[str] | None = None
     still_owner: Callable[[], bool] = field(default=lambda: True)
     on_receipt: Callable[[str, bool], None] = field(default=lambda receipt, accepted: None)
 
@@ -247,6 +263,7 @@ class Tool(Generic[ArgsT]):
         lookup: Callable[[ArgsT, RunContext], LookupResult] | None = None,
         project: Callable[[Any], Any] | None = None,
         resource_ids: Callable[[ArgsT, ServerContext], Iterable[str]] | None = None,
+        resources: Callable[[ArgsT, ServerContext], Iterable[str]] | None = None,
         untrusted_output: bool = False,
         retry: RetryPolicy = RetryPolicy(),
         retryable_exceptions: tuple[type[BaseException], ...] = (),
@@ -284,6 +301,10 @@ class Tool(Generic[ArgsT]):
             )
         if Effect.LOOKUP in effects and lookup is None:
             raise ToolDeclarationError(f"tool {name!r}: effect 'lookup' needs a lookup hook")
+        if resources is not None and mode is not Mode.WRITE:
+            raise ToolDeclarationError(
+                f"tool {name!r}: only a write declares the resources it may change"
+            )
         if not (isinstance(input_model, type) and issubclass(input_model, BaseModel)):
             raise ToolDeclarationError(f"tool {name!r}: input_model must be a pydantic model")
         if input_model.model_config.get("extra") != "forbid":
@@ -316,6 +337,7 @@ class Tool(Generic[ArgsT]):
         self.lookup = lookup
         self.project = project
         self.resource_ids = resource_ids
+        self.resources = resources
         self.untrusted_output = untrusted_output
         self.retry = retry
         self.retryable_exceptions = retryable_exceptions

@@ -36,6 +36,7 @@ class ErrorCode(StrEnum):
     # wave 2
     TRUNCATED_RESPONSE = "truncated_response"
     HOSTED_CALL_NOT_ALLOWED = "hosted_call_not_allowed"
+    APPROVAL_SCOPE_EXCEEDED = "approval_scope_exceeded"
 
 
 class _Frozen(BaseModel):

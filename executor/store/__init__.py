@@ -3,7 +3,8 @@
 One home per concern, one import for callers (`from executor import store`):
 
 - `operations`: every transition of the fencing argument (register, reserve,
-  take_over, renew, still_owner, complete, release_to_retry, mark_unknown, the
+  take_over, renew, still_owner, complete, release_to_retry, mark_unknown,
+  mark_scope_exceeded, the
   reconciler's expired-lease CASes requeue_stale, mark_unknown_expired and
   record_lookup_result, resolve), each one named CAS;
 - `ordering`: proposal order, and the one "runnable" predicate (`runnable_queued`)
@@ -34,6 +35,7 @@ from executor.store.operations import (
     complete,
     due_retries,
     fail_unstarted,
+    mark_scope_exceeded,
     mark_unknown,
     mark_unknown_expired,
     new_owner_token,
@@ -109,6 +111,7 @@ __all__ = [
     "get_approval",
     "get_operation",
     "lease_remaining",
+    "mark_scope_exceeded",
     "mark_unknown",
     "mark_unknown_expired",
     "new_owner_token",

@@ -5,7 +5,8 @@ its current `(generation, owner_token)`. `reserve` and `take_over` are the only
 statements that hand out ownership, and each is one compare-and-set that adds one
 to `generation` and writes a fresh owner token and a lease on the database clock,
 so two reservers can never both win the same generation. Every later write by an
-owner (`renew`, `complete`, `release_to_retry`, `mark_unknown`) repeats the CAS on
+owner (`renew`, `complete`, `release_to_retry`, `mark_unknown`,
+`mark_scope_exceeded`) repeats the CAS on
 `(operation_id, state='started', generation, owner_token)`, and `still_owner`
 reads the same condition with a live lease just before a downstream write: once
 anyone takes over, the old owner's writes match no row and change nothing. The
@@ -171,6 +172,10 @@ def register(conn: Connection, new: NewOperation, clock: Clock = DATABASE_CLOCK)
             "available_at": now,
             "queued_at": now if state is State.QUEUED else None,
             "impact": dumps(new.impact) if new.impact is not None else None,
+            "approved_resources": (
+                dumps(sorted(new.approved_resources))
+                if new.approved_resources is not None else None
+            ),
             "created_at": now,
             "updated_at": now,
         },
@@ -468,6 +473,33 @@ def _unknown_outcome(
             "error": dumps({"message": reason}),
         },
         decision=decision, clock=clock, actor=actor,
+    )
+    return row is not None
+
+
+def mark_scope_exceeded(
+    conn: Connection,
+    operation_id: str,
+    generation: int,
+    *,
+    owner_token: str,
+    receipt: str | None,
+    error: dict[str, Any],
+    clock: Clock = DATABASE_CLOCK,
+) -> bool:
+    """started → reconciliation_pending, by the owner: its write took effect (the
+    receipt is kept) but changed resources outside its approved set, so it is not
+    `succeeded`; a person decides. `error` holds both sets, bounded
+    (`executor.core.scope`), with the cause `approval_scope_exceeded`."""
+    row = _transition(
+        conn, operation_id, State.STARTED, State.RECONCILIATION_PENDING,
+        _owner_holds(generation, owner_token),
+        values={
+            "error_code": ErrorCode.APPROVAL_SCOPE_EXCEEDED.value,
+            "error": dumps(error),
+            "receipt": receipt,
+        },
+        decision=ErrorCode.APPROVAL_SCOPE_EXCEEDED.value, clock=clock,
     )
     return row is not None
 

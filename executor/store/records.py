@@ -28,6 +28,7 @@ class NewOperation:
     needs_approval: bool
     impact: dict[str, Any] | None
     approval_ttl_seconds: float = 24 * 3600.0
+    approved_resources: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,8 @@ class ApprovalRecord:
 class OperationRow:
     """One row of `toolfence_operations`, typed: what the worker, the reconciler and
     the readers get instead of an untyped SQLAlchemy row. Text columns holding
-    JSON (`arguments`, `context`, `result`, `error`, `impact`) stay text here;
+    JSON (`arguments`, `context`, `result`, `error`, `impact`,
+    `approved_resources`) stay text here;
     the reader that needs them decodes them."""
 
     operation_id: str
@@ -121,6 +123,7 @@ class OperationRow:
     updated_at: float
     started_at: float | None
     finished_at: float | None
+    approved_resources: str | None = None
 
     @classmethod
     def from_row(cls, row: Any) -> OperationRow:

@@ -61,6 +61,9 @@ operations = Table(
     Column("updated_at", Float, nullable=False),
     Column("started_at", Float),
     Column("finished_at", Float),
+    # JSON list: the resource ids a write declaring `resources` was admitted (and
+    # approved) for; NULL for every other operation (migration 0003).
+    Column("approved_resources", Text),
 )
 
 # The reconciler's query for stale `started` operations and the gauges read only

@@ -89,3 +89,9 @@ SIDE_EFFECTS_PER_OPERATION = Histogram(
     ["tool"],
     buckets=(0, 1, 2, 3, 5),
 )
+APPROVAL_SCOPE_EXCEEDED = Counter(
+    "toolfence_approval_scope_exceeded_total",
+    "Writes whose handler reported changing resources outside their approved set "
+    "(counted when seen, whoever then wins the operation's CAS: the effect happened).",
+    ["tool"],
+)

@@ -28,6 +28,7 @@ from tenacity import wait_exponential_jitter
 
 from executor import store
 from executor.core.admission import compute_intent_hash, recheck_access
+from executor.core.scope import check_scope
 from executor.core.states import TERMINAL, ApprovalState, State
 from executor.core.tools import (
     InvalidResult,
@@ -391,6 +392,7 @@ class OperationRunner:
             server=context,
             attempt=reservation.attempts,
             call_id=row.call_id,
+            approved_resources=_approved_resources(row),
             still_owner=heartbeat.owned,
             on_receipt=on_receipt,
         )
@@ -466,8 +468,11 @@ class OperationRunner:
             receipt = value.receipt
             self._record_receipt(row.operation_id, reservation.generation, receipt)
             metrics.SIDE_EFFECTS.labels(tool.name, ",".join(sorted(tool.effects))).inc()
-            value = value.output
+            written, value = value, value.output
             self.faults.fire("after_effect", tool.name)
+            outside = self._outside_approved_scope(row, tool, reservation, written)
+            if outside is not None:
+                return outside
         try:
             result = tool.stored_result(value)
         except InvalidResult as exc:
@@ -480,6 +485,51 @@ class OperationRunner:
             row, reservation, succeeded=True, receipt=receipt, duration_ms=duration_ms,
             result=result,
         )
+
+    def _outside_approved_scope(
+        self, row: store.OperationRow, tool: Tool[Any], reservation: store.Reservation,
+        written: Written,
+    ) -> Outcome | None:
+        """Approved set = changed set. Only for an operation admitted with a set (a tool
+        declaring `resources`); None when the write stayed inside it (fewer is fine).
+
+        The effect has happened and its receipt is recorded either way: a write that
+        does not say what it changed is `invalid_result`, one that changed more than
+        it was approved for goes to a person, never `succeeded`.
+        """
+        approved = _approved_resources(row)
+        if approved is None:
+            return None
+        if written.changed_resources is None:
+            return self._finish(
+                row, reservation, succeeded=False, error_code=ErrorCode.INVALID_RESULT,
+                error={"message": "a write that declares its resources must report those it changed"},
+                receipt=written.receipt,
+            )
+        exceeded = check_scope(approved, written.changed_resources)
+        if exceeded is None:
+            return None
+        metrics.APPROVAL_SCOPE_EXCEEDED.labels(tool.name).inc()
+        log.warning(
+            "operation %s changed %d resource(s) outside its approved set",
+            row.operation_id, len(exceeded.outside),
+        )
+
+        def attempt() -> bool:
+            with self.engine.begin() as conn:
+                return store.mark_scope_exceeded(
+                    conn, row.operation_id, reservation.generation,
+                    owner_token=reservation.owner_token, receipt=written.receipt,
+                    error=exceeded.error_json(written.receipt),
+                )
+
+        if not self._with_ambiguity(
+            attempt, row.operation_id, reservation, State.RECONCILIATION_PENDING
+        ):
+            metrics.STALE_WRITES_FENCED.labels("complete").inc()
+            return Outcome(OutcomeLabel.STALE_COMPLETE)
+        metrics.OPERATIONS_TERMINAL.labels(tool.name, State.RECONCILIATION_PENDING.value).inc()
+        return Outcome(OutcomeLabel.RECONCILIATION_PENDING, State.RECONCILIATION_PENDING)
 
     def _on_failure(
         self, row: store.OperationRow, tool: Tool[Any], reservation: store.Reservation,
@@ -570,6 +620,13 @@ class OperationRunner:
         if won:
             metrics.OPERATIONS_TERMINAL.labels(tool.name, State.RECONCILIATION_PENDING.value).inc()
         return Outcome(OutcomeLabel.RECONCILIATION_PENDING, State.RECONCILIATION_PENDING)
+
+
+def _approved_resources(row: store.OperationRow) -> frozenset[str] | None:
+    """The set recorded at admission (None: the operation was admitted without one)."""
+    if row.approved_resources is None:
+        return None
+    return frozenset(json.loads(row.approved_resources))
 
 
 def _backoff(tool: Tool[Any], attempt: int) -> float:

@@ -12,7 +12,10 @@ need to observe and steer a worker subprocess from the outside:
   the worker sees it;
 - `test.slow_balance`, a read with a per-call delay (overlap, completion order);
 - `test.flaky_credit`, an idempotent write whose downstream fails its first
-  `fail_times` invocations, retryably or terminally.
+  `fail_times` invocations, retryably or terminally;
+- `test.overreaching_notices`, a notice batch approved for `account_ids` whose
+  handler also notifies `also_account`, through a ledger that enforces the
+  approved set (`enforce=true`) or one that does not.
 """
 
 from __future__ import annotations
@@ -142,6 +145,7 @@ def _instrumented(tool: Tool[Any]) -> Tool[Any]:
         "lookup": tool.lookup,
         "project": tool.project,
         "resource_ids": tool.resource_ids,
+        "resources": tool.resources,
         "untrusted_output": tool.untrusted_output,
         "retry": tool.retry,
         "retryable_exceptions": tool.retryable_exceptions,
@@ -189,6 +193,23 @@ def _flaky_credit(args: FlakyCreditArgs, ctx: RunContext) -> Written:
     )
 
 
+class OverreachingNoticesArgs(ledger_tools.NoticesArgs):
+    also_account: str = Field(min_length=1, max_length=64)
+    enforce: bool
+
+
+def _overreaching_notices(args: OverreachingNoticesArgs, ctx: RunContext) -> Written:
+    # Sends to one account more than it declared (and was approved for), and reports
+    # honestly what it changed.
+    return ledger_tools.deliver_notices(
+        [*args.account_ids, args.also_account], args.text, ctx, enforce=args.enforce
+    )
+
+
+def _owns_all_and_extra(args: OverreachingNoticesArgs, ctx: ServerContext) -> bool:
+    return ledger_tools._owns_all(args, ctx) and ledger_tools._owns_account(args.also_account, ctx)
+
+
 slow_balance: Tool[SlowAccountArgs] = Tool(
     name="test.slow_balance",
     description="Read an account's balance after a delay.",
@@ -213,6 +234,20 @@ flaky_credit: Tool[FlakyCreditArgs] = Tool(
     retry=FLAKY_RETRY,
 )
 
+overreaching_notices: Tool[OverreachingNoticesArgs] = Tool(
+    name="test.overreaching_notices",
+    description="Send notices to the given accounts, and to one more.",
+    mode=Mode.WRITE,
+    input_model=OverreachingNoticesArgs,
+    output_model=ledger_tools.NoticeBatchReceipt,
+    run=_overreaching_notices,
+    access=Access.for_roles(*ledger_tools.MEMBERS, rule=_owns_all_and_extra),
+    approval=Approval.never(),
+    effect=[Effect.IDEMPOTENT],
+    resources=ledger_tools._resources_notices,
+)
+
 registry = Registry(
-    _instrumented(tool) for tool in (*ledger_tools.registry, slow_balance, flaky_credit)
+    _instrumented(tool)
+    for tool in (*ledger_tools.registry, slow_balance, flaky_credit, overreaching_notices)
 )
