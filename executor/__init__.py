@@ -7,8 +7,10 @@ Every name below is stable across the package layout (`executor/core`, `store`,
 loaded on first use (PEP 562), so `import executor.core.states` in a pure
 module does not pull in SQLAlchemy, Celery or an SDK through this file.
 
-- Declaring tools: `Tool`, `Mode`, `Effect`, `Access`, `Approval`, `RetryPolicy`,
-  `Written`, `LookupAnswer`, `LookupResult`, `RunContext`, `Registry`,
+- Declaring tools: `Tool`, `Mode`, `Effect`, `Access`, `Approval`,
+  `ApproverPolicy` (with `ApprovalSubject`, `ApproverRefusal`), `RetryPolicy`,
+  `Written`, `LookupAnswer`, `LookupResult`, `RunContext`, `Registry` (and its
+  role resolver's `RoleResolutionFailed`),
   `load_registry`, and the failures a tool raises (`RetryableError`,
   `TerminalError`, `BusinessRuleViolation`, `StaleFencingToken`, ...).
 - Values: `ProposedCall`, `ServerContext`, the results (`Succeeded`,
@@ -25,6 +27,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from executor.core.approvers import (
+        ApprovalSubject,
+        ApproverPolicy,
+        ApproverRefusal,
+    )
     from executor.core.states import (
         State,
     )
@@ -41,6 +48,7 @@ if TYPE_CHECKING:
         Registry,
         RetryableError,
         RetryPolicy,
+        RoleResolutionFailed,
         RunContext,
         StaleFencingToken,
         TerminalError,
@@ -99,6 +107,9 @@ if TYPE_CHECKING:
 
 # name -> module that defines it
 _EXPORTS: dict[str, str] = {
+    "ApprovalSubject": "executor.core.approvers",
+    "ApproverPolicy": "executor.core.approvers",
+    "ApproverRefusal": "executor.core.approvers",
     "Access": "executor.core.tools",
     "Approval": "executor.core.tools",
     "BusinessRuleViolation": "executor.core.tools",
@@ -111,6 +122,7 @@ _EXPORTS: dict[str, str] = {
     "Registry": "executor.core.tools",
     "RetryPolicy": "executor.core.tools",
     "RetryableError": "executor.core.tools",
+    "RoleResolutionFailed": "executor.core.tools",
     "RunContext": "executor.core.tools",
     "StaleFencingToken": "executor.core.tools",
     "TerminalError": "executor.core.tools",
@@ -158,6 +170,9 @@ __all__ = [
     "Access",
     "AdapterError",
     "Approval",
+    "ApprovalSubject",
+    "ApproverPolicy",
+    "ApproverRefusal",
     "BusinessRuleViolation",
     "CallHandle",
     "CallResult",
@@ -179,6 +194,7 @@ __all__ = [
     "Registry",
     "RetryPolicy",
     "RetryableError",
+    "RoleResolutionFailed",
     "RunContext",
     "SURFACES",
     "ServerContext",

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from executor import (
     Access,
     Approval,
+    ApproverPolicy,
     BusinessRuleViolation,
     Effect,
     LookupAnswer,
@@ -173,6 +174,8 @@ def _notice(args: NoticeArgs, ctx: RunContext) -> Written:
 
 
 MEMBERS = ("member",)
+# Who may decide a large transfer: an approver of the same tenant, never its requester.
+APPROVERS = ("approver",)
 
 get_balance: Tool[AccountArgs] = Tool(
     name="ledger.get_balance",
@@ -208,6 +211,7 @@ transfer: Tool[TransferArgs] = Tool(
     run=_transfer,
     access=Access.for_roles(*MEMBERS, rule=_owns_both),
     approval=Approval.when(lambda args, ctx: args.amount_cents >= APPROVAL_THRESHOLD_CENTS),
+    approvers=ApproverPolicy.for_roles(*APPROVERS),
     effect=[Effect.FENCED],
     check=_sufficient_funds,
     impact=_transfer_impact,
