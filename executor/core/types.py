@@ -33,6 +33,7 @@ class ErrorCode(StrEnum):
     RETRY_BUDGET_EXHAUSTED = "retry_budget_exhausted"
     INVALID_RESULT = "invalid_result"
     PREDECESSOR_FAILED = "predecessor_failed"
+    APPROVER_NOT_ALLOWED = "approver_not_allowed"
 
 
 class _Frozen(BaseModel):

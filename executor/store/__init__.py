@@ -21,6 +21,7 @@ from executor.store.approvals import (
     expire_approval,
     expired_approvals,
     get_approval,
+    refuse_approver,
 )
 from executor.store.audit import (
     audit_trail,
@@ -70,6 +71,8 @@ from executor.store.records import (
     ApprovalRecord,
     Conflict,
     Created,
+    Decision,
+    DecisionOutcome,
     InProgress,
     NewOperation,
     OperationRow,
@@ -87,6 +90,8 @@ __all__ = [
     "ApprovalRecord",
     "Conflict",
     "Created",
+    "Decision",
+    "DecisionOutcome",
     "InProgress",
     "NewOperation",
     "OperationRow",
@@ -118,6 +123,7 @@ __all__ = [
     "record_call",
     "record_lookup_result",
     "record_receipt",
+    "refuse_approver",
     "register",
     "release_successors",
     "release_to_retry",
