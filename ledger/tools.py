@@ -26,7 +26,7 @@ from executor import (
     Tool,
     Written,
 )
-from ledger.service import AccountNotFound, default_ledger
+from ledger.service import AccountNotFound, InsufficientFunds, default_ledger
 
 APPROVAL_THRESHOLD_CENTS = 50_000
 
@@ -140,6 +140,10 @@ def _transfer(args: TransferArgs, ctx: RunContext) -> Written:
         )
     except AccountNotFound:
         raise TerminalError("no such account") from None
+    except InsufficientFunds:
+        # The ledger keeps its own invariant, in the effect's transaction: a balance
+        # spent since the check (a concurrent transfer) refuses the write here.
+        raise BusinessRuleViolation("insufficient funds") from None
     return Written(Receipt(receipt=applied.receipt, applied=applied.applied), applied.receipt)
 
 
