@@ -7,8 +7,10 @@ Every name below is stable across the package layout (`executor/core`, `store`,
 loaded on first use (PEP 562), so `import executor.core.states` in a pure
 module does not pull in SQLAlchemy, Celery or an SDK through this file.
 
-- Declaring tools: `Tool`, `Mode`, `Effect`, `Access`, `Approval`, `RetryPolicy`,
-  `Written`, `Observed`, `LookupAnswer`, `LookupResult`, `RunContext`, `Registry`,
+- Declaring tools: `Tool`, `Mode`, `Effect`, `Access`, `Approval`,
+  `ApproverPolicy` (with `ApprovalSubject`, `ApproverRefusal`), `RetryPolicy`,
+  `Written`, `Observed`, `LookupAnswer`, `LookupResult`, `RunContext`, `Registry`
+  (and its role resolver's `RoleResolutionFailed`),
   `load_registry`, and the failures a tool raises (`RetryableError`,
   `TerminalError`, `BusinessRuleViolation`, `StaleFencingToken`, ...).
 - Values: `ProposedCall`, `ServerContext`, the results (`Succeeded`,
@@ -27,6 +29,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from executor.core.approvers import (
+        ApprovalSubject,
+        ApproverPolicy,
+        ApproverRefusal,
+    )
     from executor.core.states import (
         State,
     )
@@ -44,6 +51,7 @@ if TYPE_CHECKING:
         Registry,
         RetryableError,
         RetryPolicy,
+        RoleResolutionFailed,
         RunContext,
         StaleFencingToken,
         TerminalError,
@@ -109,6 +117,9 @@ if TYPE_CHECKING:
 
 # name -> module that defines it
 _EXPORTS: dict[str, str] = {
+    "ApprovalSubject": "executor.core.approvers",
+    "ApproverPolicy": "executor.core.approvers",
+    "ApproverRefusal": "executor.core.approvers",
     "Access": "executor.core.tools",
     "Approval": "executor.core.tools",
     "BusinessRuleViolation": "executor.core.tools",
@@ -122,6 +133,7 @@ _EXPORTS: dict[str, str] = {
     "Registry": "executor.core.tools",
     "RetryPolicy": "executor.core.tools",
     "RetryableError": "executor.core.tools",
+    "RoleResolutionFailed": "executor.core.tools",
     "RunContext": "executor.core.tools",
     "StaleFencingToken": "executor.core.tools",
     "TerminalError": "executor.core.tools",
@@ -174,6 +186,9 @@ __all__ = [
     "Access",
     "AdapterError",
     "Approval",
+    "ApprovalSubject",
+    "ApproverPolicy",
+    "ApproverRefusal",
     "BusinessRuleViolation",
     "CallHandle",
     "CallResult",
@@ -200,6 +215,7 @@ __all__ = [
     "Registry",
     "RetryPolicy",
     "RetryableError",
+    "RoleResolutionFailed",
     "RunContext",
     "SURFACES",
     "ServerContext",

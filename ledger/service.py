@@ -7,7 +7,9 @@ the way a downstream must be for each effect contract:
 - `transfer` keeps the highest fencing token per key and refuses lower ones in
   the same transaction as the effect (effect `fenced`); it also dedupes on the
   key, so a new generation that finds the effect already applied returns the
-  existing receipt instead of applying it again;
+  existing receipt instead of applying it again; and it refuses to take an
+  account below zero in that same transaction (`InsufficientFunds`), whatever
+  a caller checked before: a downstream keeps its own invariants;
 - `create_invoice` does neither but can answer "did operation K happen?" (`lookup`),
   and its answer stays true: asking closes the door on the attempt asked about
   (see `find_invoice`);
@@ -152,6 +154,8 @@ class NoticeBatch:
     receipt: str
     applied: bool  # False when an earlier attempt with the same key had sent it
     account_ids: frozenset[str]  # the accounts the batch notified
+class InsufficientFunds(Exception):
+    """A debit would take the account below zero: refused in the effect's transaction."""
 
 
 @dataclass(frozen=True)
@@ -294,6 +298,28 @@ class Ledger:
         if changed != 1:
             raise AccountNotFound(account_id)
 
+    def _debit(self, conn: Any, account_id: str, amount_cents: int) -> None:
+        """Take `amount_cents` out of the account, never below zero.
+
+        One conditional UPDATE: the row lock it takes serialises concurrent debits,
+        and each re-reads the balance it compares (PostgreSQL re-evaluates the WHERE
+        on the latest row version), so two debits that each fit but together do not
+        cannot both pass. Raises inside the transaction, which rolls the effect back.
+        """
+        changed = conn.execute(
+            update(accounts)
+            .where(accounts.c.account_id == account_id, accounts.c.balance_cents >= amount_cents)
+            .values(balance_cents=accounts.c.balance_cents - amount_cents)
+        ).rowcount
+        if changed == 1:
+            return
+        exists = conn.execute(
+            select(accounts.c.account_id).where(accounts.c.account_id == account_id)
+        ).first()
+        if exists is None:
+            raise AccountNotFound(account_id)
+        raise InsufficientFunds(account_id)
+
     def credit(
         self, *, key: str, operation_id: str, generation: int, account_id: str, amount_cents: int
     ) -> Applied:
@@ -348,16 +374,11 @@ class Ledger:
             existing = self._existing(conn, "transfer", key)
             if existing is not None:
                 return Applied(existing, applied=False)
-            balance = conn.execute(
-                select(accounts.c.balance_cents).where(accounts.c.account_id == source)
-            ).scalar_one_or_none()
-            if balance is None:
-                raise AccountNotFound(source)
             receipt = _new_id("tr")
             conn.execute(
                 insert(dedupe).values(kind="transfer", idempotency_key=key, receipt=receipt)
             )
-            self._adjust(conn, source, -amount_cents)
+            self._debit(conn, source, amount_cents)
             self._adjust(conn, target, amount_cents)
             self._record_effect(
                 conn, receipt=receipt, operation_id=operation_id, key=key, generation=token,

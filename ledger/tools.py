@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from executor import (
     Access,
     Approval,
+    ApproverPolicy,
     BusinessRuleViolation,
     Effect,
     ErrorCode,
@@ -29,7 +30,7 @@ from executor import (
     ToolFailure,
     Written,
 )
-from ledger.service import AccountNotFound, OutsideApprovedSet, default_ledger
+from ledger.service import AccountNotFound, InsufficientFunds, OutsideApprovedSet, default_ledger
 
 APPROVAL_THRESHOLD_CENTS = 50_000
 # A notice batch to more accounts than this waits for a person, who sees the accounts.
@@ -186,6 +187,10 @@ def _transfer(args: TransferArgs, ctx: RunContext) -> Written:
         )
     except AccountNotFound:
         raise TerminalError("no such account") from None
+    except InsufficientFunds:
+        # The ledger keeps its own invariant, in the effect's transaction: a balance
+        # spent since the check (a concurrent transfer) refuses the write here.
+        raise BusinessRuleViolation("insufficient funds") from None
     return Written(Receipt(receipt=applied.receipt, applied=applied.applied), applied.receipt)
 
 
@@ -256,6 +261,8 @@ def _notices(args: NoticesArgs, ctx: RunContext) -> Written:
 
 
 MEMBERS = ("member",)
+# Who may decide a large transfer: an approver of the same tenant, never its requester.
+APPROVERS = ("approver",)
 
 get_balance: Tool[AccountArgs] = Tool(
     name="ledger.get_balance",
@@ -291,6 +298,7 @@ transfer: Tool[TransferArgs] = Tool(
     run=_transfer,
     access=Access.for_roles(*MEMBERS, rule=_owns_both),
     approval=Approval.when(lambda args, ctx: args.amount_cents >= APPROVAL_THRESHOLD_CENTS),
+    approvers=ApproverPolicy.for_roles(*APPROVERS),
     effect=[Effect.FENCED],
     check=_sufficient_funds,
     impact=_transfer_impact,
@@ -335,6 +343,7 @@ send_notices: Tool[NoticesArgs] = Tool(
     approval=Approval.when(
         lambda args, ctx: len(args.account_ids) > NOTICE_BATCH_APPROVAL_THRESHOLD
     ),
+    approvers=ApproverPolicy.for_roles(*APPROVERS),
     effect=[Effect.IDEMPOTENT],
     resources=_resources_notices,
 )

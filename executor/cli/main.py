@@ -23,6 +23,7 @@ from sqlalchemy import make_url, select
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError, SQLAlchemyError
 
 from executor import store
+from executor.core.approvers import ApprovalDecision
 from executor.core.states import ApprovalState, State
 from executor.core.tools import Registry
 from executor.core.types import ProposedCall, ServerContext
@@ -352,24 +353,69 @@ def cmd_approvals(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_approve(args: argparse.Namespace) -> int:
-    engine = _engine(_settings())
+def _approver(args: argparse.Namespace) -> ServerContext:
+    """The approver's identity: who decides, of which tenant, with which roles. Never
+    a free string: the tool's approver policy is checked against it."""
+    if args.approver_context is not None:
+        try:
+            data = json.loads(args.approver_context)
+            return ServerContext.from_json({"request_id": "cli-approval", **data})
+        except (ValueError, TypeError, KeyError) as exc:
+            raise UserError(
+                "--approver-context must be a JSON object with principal, tenant and roles: "
+                f"{type(exc).__name__}"
+            ) from None
+    if not args.approver_principal or not args.approver_tenant:
+        raise UserError(
+            "say who decides: --approver-principal and --approver-tenant "
+            "(and --approver-role for each role), or --approver-context JSON"
+        )
+    return ServerContext(
+        principal=args.approver_principal,
+        tenant=args.approver_tenant,
+        roles=frozenset(args.approver_role or ()),
+        request_id="cli-approval",
+    )
+
+
+def _decide_approval(args: argparse.Namespace, verb: ApprovalDecision) -> store.Decision:
+    """approve or deny through the store, which checks the approver; a refusal is
+    committed (it is audited) before it is reported."""
+    from executor.telemetry import metrics
+
+    settings = _settings()
+    engine = _engine(settings)
+    registry = _registry(settings)
+    approver = _approver(args)
     with engine.begin() as conn:
         if store.get_approval(conn, args.approval_id) is None:
             raise UserError(f"no approval {args.approval_id!r}")
-        if not store.approve(conn, args.approval_id, approver=args.approver):
-            raise UserError(f"approval {args.approval_id} is no longer pending (decided or expired)")
+        if verb is ApprovalDecision.APPROVE:
+            decision = store.approve(conn, args.approval_id, approver=approver, registry=registry)
+        else:
+            decision = store.deny(
+                conn, args.approval_id, approver=approver, registry=registry, reason=args.reason
+            )
+    metrics.count_approval_decision(decision, verb)
+    if decision.outcome is store.DecisionOutcome.APPROVER_NOT_ALLOWED:
+        reason = decision.refusal.value if decision.refusal else "refused"
+        raise UserError(
+            f"approver_not_allowed: {approver.principal} may not {verb.value} "
+            f"{args.approval_id} ({reason}); it stays pending"
+        )
+    if decision.outcome is store.DecisionOutcome.NOT_PENDING:
+        raise UserError(f"approval {args.approval_id} is no longer pending (decided or expired)")
+    return decision
+
+
+def cmd_approve(args: argparse.Namespace) -> int:
+    _decide_approval(args, ApprovalDecision.APPROVE)
     print(f"approved {args.approval_id}")
     return 0
 
 
 def cmd_deny(args: argparse.Namespace) -> int:
-    engine = _engine(_settings())
-    with engine.begin() as conn:
-        if store.get_approval(conn, args.approval_id) is None:
-            raise UserError(f"no approval {args.approval_id!r}")
-        if not store.deny(conn, args.approval_id, approver=args.approver, reason=args.reason):
-            raise UserError(f"approval {args.approval_id} is no longer pending")
+    _decide_approval(args, ApprovalDecision.DENY)
     print(f"denied {args.approval_id}")
     return 0
 
@@ -594,11 +640,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("approve", cmd_approve, "Approve a pending call (single use, bound to its intent).")
     p.add_argument("approval_id")
-    p.add_argument("--approver", required=True)
+    _approver_arguments(p)
 
     p = add("deny", cmd_deny, "Deny a pending call.")
     p.add_argument("approval_id")
-    p.add_argument("--approver", required=True)
+    _approver_arguments(p)
     p.add_argument("--reason", default="denied")
 
     p = add("pending", cmd_pending, "List operations waiting for a person (reconciliation_pending).")
@@ -611,6 +657,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reference", default=None, help="downstream id of the effect (for succeeded)")
     p.add_argument("--note", default=None)
     return parser
+
+
+def _approver_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--approver-principal", help="who decides (recorded as decided_by)")
+    p.add_argument("--approver-tenant", help="the approver's tenant: must be the operation's")
+    p.add_argument(
+        "--approver-role", action="append", default=[], metavar="ROLE",
+        help="a role of the approver (repeat for each); the tool's approver policy names them",
+    )
+    p.add_argument(
+        "--approver-context", default=None, metavar="JSON",
+        help='instead of the three above: {"principal": ..., "tenant": ..., "roles": [...]}',
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -393,22 +393,77 @@ def gate_schema(call: ProposedCall, tool: Tool[Any], value: dict[str, Any]) -> B
     return args
 
 
+# ---------------------------------------------------------------- shared with execution
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a call may not run, decided by a hook of the tool (or its absence).
+
+    Admission and the worker's re-check just before running ask the same
+    functions below, so "is access granted", "do the business rules hold" and
+    "does this need a person" have one answer each, wherever they are asked.
+    """
+
+    code: ErrorCode
+    message: str
+    details: tuple[ErrorDetail, ...] = ()
+
+
+def authorization_refusal(tool: Tool[Any], args: BaseModel, ctx: ServerContext) -> Refusal | None:
+    """The tool's access rule against the server context. A rule that raises denies.
+
+    Exposure again, not only the rule: called on its own (the worker path, a
+    future caller skipping the allowlist), authorization never grants a tool
+    this context is not exposed to."""
+    try:
+        allowed = exposed_to(tool, ctx) and tool.access.authorizes(args, ctx)
+    except Exception:
+        # A rule that cannot decide fails closed; its error text is not shown.
+        allowed = False
+    return None if allowed else Refusal(ErrorCode.PERMISSION_DENIED, "permission denied")
+
+
+def business_rule_refusal(
+    tool: Tool[Any],
+    args: BaseModel,
+    ctx: ServerContext,
+    *,
+    reraise: tuple[type[BaseException], ...] = (),
+) -> Refusal | None:
+    """The tool's `check` against current state. A check that raises anything but a
+    `ToolFailure` refuses with a generic message (its text may quote state);
+    `reraise` names exceptions the caller handles itself (the worker: a lost
+    database connection, which is a reason to try again, not to refuse)."""
+    if tool.check is None:
+        return None
+    try:
+        tool.check(args, ctx)
+    except ToolFailure as failure:
+        return Refusal(ErrorCode.BUSINESS_RULE_VIOLATION, failure.message, failure.details)
+    except reraise:
+        raise
+    except Exception:
+        return Refusal(ErrorCode.BUSINESS_RULE_VIOLATION, "the business rule check failed")
+    return None
+
+
+def approval_needed(tool: Tool[Any], args: BaseModel, ctx: ServerContext) -> bool:
+    try:
+        return tool.approval.required(args, ctx)
+    except Exception:
+        return True  # a predicate that cannot decide asks a person
+
+
 # ---------------------------------------------------------------- gate 4: authorization
 
 
 def gate_authorization(
     call: ProposedCall, tool: Tool[Any], args: BaseModel, ctx: ServerContext
 ) -> None:
-    try:
-        # Exposure again, not only the rule: called on its own (the worker path,
-        # a future caller skipping the allowlist), authorization must never grant
-        # a tool this context is not exposed to.
-        allowed = exposed_to(tool, ctx) and tool.access.authorizes(args, ctx)
-    except Exception:
-        # A rule that cannot decide fails closed; its error text is not shown.
-        allowed = False
-    if not allowed:
-        raise _reject(call, Gate.AUTHORIZATION, ErrorCode.PERMISSION_DENIED, "permission denied")
+    refusal = authorization_refusal(tool, args, ctx)
+    if refusal is not None:
+        raise _reject(call, Gate.AUTHORIZATION, refusal.code, refusal.message)
 
 
 # ---------------------------------------------------------------- gate 5: business rules
@@ -417,20 +472,9 @@ def gate_authorization(
 def gate_business_rules(
     call: ProposedCall, tool: Tool[Any], args: BaseModel, ctx: ServerContext
 ) -> None:
-    if tool.check is None:
-        return
-    try:
-        tool.check(args, ctx)
-    except ToolFailure as failure:
-        raise _reject(
-            call, Gate.BUSINESS_RULES, ErrorCode.BUSINESS_RULE_VIOLATION, failure.message,
-            failure.details,
-        ) from None
-    except Exception:
-        raise _reject(
-            call, Gate.BUSINESS_RULES, ErrorCode.BUSINESS_RULE_VIOLATION,
-            "the business rule check failed",
-        ) from None
+    refusal = business_rule_refusal(tool, args, ctx)
+    if refusal is not None:
+        raise _reject(call, Gate.BUSINESS_RULES, refusal.code, refusal.message, refusal.details)
 
 
 # ---------------------------------------------------------------- gate 6: approval
@@ -478,11 +522,7 @@ def _impact_with_resources(
 def gate_approval(
     call: ProposedCall, tool: Tool[Any], args: BaseModel, ctx: ServerContext
 ) -> tuple[bool, dict[str, Any] | None]:
-    try:
-        needed = tool.approval.required(args, ctx)
-    except Exception:
-        needed = True  # a predicate that cannot decide asks a person
-    if not needed:
+    if not approval_needed(tool, args, ctx):
         return False, None
     impact: dict[str, Any] = {"tool": tool.name, "arguments": args.model_dump(mode="json")}
     if tool.impact is not None:
@@ -562,7 +602,8 @@ def admit(
 def recheck_access(
     tool: Tool[Any] | None, tool_name: str, arguments_json: dict[str, Any], ctx: ServerContext
 ) -> ErrorCode | None:
-    """The worker's check just before running, against *current* policy.
+    """The worker's access check just before running, against *current* policy and
+    the principal's current roles (`ctx`). The same rule as admission's gates.
 
     Returns the code that ends the operation, or None when it may run.
     """
@@ -574,9 +615,25 @@ def recheck_access(
         args = tool.input_model.model_validate(arguments_json)
     except ValidationError:
         return ErrorCode.INVALID_ARGUMENTS
-    try:
-        if not tool.access.authorizes(args, ctx):
-            return ErrorCode.PERMISSION_DENIED
-    except Exception:
-        return ErrorCode.PERMISSION_DENIED
-    return None
+    refusal = authorization_refusal(tool, args, ctx)
+    return None if refusal is None else refusal.code
+
+
+def recheck_before_run(
+    tool: Tool[Any],
+    args: BaseModel,
+    ctx: ServerContext,
+    *,
+    approved: bool,
+    reraise: tuple[type[BaseException], ...] = (),
+) -> Refusal | None:
+    """After access: the approval requirement and the business rules, again, just
+    before the downstream call (DESIGN.md, Worker). An approval approves an
+    intent, not the facts it was shown, so an approved call's rules are checked
+    too; a call the *current* policy wants approved runs only with an approval.
+    """
+    if not approved and approval_needed(tool, args, ctx):
+        return Refusal(
+            ErrorCode.APPROVAL_REQUIRED, "the tool now needs an approval this call does not have"
+        )
+    return business_rule_refusal(tool, args, ctx, reraise=reraise)

@@ -39,6 +39,9 @@ LEGAL_TRANSITIONS: frozenset[tuple[State | None, State]] = frozenset(
         (None, State.PENDING_APPROVAL),  # register (approval needed)
         (None, State.QUEUED),  # register
         (State.PENDING_APPROVAL, State.QUEUED),  # approve
+        # Not a change of state: an approver the policy refused, audited in the
+        # trail; the approval stays pending.
+        (State.PENDING_APPROVAL, State.PENDING_APPROVAL),  # refuse_approver
         (State.PENDING_APPROVAL, State.FAILED_TERMINAL),  # deny, expire_approval
         (State.QUEUED, State.STARTED),  # reserve
         # Never ran: predecessor failed, or approval invalidated before reservation.

@@ -19,6 +19,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from executor.core.approvers import ApproverPolicy
 from executor.core.types import ErrorCode, ErrorDetail, ServerContext
 
 ArgsT = TypeVar("ArgsT", bound=BaseModel)
@@ -256,6 +257,7 @@ class Tool(Generic[ArgsT]):
         run: Callable[[ArgsT, RunContext], Any],
         access: Access = _MISSING,
         approval: Approval = _MISSING,
+        approvers: ApproverPolicy | None = _MISSING,
         effect: Iterable[Effect] = _MISSING,
         schema_version: int = 1,
         check: Callable[[ArgsT, ServerContext], None] | None = None,
@@ -290,6 +292,17 @@ class Tool(Generic[ArgsT]):
             raise ToolDeclarationError(f"tool {name!r}: access names no role and is not public")
         if not isinstance(approval, Approval):
             raise ToolDeclarationError(f"tool {name!r}: approval must be an Approval")
+        if approvers is _MISSING or approvers is None:
+            if approval.kind != "never":
+                raise ToolDeclarationError(
+                    f"tool {name!r} can need approval and must declare approvers explicitly "
+                    "(ApproverPolicy.for_roles(...) or ApproverPolicy.when(...))"
+                )
+            approvers = None
+        elif not isinstance(approvers, ApproverPolicy):
+            raise ToolDeclarationError(f"tool {name!r}: approvers must be an ApproverPolicy")
+        elif not approvers.roles and approvers.rule is None:
+            raise ToolDeclarationError(f"tool {name!r}: approvers names no role and no rule")
         effects = frozenset() if effect is _MISSING else frozenset(Effect(e) for e in effect)
         if mode is Mode.WRITE and not effects:
             raise ToolDeclarationError(f"tool {name!r}: a write must declare at least one effect")
@@ -330,6 +343,7 @@ class Tool(Generic[ArgsT]):
         self.run = run
         self.access = access
         self.approval = approval
+        self.approvers: ApproverPolicy | None = approvers
         self.effects: frozenset[Effect] = effects
         self.schema_version = schema_version
         self.check = check
@@ -390,14 +404,52 @@ class Tool(Generic[ArgsT]):
         return f"Tool({self.name!r}, mode={self.mode.value})"
 
 
-class Registry:
-    """The set of tools a deployment exposes. Thread-safe for reads after setup."""
+RoleResolver = Callable[[ServerContext], Iterable[str]]
 
-    def __init__(self, tools: Iterable[Tool[Any]] = ()) -> None:
+
+class RoleResolutionFailed(Exception):
+    """The application's role resolver raised: whoever asked must fail closed."""
+
+
+class Registry:
+    """The set of tools a deployment exposes. Thread-safe for reads after setup.
+
+    `role_resolver`: the application's answer to "which roles does this principal
+    of this tenant hold *now*?". The worker asks it just before running a call
+    and the store before accepting an approver, so a role revoked after admission
+    stops the call; without one, the roles stored at admission stand.
+    """
+
+    def __init__(
+        self, tools: Iterable[Tool[Any]] = (), *, role_resolver: RoleResolver | None = None
+    ) -> None:
         self._tools: dict[str, Tool[Any]] = {}
         self._lock = threading.Lock()
+        self.role_resolver = role_resolver
         for tool in tools:
             self.add(tool)
+
+    def set_role_resolver(self, resolver: RoleResolver | None) -> None:
+        self.role_resolver = resolver
+
+    def current_context(self, ctx: ServerContext) -> ServerContext:
+        """`ctx` with the principal's current roles (unchanged without a resolver).
+
+        Raises `RoleResolutionFailed` when the resolver raises or answers with
+        something that is not a collection of role names.
+        """
+        if self.role_resolver is None:
+            return ctx
+        try:
+            answered = self.role_resolver(ctx)
+            if isinstance(answered, str):
+                raise TypeError("a role resolver returns role names, not one string")
+            roles = frozenset(answered)
+            if not all(isinstance(role, str) for role in roles):
+                raise TypeError("a role resolver returns role names")
+        except Exception as exc:
+            raise RoleResolutionFailed(ctx.principal) from exc
+        return ctx.model_copy(update={"roles": roles})
 
     def add(self, tool: Tool[Any]) -> Tool[Any]:
         with self._lock:

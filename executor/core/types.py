@@ -37,6 +37,7 @@ class ErrorCode(StrEnum):
     TRUNCATED_RESPONSE = "truncated_response"
     HOSTED_CALL_NOT_ALLOWED = "hosted_call_not_allowed"
     APPROVAL_SCOPE_EXCEEDED = "approval_scope_exceeded"
+    APPROVER_NOT_ALLOWED = "approver_not_allowed"
 
 
 class _Frozen(BaseModel):

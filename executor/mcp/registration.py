@@ -24,6 +24,7 @@ from typing import Any, Literal, TextIO
 import mcp_types
 from pydantic import BaseModel, ConfigDict, JsonValue
 
+from executor.core.approvers import ApproverPolicy
 from executor.core.tools import (
     Access,
     Approval,
@@ -74,6 +75,9 @@ META_FENCING_TOKEN = "io.toolfence/fencingToken"
 class ToolPolicy:
     """The application's decisions about one MCP tool. `access` and `approval` have no default.
 
+    `approvers`: who may decide its approvals; required (by `Tool`) whenever
+    `approval` is not `Approval.never()`.
+
     `mode`: None lets `readOnlyHint: true` make it a read, anything else a
     write (which then needs `effect`); a declared `effect` makes it a write.
     `receipt`: for writes, the downstream's id of the effect, read from the
@@ -84,6 +88,7 @@ class ToolPolicy:
 
     access: Access
     approval: Approval
+    approvers: ApproverPolicy | None = None
     effect: Iterable[Effect] | None = None
     mode: Mode | None = None
     description: str | None = None
@@ -303,6 +308,7 @@ def _build_tool(
         run=binding.run,
         access=policy.access,
         approval=policy.approval,
+        approvers=policy.approvers,
         schema_version=schema_version_of(input_model.mcp_input_schema),
         check=policy.check,
         impact=policy.impact,

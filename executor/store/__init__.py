@@ -22,6 +22,7 @@ from executor.store.approvals import (
     expire_approval,
     expired_approvals,
     get_approval,
+    refuse_approver,
 )
 from executor.store.audit import (
     audit_trail,
@@ -72,6 +73,8 @@ from executor.store.records import (
     ApprovalRecord,
     Conflict,
     Created,
+    Decision,
+    DecisionOutcome,
     InProgress,
     NewOperation,
     OperationRow,
@@ -89,6 +92,8 @@ __all__ = [
     "ApprovalRecord",
     "Conflict",
     "Created",
+    "Decision",
+    "DecisionOutcome",
     "InProgress",
     "NewOperation",
     "OperationRow",
@@ -122,6 +127,7 @@ __all__ = [
     "record_call",
     "record_lookup_result",
     "record_receipt",
+    "refuse_approver",
     "register",
     "release_successors",
     "release_to_retry",

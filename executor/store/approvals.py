@@ -1,4 +1,10 @@
-"""Approvals: single-use decisions bound to the intent hash they were requested for."""
+"""Approvals: single-use decisions bound to the intent hash they were requested for.
+
+`approve` and `deny` take the approver as a `ServerContext` and the registry, and
+ask `approver_refusal` (executor/core/approvers.py) before deciding, in the same
+transaction: every path that decides an approval (CLI, demo, an API) goes through
+this check. A refused approver changes nothing but the audit trail.
+"""
 
 from __future__ import annotations
 
@@ -13,12 +19,19 @@ from sqlalchemy import (
     update,
 )
 
+from executor.core.approvers import (
+    ApprovalDecision,
+    ApprovalSubject,
+    ApproverRefusal,
+    approver_refusal,
+)
 from executor.core.states import ApprovalState, State
-from executor.core.types import ErrorCode
+from executor.core.tools import Registry, RoleResolutionFailed
+from executor.core.types import ErrorCode, ServerContext
 from executor.store.audit import dumps
 from executor.store.clock import DATABASE_CLOCK, Clock
 from executor.store.operations import _transition
-from executor.store.records import ApprovalRecord, StoreError
+from executor.store.records import ApprovalRecord, Decision, DecisionOutcome, StoreError
 from executor.store.schema import approvals, operations
 
 
@@ -63,57 +76,129 @@ def _decide(
     ).one_or_none()
 
 
+def _check_approver(
+    conn: Connection,
+    approval_id: str,
+    approver: ServerContext,
+    registry: Registry,
+    decision: ApprovalDecision,
+    clock: Clock,
+) -> Decision | None:
+    """None when `approver` may decide the pending approval; else what `approve`/`deny`
+    return without deciding. A refusal is audited on the operation (actor: the
+    approver's principal, decision `approver_not_allowed`) and leaves it pending."""
+    fence = [approvals.c.approval_id == approval_id, approvals.c.state == ApprovalState.PENDING.value]
+    if decision is ApprovalDecision.APPROVE:
+        fence.append(approvals.c.expires_at > clock.now())
+    row = conn.execute(
+        select(
+            approvals.c.operation_id, operations.c.tool_name, operations.c.context,
+            operations.c.arguments, approvals.c.impact,
+        )
+        .join(operations, operations.c.operation_id == approvals.c.operation_id)
+        .where(*fence, operations.c.state == State.PENDING_APPROVAL.value)
+    ).one_or_none()
+    if row is None:
+        return Decision(DecisionOutcome.NOT_PENDING)
+    tool = registry.get(row.tool_name)
+    subject = ApprovalSubject(
+        operation_id=row.operation_id,
+        tool_name=row.tool_name,
+        requester=ServerContext.from_json(json.loads(row.context)),
+        arguments=json.loads(row.arguments),
+        impact=json.loads(row.impact),
+        decision=decision,
+    )
+    try:
+        current = registry.current_context(approver)
+    except RoleResolutionFailed:
+        refusal: ApproverRefusal | None = ApproverRefusal.POLICY_FAILED
+    else:
+        refusal = approver_refusal(None if tool is None else tool.approvers, current, subject)
+    if refusal is None:
+        return None
+    refuse_approver(conn, row.operation_id, actor=approver.principal, clock=clock)
+    return Decision(DecisionOutcome.APPROVER_NOT_ALLOWED, row.tool_name, refusal)
+
+
+def refuse_approver(
+    conn: Connection, operation_id: str, *, actor: str, clock: Clock = DATABASE_CLOCK
+) -> bool:
+    """pending_approval → pending_approval: not a change of state, the audit event of
+    an approver the policy refused (`approver_not_allowed`, with who tried)."""
+    row = _transition(
+        conn, operation_id, State.PENDING_APPROVAL, State.PENDING_APPROVAL,
+        values={}, decision=ErrorCode.APPROVER_NOT_ALLOWED.value, clock=clock, actor=actor,
+    )
+    return row is not None
+
+
+def _tool_name(conn: Connection, operation_id: str) -> str | None:
+    return conn.execute(
+        select(operations.c.tool_name).where(operations.c.operation_id == operation_id)
+    ).scalar_one_or_none()
+
+
 def approve(
     conn: Connection,
     approval_id: str,
     *,
-    approver: str,
+    approver: ServerContext,
+    registry: Registry,
     clock: Clock = DATABASE_CLOCK,
-) -> bool:
-    """pending_approval → queued (with an outbox row). Single use: the approval row's
-    CAS on `pending`.
+) -> Decision:
+    """pending_approval → queued (with an outbox row), when the tool's approver policy
+    allows `approver`. Single use: the approval row's CAS on `pending`.
 
     The approval stays bound to the intent hash it was requested for; the worker
     refuses with `approval_invalidated` if the intent computed at run time differs.
     """
+    refused = _check_approver(conn, approval_id, approver, registry, ApprovalDecision.APPROVE, clock)
+    if refused is not None:
+        return refused
     decided = _decide(
         conn, approval_id, approvals.c.expires_at > clock.now(),
-        decision=ApprovalState.APPROVED, approver=approver, clock=clock,
+        decision=ApprovalState.APPROVED, approver=approver.principal, clock=clock,
     )
     if decided is None:
-        return False
+        return Decision(DecisionOutcome.NOT_PENDING)
     now = clock.now()
     row = _transition(
         conn, decided.operation_id, State.PENDING_APPROVAL, State.QUEUED,
         operations.c.intent_hash == decided.intent_hash,
         values={"queued_at": now, "available_at": now},
-        decision="approved", clock=clock, actor=approver,
+        decision="approved", clock=clock, actor=approver.principal,
     )
     if row is None:
         raise StoreError(f"approval {approval_id} does not match its operation's intent")
-    return True
+    return Decision(DecisionOutcome.DECIDED, _tool_name(conn, decided.operation_id))
 
 
 def deny(
     conn: Connection,
     approval_id: str,
     *,
-    approver: str,
+    approver: ServerContext,
+    registry: Registry,
     reason: str,
     clock: Clock = DATABASE_CLOCK,
-) -> bool:
-    """pending_approval → failed_terminal (`approval_denied`): a person said no."""
+) -> Decision:
+    """pending_approval → failed_terminal (`approval_denied`): a person said no. The
+    same approver policy as `approve`, except that a requester may withdraw her own call."""
+    refused = _check_approver(conn, approval_id, approver, registry, ApprovalDecision.DENY, clock)
+    if refused is not None:
+        return refused
     decided = _decide(
-        conn, approval_id, decision=ApprovalState.DENIED, approver=approver, reason=reason,
-        clock=clock,
+        conn, approval_id, decision=ApprovalState.DENIED, approver=approver.principal,
+        reason=reason, clock=clock,
     )
     if decided is None:
-        return False
+        return Decision(DecisionOutcome.NOT_PENDING)
     _end_unapproved(
         conn, approval_id, decided.operation_id, ErrorCode.APPROVAL_DENIED.value,
-        "approval denied", approver, clock,
+        "approval denied", approver.principal, clock,
     )
-    return True
+    return Decision(DecisionOutcome.DECIDED, _tool_name(conn, decided.operation_id))
 
 
 def expire_approval(

@@ -347,9 +347,14 @@ def complete(
     error_code: ErrorCode | None = None,
     error: dict[str, Any] | None = None,
     duration_ms: float | None = None,
+    decision: str | None = None,
     clock: Clock = DATABASE_CLOCK,
 ) -> bool:
-    """started → succeeded | failed_terminal. A stale owner's completion matches nothing."""
+    """started → succeeded | failed_terminal. A stale owner's completion matches nothing.
+
+    The audit's decision is the error code (or `succeeded`) unless `decision` names
+    it more precisely (`business_rule_violation_at_execution`: a re-check refused
+    before the handler ran)."""
     code = None if succeeded else (error_code or ErrorCode.EXECUTION_FAILED).value
     now = clock.now()
     row = _transition(
@@ -363,7 +368,7 @@ def complete(
             "error": None if succeeded else dumps(error or {}),
             "finished_at": now,
         },
-        decision=code or "succeeded", clock=clock, duration_ms=duration_ms,
+        decision=decision or code or "succeeded", clock=clock, duration_ms=duration_ms,
     )
     return row is not None
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
+from executor.core.approvers import ApproverRefusal
 from executor.core.states import ApprovalState, State
 from executor.core.tools import Mode
 
@@ -87,6 +89,27 @@ class ApprovalRecord:
     state: ApprovalState
     requested_at: float
     expires_at: float
+
+
+class DecisionOutcome(StrEnum):
+    DECIDED = "decided"
+    # No such approval, or no longer pending (decided, expired): nothing changed.
+    NOT_PENDING = "not_pending"
+    # The approver may not decide it: audited, the approval stays pending.
+    APPROVER_NOT_ALLOWED = "approver_not_allowed"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What `approve` or `deny` did; `refusal` says why an approver was refused."""
+
+    outcome: DecisionOutcome
+    tool_name: str | None = None
+    refusal: ApproverRefusal | None = None
+
+    @property
+    def decided(self) -> bool:
+        return self.outcome is DecisionOutcome.DECIDED
 
 
 @dataclass(frozen=True, slots=True)

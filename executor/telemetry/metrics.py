@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Histogram
 
+from executor.core.approvers import ApprovalDecision
+from executor.store.records import Decision, DecisionOutcome
+
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 PROPOSALS = Counter(
@@ -42,6 +45,16 @@ LEASE_TAKEOVERS = Counter(
     "toolfence_lease_takeovers_total",
     "Operations whose expired lease was taken over by a new generation.",
     ["tool"],
+)
+EXECUTION_REFUSALS = Counter(
+    "toolfence_execution_refusals_total",
+    "Operations a re-check refused just before the handler ran (the handler never ran).",
+    ["tool", "code"],  # permission_denied | approval_required | business_rule_violation | ...
+)
+APPROVAL_DECISIONS = Counter(
+    "toolfence_approval_decisions_total",
+    "Approval decisions attempted, by outcome.",
+    ["tool", "decision"],  # approved | denied | approver_not_allowed | not_pending
 )
 RETRIES = Counter(
     "toolfence_retries_total",
@@ -95,3 +108,12 @@ APPROVAL_SCOPE_EXCEEDED = Counter(
     "(counted when seen, whoever then wins the operation's CAS: the effect happened).",
     ["tool"],
 )
+
+
+def count_approval_decision(decision: Decision, verb: ApprovalDecision) -> None:
+    """Count what `store.approve`/`store.deny` did (every caller of them calls this)."""
+    if decision.outcome is DecisionOutcome.DECIDED:
+        label = "approved" if verb is ApprovalDecision.APPROVE else "denied"
+    else:
+        label = decision.outcome.value
+    APPROVAL_DECISIONS.labels(decision.tool_name or "unknown", label).inc()

@@ -27,7 +27,12 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from tenacity import wait_exponential_jitter
 
 from executor import store
-from executor.core.admission import compute_intent_hash, recheck_access
+from executor.core.admission import (
+    Refusal,
+    compute_intent_hash,
+    recheck_access,
+    recheck_before_run,
+)
 from executor.core.scope import check_scope
 from executor.core.states import TERMINAL, ApprovalState, State
 from executor.core.tools import (
@@ -36,12 +41,13 @@ from executor.core.tools import (
     LostOwnership,
     Mode,
     Registry,
+    RoleResolutionFailed,
     RunContext,
     StaleFencingToken,
     Tool,
     Written,
 )
-from executor.core.types import ErrorCode, ServerContext
+from executor.core.types import ErrorCode, ErrorDetail, ServerContext
 from executor.settings import Settings
 from executor.store.engine import read_only
 from executor.telemetry import metrics
@@ -91,6 +97,12 @@ class Outcome:
 
     label: OutcomeLabel
     state: State | None = None
+
+
+class _ApprovalStatus(StrEnum):
+    NONE = "none"  # admission asked no approval
+    APPROVED = "approved"  # approved, for the intent the call still has
+    INVALIDATED = "invalidated"  # not approved, or the intent changed since
 
 
 @dataclass(frozen=True)
@@ -249,6 +261,7 @@ class OperationRunner:
         error_code: ErrorCode | None = None,
         error: dict[str, Any] | None = None,
         duration_ms: float | None = None,
+        decision: str | None = None,
     ) -> Outcome:
         """complete (CAS). A stale owner's completion changes nothing and is counted."""
         side_effects: list[int] = []
@@ -259,6 +272,7 @@ class OperationRunner:
                     conn, row.operation_id, reservation.generation, reservation.owner_token,
                     row.intent_hash, succeeded=succeeded, result=result, receipt=receipt,
                     error_code=error_code, error=error, duration_ms=duration_ms,
+                    decision=decision,
                 )
                 if won and Mode(row.mode) is Mode.WRITE:
                     # Counted in the completing transaction: no extra round trip.
@@ -357,29 +371,47 @@ class OperationRunner:
         reservation: store.Reservation,
         heartbeat: Heartbeat,
     ) -> Outcome:
-        context = ServerContext.from_json(json.loads(row.context))
         arguments = json.loads(row.arguments)
+        try:
+            # The principal's roles now, from the application (the stored admission
+            # context when it registered no resolver): a revoked role stops the call.
+            context = self.registry.current_context(
+                ServerContext.from_json(json.loads(row.context))
+            )
+        except RoleResolutionFailed:
+            log.exception("the role resolver failed for %s", row.operation_id)
+            return self._refuse_at_execution(row, reservation, Refusal(
+                ErrorCode.PERMISSION_DENIED, "permission denied at execution time",
+                (ErrorDetail(path="", code="role_resolver_failed"),),
+            ))
         # Access again, against *current* policy: a revoked permission fails closed
         # before the handler runs.
         denied = recheck_access(tool, row.tool_name, arguments, context)
         if denied is not None or tool is None:
-            return self._finish(
-                row, reservation, succeeded=False, error_code=denied or ErrorCode.UNKNOWN_TOOL,
-                error={"message": "permission denied at execution time"},
-            )
+            return self._refuse_at_execution(row, reservation, Refusal(
+                denied or ErrorCode.UNKNOWN_TOOL, "permission denied at execution time",
+            ))
         args = tool.input_model.model_validate(arguments)
         try:
-            invalidated = self._approval_invalidated(row, tool, args, context)
-        except (OperationalError, DBAPIError):
+            approval = self._approval_status(row, tool, args, context)
+            if approval is _ApprovalStatus.INVALIDATED:
+                return self._refuse_at_execution(row, reservation, Refusal(
+                    ErrorCode.APPROVAL_INVALIDATED, "the call changed since it was approved",
+                ))
+            # The approval requirement and the business rules against current state,
+            # immediately before the downstream call: a balance spent since admission
+            # (or since the approver looked) refuses the write here.
+            refusal = recheck_before_run(
+                tool, args, context, approved=approval is _ApprovalStatus.APPROVED,
+                reraise=CONNECTION_ERRORS,
+            )
+        except CONNECTION_ERRORS:
             # The handler has not run: whatever the effect contract, trying again is
             # safe. Left `started`, the operation would wait for its lease to expire,
             # and an `unsafe` write would go to a person for nothing.
             return self._release_unstarted(row, tool, reservation)
-        if invalidated:
-            return self._finish(
-                row, reservation, succeeded=False, error_code=ErrorCode.APPROVAL_INVALIDATED,
-                error={"message": "the call changed since it was approved"},
-            )
+        if refusal is not None:
+            return self._refuse_at_execution(row, reservation, refusal)
 
         def on_receipt(receipt: str, accepted: bool) -> None:
             self._record_receipt(row.operation_id, reservation.generation, receipt, accepted=accepted)
@@ -435,20 +467,38 @@ class OperationRunner:
         metrics.RETRIES.labels(tool.name, ErrorCode.UPSTREAM_UNAVAILABLE.value).inc()
         return Outcome(OutcomeLabel.RETRY_WAIT, State.RETRY_WAIT)
 
-    def _approval_invalidated(
+    def _approval_status(
         self, row: store.OperationRow, tool: Tool[Any], args: BaseModel, context: ServerContext
-    ) -> bool:
+    ) -> _ApprovalStatus:
         if row.impact is None:
-            return False  # admission stores an impact exactly when it asks for approval
+            # Admission stores an impact exactly when it asks for approval.
+            return _ApprovalStatus.NONE
         with self.reader.connect() as conn:
             approval = store.approval_for_operation(conn, row.operation_id)
         if approval is None:
-            return False
+            return _ApprovalStatus.NONE
         try:
             current = compute_intent_hash(tool, args, context)
         except Exception:
-            return True
-        return approval.state != ApprovalState.APPROVED or current != approval.intent_hash
+            return _ApprovalStatus.INVALIDATED
+        if approval.state != ApprovalState.APPROVED or current != approval.intent_hash:
+            return _ApprovalStatus.INVALIDATED
+        return _ApprovalStatus.APPROVED
+
+    def _refuse_at_execution(
+        self, row: store.OperationRow, reservation: store.Reservation, refusal: Refusal
+    ) -> Outcome:
+        """started → failed_terminal before the handler ran: a re-check refused. The
+        audit names it `<code>_at_execution`; the caller sees the stable code."""
+        metrics.EXECUTION_REFUSALS.labels(row.tool_name, refusal.code.value).inc()
+        return self._finish(
+            row, reservation, succeeded=False, error_code=refusal.code,
+            error={
+                "message": refusal.message,
+                "details": [detail.model_dump() for detail in refusal.details],
+            },
+            decision=f"{refusal.code.value}_at_execution",
+        )
 
     def _on_value(
         self,

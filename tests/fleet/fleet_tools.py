@@ -139,6 +139,7 @@ def _instrumented(tool: Tool[Any]) -> Tool[Any]:
         "run": _counted(tool.name, tool.run),
         "access": _with_policy(tool.name, tool.access),
         "approval": tool.approval,
+        "approvers": tool.approvers,
         "schema_version": tool.schema_version,
         "check": tool.check,
         "impact": tool.impact,

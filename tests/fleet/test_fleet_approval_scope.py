@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
+from fleet_tools import registry
 from fleetkit import audit, call, context, enqueue_committed, handler_invocations, metric, outcome
 
 from executor import store
 from executor.cli.fleet import Fleet
-from executor.core.types import Pending
+from executor.core.types import Pending, ServerContext
 from executor.settings import Settings
 from executor.store.engine import make_engine
 from ledger.service import Ledger
@@ -42,7 +43,10 @@ def test_notice_batches__fifty_approved__fifty_succeed_fifty_one_waits_for_a_per
     assert pending.status.impact["resource_count"] == 50
     assert pending.status.approval_id is not None
     with engine.begin() as conn:
-        assert store.approve(conn, pending.status.approval_id, approver="bob")
+        bob = ServerContext(
+            principal="bob", tenant="acme", roles=frozenset({"approver"}), request_id="approval"
+        )
+        assert store.approve(conn, pending.status.approval_id, approver=bob, registry=registry).decided
     # ... and two batches admitted for the same 50 whose handler also notifies a 51st
     overreach = {
         enforce: enqueue_committed(

@@ -58,7 +58,7 @@ def test_permission_revoked_after_admission__permission_denied__handler_never_in
     assert [(e.from_state, e.to_state, e.decision_code, e.generation) for e in trail] == [
         (None, "queued", "admitted", 0),
         ("queued", "started", "reserved", 1),
-        ("started", "failed_terminal", "permission_denied", 1),
+        ("started", "failed_terminal", "permission_denied_at_execution", 1),
     ]
     assert operation_id not in handler_invocations(engine)
     assert metric(settings.metrics_dir, "toolfence_handler_invocations_total", tool="ledger.transfer") == 0

@@ -134,6 +134,10 @@ def runner(db_url: str, engine: Engine) -> OperationRunner:
     return OperationRunner(settings, REGISTRY_UNDER_TEST, engine)
 
 
+# Another member of alice's tenant, with the approver role: the ledger's approver policy.
+BOB = ServerContext(principal="bob", tenant="acme", roles=frozenset({"approver"}), request_id="approval")
+
+
 def enqueue_one(engine: Engine, tool_name: str, **arguments: object) -> EnqueueHandle:
     call = ProposedCall(call_id="c1", tool_name=tool_name, arguments=json.dumps(arguments))
     with engine.begin() as conn:
@@ -173,7 +177,10 @@ def test_send_notices__fifty_approved_fifty_sent__succeeded_and_approver_saw_the
     assert call.status.impact["resource_count"] == 50
     assert call.operation_id is not None and call.status.approval_id is not None
     with engine.begin() as conn:
-        assert store.approve(conn, call.status.approval_id, approver="bob")
+        decision = store.approve(
+            conn, call.status.approval_id, approver=BOB, registry=REGISTRY_UNDER_TEST
+        )
+        assert decision.decided
 
     # When a worker runs it
     outcome = runner.handle(call.operation_id)

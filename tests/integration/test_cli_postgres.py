@@ -107,7 +107,8 @@ def test_migrate__url_with_password__idempotent_and_the_password_never_printed(
         pytest.param(["show", "op_nope"], {}, ["no operation 'op_nope'"], id="unknown-operation"),
         pytest.param(["results", "req_nope"], {}, ["no request 'req_nope'"], id="unknown-request"),
         pytest.param(
-            ["approve", "apr_nope", "--approver", "bob"], {}, ["no approval"], id="unknown-approval"
+            ["approve", "apr_nope", "--approver-principal", "bob", "--approver-tenant", "acme"], {},
+            ["no approval"], id="unknown-approval",
         ),
         pytest.param(
             ["relay", "--once"], {"TOOLFENCE_BROKER_URL": "redis://127.0.0.1:1/0"},
@@ -262,7 +263,10 @@ def test_provider_turn__real_fleet__results_then_approval_then_the_transfer_resu
 
     [pending] = json.loads(toolfence("approvals").stdout)
     assert pending["impact"]["amount_cents"] == 60_000
-    toolfence("approve", pending["approval_id"], "--approver", "bob")
+    toolfence(
+        "approve", pending["approval_id"], "--approver-principal", "bob", "--approver-tenant", "acme",
+        "--approver-role", "approver",
+    )
     second = toolfence("results", "req-turn", "--wait", "30", "--provider", "anthropic")
 
     read, move, bad = _tool_results(json.loads(second.stdout))

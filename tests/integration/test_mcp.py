@@ -26,6 +26,7 @@ import mcp_types
 import pytest
 
 from executor.core.admission import Admitted, Rejected, admit, recheck_access
+from executor.core.approvers import ApproverPolicy
 from executor.core.tools import (
     Access,
     Approval,
@@ -93,7 +94,8 @@ def time_server(server_stderr: TextIO) -> tuple[Registry, McpRegistration]:
         policies={
             "get_current_time": PUBLIC,
             "convert_time": ToolPolicy(
-                access=Access.for_roles("scheduler"), approval=Approval.always()
+                access=Access.for_roles("scheduler"), approval=Approval.always(),
+                approvers=ApproverPolicy.for_roles("scheduling-lead"),
             ),
         },
         errlog=server_stderr,

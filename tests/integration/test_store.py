@@ -18,18 +18,57 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from pydantic import BaseModel, ConfigDict
 from sqlalchemy import Engine, event, func, insert, select, text
 
 from executor import store
+from executor.core.approvers import ApprovalSubject, ApproverPolicy, ApproverRefusal
 from executor.core.states import State, is_legal
-from executor.core.types import ErrorCode
-from executor.store import Conflict, Created, InProgress, NewOperation, Reservation, Reused
+from executor.core.tools import Access, Approval, Effect, Mode, Registry, Tool
+from executor.core.types import ErrorCode, ServerContext
+from executor.store import (
+    Conflict,
+    Created,
+    DecisionOutcome,
+    InProgress,
+    NewOperation,
+    Reservation,
+    Reused,
+)
 from executor.store.clock import ManualClock
 from executor.store.engine import make_engine
 from executor.store.schema import audit_events, operations, outbox
 
 LEASE = 30.0
 SECRET_ARGUMENT = "card-4111-1111-1111-1111"
+
+
+class RefundArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    order_id: str = ""
+    amount: int = 0
+
+
+def refund_tool(approvers: ApproverPolicy) -> Tool[RefundArgs]:
+    """The declaration of the operations below: who may decide their approvals."""
+    return Tool(
+        name="refund_order", description="", mode=Mode.WRITE, input_model=RefundArgs,
+        output_model=RefundArgs, run=lambda args, ctx: None, access=Access.for_roles("support"),
+        approval=Approval.always(), approvers=approvers, effect=[Effect.IDEMPOTENT],
+    )
+
+
+REGISTRY = Registry([refund_tool(ApproverPolicy.for_roles("approver"))])
+
+
+def approver(principal: str, tenant: str = "tenant-a", *roles: str) -> ServerContext:
+    return ServerContext(
+        principal=principal, tenant=tenant, roles=frozenset(roles or ("approver",)),
+        request_id="approvals",
+    )
+
+
+BOB, CAROL = approver("bob"), approver("carol")
 
 
 def intent(label: str) -> str:
@@ -645,7 +684,7 @@ def pending(s: Store, **fields: Any) -> tuple[str, str]:
 def test_approve__pending__queued_with_outbox_row(s: Store) -> None:
     operation_id, approval_id = pending(s)
 
-    assert s.approve(approval_id, approver="bob")
+    assert s.approve(approval_id, approver=BOB, registry=REGISTRY).decided
 
     assert s.row(operation_id)["state"] == "queued"
     assert s.outbox_rows(operation_id) == 1
@@ -655,10 +694,10 @@ def test_approve__pending__queued_with_outbox_row(s: Store) -> None:
 
 def test_approve__twice__single_use(s: Store) -> None:
     operation_id, approval_id = pending(s)
-    assert s.approve(approval_id, approver="bob")
+    assert s.approve(approval_id, approver=BOB, registry=REGISTRY).decided
 
     with s.unchanged(operation_id):
-        assert not s.approve(approval_id, approver="carol")
+        assert not s.approve(approval_id, approver=CAROL, registry=REGISTRY).decided
 
 
 def test_approve__after_expiry__loses(s: Store) -> None:
@@ -666,21 +705,21 @@ def test_approve__after_expiry__loses(s: Store) -> None:
     s.clock.advance(60)
 
     with s.unchanged(operation_id):
-        assert not s.approve(approval_id, approver="bob")
+        assert not s.approve(approval_id, approver=BOB, registry=REGISTRY).decided
 
 
 def test_approve__after_denial__loses(s: Store) -> None:
     operation_id, approval_id = pending(s)
-    assert s.deny(approval_id, approver="bob", reason="too much")
+    assert s.deny(approval_id, approver=BOB, registry=REGISTRY, reason="too much").decided
 
     with s.unchanged(operation_id):
-        assert not s.approve(approval_id, approver="carol")
+        assert not s.approve(approval_id, approver=CAROL, registry=REGISTRY).decided
 
 
 def test_deny__pending__failed_terminal_approval_denied(s: Store) -> None:
     operation_id, approval_id = pending(s)
 
-    assert s.deny(approval_id, approver="bob", reason="too much")
+    assert s.deny(approval_id, approver=BOB, registry=REGISTRY, reason="too much").decided
 
     row = s.row(operation_id)
     assert (row["state"], row["error_code"]) == ("failed_terminal", "approval_denied")
@@ -689,10 +728,125 @@ def test_deny__pending__failed_terminal_approval_denied(s: Store) -> None:
 
 def test_deny__after_approval__loses(s: Store) -> None:
     operation_id, approval_id = pending(s)
-    s.approve(approval_id, approver="bob")
+    assert s.approve(approval_id, approver=BOB, registry=REGISTRY).decided
 
     with s.unchanged(operation_id):
-        assert not s.deny(approval_id, approver="carol", reason="late")
+        assert not s.deny(approval_id, approver=CAROL, registry=REGISTRY, reason="late").decided
+
+
+ALICE = approver("alice")  # the requester of every operation above (tenant-a)
+
+
+@pytest.mark.parametrize(
+    ("who", "registry", "reason"),
+    [
+        pytest.param(ALICE, REGISTRY, ApproverRefusal.SELF_APPROVAL, id="requester"),
+        pytest.param(approver("bob", "tenant-b"), REGISTRY, ApproverRefusal.OTHER_TENANT, id="other-tenant"),
+        pytest.param(approver("carol", "tenant-a", "support"), REGISTRY, ApproverRefusal.ROLE_NOT_ALLOWED,
+                     id="wrong-role"),
+        pytest.param(
+            BOB, Registry([refund_tool(ApproverPolicy.for_roles("approver", rule=lambda a, s: False))]),
+            ApproverRefusal.PREDICATE_REFUSED, id="rule-says-no",
+        ),
+        pytest.param(
+            BOB, Registry([refund_tool(ApproverPolicy.when(lambda a, s: 1 / 0 > 0))]),
+            ApproverRefusal.POLICY_FAILED, id="rule-raises",
+        ),
+        pytest.param(BOB, Registry(), ApproverRefusal.NO_APPROVER_POLICY, id="tool-no-longer-declared"),
+        pytest.param(
+            BOB, Registry([refund_tool(ApproverPolicy.for_roles("approver"))], role_resolver=lambda ctx: []),
+            ApproverRefusal.ROLE_NOT_ALLOWED, id="role-revoked-in-the-application",
+        ),
+        pytest.param(
+            BOB, Registry([refund_tool(ApproverPolicy.for_roles("approver"))],
+                          role_resolver=lambda ctx: 1 / 0),  # type: ignore[arg-type,return-value]
+            ApproverRefusal.POLICY_FAILED, id="role-resolver-raises",
+        ),
+    ],
+)
+def test_approve__approver_not_allowed__audited_and_approval_still_pending(
+    s: Store, who: ServerContext, registry: Registry, reason: ApproverRefusal
+) -> None:
+    # Given an operation of alice (tenant-a) waiting for approval
+    operation_id, approval_id = pending(s)
+    before = s.row(operation_id)
+
+    # When someone the policy does not allow approves it
+    decision = s.approve(approval_id, approver=who, registry=registry)
+
+    # Then it is refused with the reason, nothing but the audit trail changed, and
+    # the trail names the stable code and who tried
+    assert (decision.outcome, decision.refusal) == (DecisionOutcome.APPROVER_NOT_ALLOWED, reason)
+    after = s.row(operation_id)
+    assert (after["state"], after["generation"]) == (before["state"], before["generation"])
+    assert s.get_approval(approval_id).state == "pending"
+    assert s.outbox_rows(operation_id) == 0
+    assert s.audit(operation_id)[-1] == (
+        "pending_approval", "pending_approval", "approver_not_allowed", 0,
+    )
+    with s.engine.connect() as conn:
+        assert store.audit_trail(conn, operation_id)[-1].actor == who.principal
+    # ... and an allowed approver still decides it
+    assert s.approve(approval_id, approver=BOB, registry=REGISTRY).decided
+    assert s.row(operation_id)["state"] == "queued"
+
+
+def test_approve__self_approval_allowed_by_the_policy__requester_approves(s: Store) -> None:
+    registry = Registry([refund_tool(ApproverPolicy.for_roles("approver", allow_self_approval=True))])
+    operation_id, approval_id = pending(s)
+
+    assert s.approve(approval_id, approver=ALICE, registry=registry).decided
+
+    assert s.row(operation_id)["state"] == "queued"
+    with s.engine.connect() as conn:
+        assert conn.execute(
+            text("SELECT decided_by FROM toolfence_approvals WHERE approval_id = :a"), {"a": approval_id}
+        ).scalar_one() == "alice"
+
+
+def test_approve__rule_sees_approver_and_operation__decides_by_amount(s: Store) -> None:
+    seen: list[tuple[str, ApprovalSubject]] = []
+
+    def up_to_100_unless_lead(who: ServerContext, subject: ApprovalSubject) -> bool:
+        seen.append((who.principal, subject))
+        return "lead" in who.roles or subject.arguments["amount"] <= 100
+
+    registry = Registry([refund_tool(ApproverPolicy.for_roles("approver", rule=up_to_100_unless_lead))])
+    operation_id, approval_id = pending(s)  # amount 200
+
+    refused = s.approve(approval_id, approver=BOB, registry=registry)
+    dana = approver("dana", "tenant-a", "approver", "lead")
+    lead = s.approve(approval_id, approver=dana, registry=registry)
+
+    assert refused.refusal is ApproverRefusal.PREDICATE_REFUSED
+    assert lead.decided
+    principal, subject = seen[0]
+    assert (principal, subject.operation_id, subject.tool_name) == ("bob", operation_id, "refund_order")
+    assert (subject.requester.principal, subject.impact) == ("alice", {"refund_cents": 200})
+
+
+def test_deny__requester_withdraws_own_call__allowed_but_other_tenant_is_not(s: Store) -> None:
+    operation_id, approval_id = pending(s)
+
+    other = s.deny(approval_id, approver=approver("eve", "tenant-b"), registry=REGISTRY, reason="no")
+    withdrawn = s.deny(approval_id, approver=approver("alice", "tenant-a", "support"), registry=REGISTRY,
+                       reason="changed my mind")
+
+    assert other.refusal is ApproverRefusal.OTHER_TENANT
+    assert withdrawn.decided
+    assert s.row(operation_id)["error_code"] == "approval_denied"
+
+
+def test_approve__decided_or_unknown_approval__not_pending_and_no_refusal_audited(s: Store) -> None:
+    operation_id, approval_id = pending(s)
+    assert s.approve(approval_id, approver=BOB, registry=REGISTRY).decided
+
+    with s.unchanged(operation_id):
+        late = s.approve(approval_id, approver=ALICE, registry=REGISTRY)
+    unknown = s.approve("apr_nope", approver=BOB, registry=REGISTRY)
+
+    assert late.outcome is DecisionOutcome.NOT_PENDING
+    assert unknown.outcome is DecisionOutcome.NOT_PENDING
 
 
 def test_expire_approval__before_expiry_loses__after_expiry_wins(s: Store) -> None:
@@ -801,7 +955,7 @@ def test_audit__every_transition_one_legal_event_without_owner_token_or_argument
     arguments = {"card": SECRET_ARGUMENT, "amount": 4242}
     op_id, approval_id = pending(s, arguments=arguments)
     transitions = [(None, "pending_approval")]
-    assert s.approve(approval_id, approver="bob")
+    assert s.approve(approval_id, approver=BOB, registry=REGISTRY).decided
     transitions.append(("pending_approval", "queued"))
     a = s.reserve(op_id, "owner-token-aaaaaaaaaaaaaaaa", LEASE)
     transitions.append(("queued", "started"))

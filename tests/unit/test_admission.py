@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from executor.core.admission import Admitted, Limits, Rejected, admit
+from executor.core.approvers import ApproverPolicy
 from executor.core.canonical import intent_hash
 from executor.core.tools import (
     Access,
@@ -149,6 +150,7 @@ def refund_tool(schema_version: int = 1) -> Tool[RefundArgs]:
         run=run_refund,
         access=Access.for_roles("support", rule=owns_order),
         approval=Approval.when(large_refund),
+        approvers=ApproverPolicy.for_roles("supervisor"),
         effect=[Effect.IDEMPOTENT],
         check=refund_within_remaining,
         impact=refund_impact,
@@ -264,7 +266,8 @@ def test_admit__approval_always_without_impact_hook__impact_shows_tool_and_argum
     tool = Tool(
         name="close_account", description="", mode=Mode.WRITE, input_model=RefundArgs,
         output_model=Output, run=run_refund, access=Access.for_roles("support"),
-        approval=Approval.always(), effect=[Effect.FENCED],
+        approval=Approval.always(), approvers=ApproverPolicy.for_roles("supervisor"),
+        effect=[Effect.FENCED],
     )
     result = admit(call(refund(), "close_account"), Registry([tool]), SUPPORT_A)
 
@@ -402,7 +405,8 @@ def test_admit__approval_predicate_raises__asks_a_person() -> None:
     tool = Tool(
         name="refund_order", description="", mode=Mode.WRITE, input_model=RefundArgs,
         output_model=Output, run=run_refund, access=Access.for_roles("support"),
-        approval=Approval.when(broken_predicate), effect=[Effect.IDEMPOTENT],
+        approval=Approval.when(broken_predicate), approvers=ApproverPolicy.for_roles("supervisor"),
+        effect=[Effect.IDEMPOTENT],
     )
     result = admit(call(refund()), Registry([tool]), SUPPORT_A)
 

@@ -42,6 +42,17 @@ COMMANDS = [
     "show", "approvals", "approve", "deny", "pending", "resolve",
 ]
 WHO = ["--tenant", "acme", "--principal", "alice"]
+
+
+def approver(principal: str, tenant: str = "acme", *roles: str) -> list[str]:
+    """The CLI arguments naming who decides an approval."""
+    argv = ["--approver-principal", principal, "--approver-tenant", tenant]
+    for role in roles or ("approver",):
+        argv += ["--approver-role", role]
+    return argv
+
+
+BOB, CAROL = approver("bob"), approver("carol")
 BALANCE, CREDIT, TRANSFER, NOTICE = (
     "ledger.get_balance", "ledger.credit", "ledger.transfer", "ledger.send_notice",
 )
@@ -242,10 +253,10 @@ MISTAKES = {
     "unknown-operation-id": Mistake(["show", "op_nope"], ["no operation 'op_nope'"]),
     "unknown-request-id": Mistake(["results", "req_nope"], ["no request 'req_nope'"]),
     "unknown-approval-id-approve": Mistake(
-        ["approve", "apr_nope", "--approver", "bob"], ["no approval 'apr_nope'"]
+        ["approve", "apr_nope", *BOB], ["no approval 'apr_nope'"]
     ),
     "unknown-approval-id-deny": Mistake(
-        ["deny", "apr_nope", "--approver", "bob"], ["no approval 'apr_nope'"]
+        ["deny", "apr_nope", *BOB], ["no approval 'apr_nope'"]
     ),
     "resolve-unknown-operation": Mistake(
         ["resolve", "op_nope", "failed", "--actor", "ops"], ["no operation 'op_nope'"]
@@ -344,10 +355,10 @@ def test_user_mistake__approving_twice__second_is_one_line(
 ) -> None:
     handle = enqueue_neutral(cli, home, "req-big", [transfer_of(60_000)])
     approval_id = handle["calls"][0]["approval_id"]
-    assert cli("approve", approval_id, "--approver", "bob").code == 0
+    assert cli("approve", approval_id, *BOB).code == 0
 
-    again = cli("approve", approval_id, "--approver", "carol")
-    deny_after = cli("deny", approval_id, "--approver", "carol")
+    again = cli("approve", approval_id, *CAROL)
+    deny_after = cli("deny", approval_id, *CAROL)
 
     assert_one_line_error(again, approval_id, "no longer pending")
     assert_one_line_error(deny_after, approval_id, "no longer pending")
@@ -472,8 +483,8 @@ def test_approvals__big_transfer__listed_with_impact_then_approved_once_and_anot
     }
     assert listed[0]["approval_id"] == big["calls"][0]["approval_id"]
 
-    approved = cli("approve", listed[0]["approval_id"], "--approver", "bob")
-    denied = cli("deny", listed[1]["approval_id"], "--approver", "bob", "--reason", "too much")
+    approved = cli("approve", listed[0]["approval_id"], *BOB)
+    denied = cli("deny", listed[1]["approval_id"], *BOB, "--reason", "too much")
 
     assert (approved.code, approved.out) == (0, f"approved {listed[0]['approval_id']}\n")
     assert (denied.code, denied.out) == (0, f"denied {listed[1]['approval_id']}\n")
@@ -485,12 +496,96 @@ def test_approvals__big_transfer__listed_with_impact_then_approved_once_and_anot
     assert other_result["error"]["code"] == "approval_denied"
 
 
+@pytest.mark.parametrize(
+    ("verb", "who", "reason"),
+    [
+        pytest.param("approve", approver("alice"), "self_approval", id="requester-approves-own-call"),
+        pytest.param("approve", approver("bob", "globex"), "other_tenant", id="other-tenants-approver"),
+        pytest.param("approve", approver("carol", "acme", "member"), "role_not_allowed", id="wrong-role"),
+        pytest.param("deny", approver("bob", "globex"), "other_tenant", id="other-tenant-denies"),
+        pytest.param("deny", approver("carol", "acme", "member"), "role_not_allowed", id="wrong-role-denies"),
+    ],
+)
+def test_approve_or_deny__approver_not_allowed__one_line_audited_and_still_pending(
+    home: Path, ledger: Ledger, cli: Callable[..., Run], verb: str, who: list[str], reason: str
+) -> None:
+    # Given alice's transfer of 600.00, waiting for approval
+    handle = enqueue_neutral(cli, home, "req-big", [transfer_of(60_000)])
+    operation_id, approval_id = handle["calls"][0]["operation_id"], handle["calls"][0]["approval_id"]
+
+    # When someone the ledger's approver policy does not allow decides it
+    run = cli(verb, approval_id, *who)
+
+    # Then one line names the stable code and why, the approval is still pending,
+    # and the attempt is in the audit trail with who tried
+    assert_one_line_error(run, "approver_not_allowed", reason, "stays pending")
+    assert [a["approval_id"] for a in cli("approvals").json()] == [approval_id]
+    shown = cli("show", operation_id).json()
+    assert shown["state"] == "pending_approval"
+    assert [(e["from"], e["to"], e["decision"], e["actor"]) for e in shown["audit"]][-1] == (
+        "pending_approval", "pending_approval", "approver_not_allowed", who[1],
+    )
+    # ... and an allowed approver still can, afterwards, and the transfer runs
+    assert cli("approve", approval_id, *BOB).code == 0
+    execute_everything()
+    [result] = cli("results", "req-big").json()
+    assert result["status"] == "succeeded"
+    assert (ledger.balance("acc-1"), ledger.balance("acc-2")) == (40_000, 60_000)
+
+
+def test_deny__requester_withdraws_her_own_call__denied(
+    home: Path, ledger: Ledger, cli: Callable[..., Run]
+) -> None:
+    handle = enqueue_neutral(cli, home, "req-big", [transfer_of(60_000)])
+
+    run = cli("deny", handle["calls"][0]["approval_id"], *approver("alice", "acme", "member"))
+
+    assert run.code == 0, run.err
+    [result] = cli("results", "req-big").json()
+    assert (result["status"], result["error"]["code"]) == ("failed_terminal", "approval_denied")
+
+
+@pytest.mark.parametrize(
+    "who",
+    [
+        pytest.param([], id="no-identity"),
+        pytest.param(["--approver-principal", "bob"], id="no-tenant"),
+        pytest.param(["--approver-context", "not json"], id="context-not-json"),
+        pytest.param(["--approver-context", '{"principal": "bob"}'], id="context-without-tenant"),
+    ],
+)
+def test_approve__approver_identity_missing_or_malformed__one_line_and_still_pending(
+    home: Path, ledger: Ledger, cli: Callable[..., Run], who: list[str]
+) -> None:
+    handle = enqueue_neutral(cli, home, "req-big", [transfer_of(60_000)])
+    approval_id = handle["calls"][0]["approval_id"]
+
+    run = cli("approve", approval_id, *who)
+
+    assert_one_line_error(run, "approver")
+    assert [a["approval_id"] for a in cli("approvals").json()] == [approval_id]
+
+
+def test_approve__approver_as_json_context__approved_and_recorded_as_decided_by(
+    home: Path, ledger: Ledger, cli: Callable[..., Run]
+) -> None:
+    handle = enqueue_neutral(cli, home, "req-big", [transfer_of(60_000)])
+    operation_id, approval_id = handle["calls"][0]["operation_id"], handle["calls"][0]["approval_id"]
+    context = json.dumps({"principal": "dana", "tenant": "acme", "roles": ["approver"]})
+
+    run = cli("approve", approval_id, "--approver-context", context)
+
+    assert run.code == 0, run.err
+    audit = cli("show", operation_id).json()["audit"]
+    assert (audit[-1]["to"], audit[-1]["actor"]) == ("queued", "dana")
+
+
 def test_show__approved_operation__state_generation_and_audit_trail(
     home: Path, ledger: Ledger, cli: Callable[..., Run]
 ) -> None:
     handle = enqueue_neutral(cli, home, "req-big", [transfer_of(60_000)])
     operation_id, approval_id = handle["calls"][0]["operation_id"], handle["calls"][0]["approval_id"]
-    cli("approve", approval_id, "--approver", "bob")
+    cli("approve", approval_id, *BOB)
 
     shown = cli("show", operation_id).json()
 

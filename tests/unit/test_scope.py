@@ -16,6 +16,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
 from executor.core.admission import Admitted, Rejected, admit, compute_intent_hash
+from executor.core.approvers import ApproverPolicy
 from executor.core.scope import (
     MAX_DECLARED_RESOURCES,
     RECORDED_IDS_CAP,
@@ -65,6 +66,7 @@ def batch_tool(
     return Tool(
         name="batch", description="a batch write", mode=Mode.WRITE, input_model=BatchArgs,
         output_model=Output, run=_run, access=Access.for_roles("member"), approval=approval,
+        approvers=ApproverPolicy.for_roles("approver"),
         effect=[Effect.IDEMPOTENT], resources=resources, impact=impact,
     )
 

@@ -315,15 +315,20 @@ class DemoRun:
                 continue
             if now - self.approvals.seen_at[row.approval_id] < 1.0:
                 continue  # let a person (the newcomer watching) see it pending first
+            from ledger.tools import registry
+
             with self.engine.begin() as conn:
                 if row.request_id == self.approvals.deny_request:
-                    won = store.deny(conn, row.approval_id, approver=DENIER, reason="over the weekly limit")
-                    verdict = f"[red]denied[/] by {DENIER} (store.deny)"
+                    decision = store.deny(
+                        conn, row.approval_id, approver=DENIER, registry=registry,
+                        reason="over the weekly limit",
+                    )
+                    verdict = f"[red]denied[/] by {DENIER.principal} (store.deny)"
                 else:
-                    won = store.approve(conn, row.approval_id, approver=APPROVER)
-                    verdict = f"[green]approved[/] by {APPROVER} (store.approve)"
+                    decision = store.approve(conn, row.approval_id, approver=APPROVER, registry=registry)
+                    verdict = f"[green]approved[/] by {APPROVER.principal} (store.approve)"
             self.approvals.decided.add(row.approval_id)
-            if won:
+            if decision.decided:
                 self.say(f"[bold yellow]✋[/] {row.approval_id} {verdict}")
 
     # -------------------------------------------------------------- faults

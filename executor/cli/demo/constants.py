@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from executor.core.types import ServerContext
+
 EXIT_OK = 0
 EXIT_INVARIANT_FAILED = 1
 EXIT_INTERRUPTED = 130
@@ -22,8 +24,15 @@ SETTLE_TIMEOUT_SECONDS = 90.0
 WAVES = (0.4, 0.3, 0.3)
 STEADY_QUEUED = 25  # wave 2 arrives as the fleet keeps up: the pause's takeover is not stuck in a queue
 
-APPROVER = "ops-lead@acme"
-DENIER = "ops-lead@globex"
+# The people who decide the demo's approvals: an approver of each tenant, never the
+# requester (the ledger's transfer lets only role "approver" of its tenant decide).
+APPROVER = ServerContext(
+    principal="ops-lead@acme", tenant="acme", roles=frozenset({"approver"}), request_id="demo-approvals"
+)
+DENIER = ServerContext(
+    principal="ops-lead@globex", tenant="globex", roles=frozenset({"approver"}),
+    request_id="demo-approvals",
+)
 
 
 class DemoError(Exception):

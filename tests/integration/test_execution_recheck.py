@@ -1,0 +1,309 @@
+"""The worker's re-check just before the downstream call (DESIGN.md, Worker).
+
+Each test admits a call through the real producer (`enqueue`), changes the world
+between admission and execution (a balance spent, a policy changed, a role
+revoked in the application), then runs the real `OperationRunner` in process on
+SQLite and PostgreSQL. A refusal ends the call `failed_terminal` with a stable
+code, an audit decision `<code>_at_execution`, and zero handler invocations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import Engine
+from sqlalchemy.exc import OperationalError
+
+from executor import store
+from executor.core.approvers import ApproverPolicy
+from executor.core.tools import (
+    Access,
+    Approval,
+    BusinessRuleViolation,
+    Effect,
+    Mode,
+    Registry,
+    RunContext,
+    Tool,
+    Written,
+)
+from executor.core.types import FailedTerminal, ProposedCall, ServerContext, Succeeded
+from executor.settings import Settings
+from executor.worker.runner import OperationRunner, OutcomeLabel
+from outbox.producer import enqueue, results
+
+THRESHOLD = 50_000
+
+
+class PayArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    account: str
+    amount: int = Field(gt=0)
+
+
+class Paid(BaseModel):
+    receipt: str
+
+
+@dataclass
+class Bank:
+    """The downstream's state, and every call the tool's hooks received."""
+
+    balances: dict[str, int] = field(default_factory=lambda: {"acc-1": 100_000})
+    runs: list[str] = field(default_factory=list)
+    seen_roles: list[frozenset[str]] = field(default_factory=list)
+    check_raises: BaseException | None = None
+
+    def check(self, args: PayArgs, ctx: ServerContext) -> None:
+        if self.check_raises is not None:
+            raise self.check_raises
+        if self.balances[args.account] < args.amount:
+            raise BusinessRuleViolation("insufficient funds")
+
+    def run(self, args: PayArgs, ctx: RunContext) -> Written:
+        self.runs.append(ctx.operation_id)
+        self.seen_roles.append(ctx.server.roles)
+        self.balances[args.account] -= args.amount
+        return Written(Paid(receipt=f"r-{len(self.runs)}"), f"r-{len(self.runs)}")
+
+
+def pay_tool(bank: Bank, approval: Approval) -> Tool[PayArgs]:
+    return Tool(
+        name="bank.pay", description="pay from an account", mode=Mode.WRITE,
+        input_model=PayArgs, output_model=Paid, run=bank.run,
+        access=Access.for_roles("member"), approval=approval,
+        approvers=ApproverPolicy.for_roles("approver"), effect=[Effect.FENCED],
+        check=bank.check,
+    )
+
+
+LARGE = Approval.when(lambda args, ctx: args.amount >= THRESHOLD)
+ALICE = ServerContext(principal="alice", tenant="acme", roles=frozenset({"member"}), request_id="r")
+BOB = ServerContext(principal="bob", tenant="acme", roles=frozenset({"approver"}), request_id="ap")
+
+
+@pytest.fixture
+def bank() -> Bank:
+    return Bank()
+
+
+@pytest.fixture
+def registry(bank: Bank) -> Registry:
+    return Registry([pay_tool(bank, LARGE)])
+
+
+@pytest.fixture
+def runner(engine: Engine, db_url: str, registry: Registry) -> Iterator[OperationRunner]:
+    settings = Settings(database_url=db_url, broker_url="memory://", lease_seconds=30.0)
+    yield OperationRunner(settings, registry, engine)
+
+
+def admit_payment(
+    engine: Engine, registry: Registry, amount: int, request_id: str
+) -> tuple[str, str | None]:
+    """(operation id, approval id) of an admitted payment by alice."""
+    call = ProposedCall(
+        call_id="c1", tool_name="bank.pay", arguments={"account": "acc-1", "amount": amount}
+    )
+    with engine.begin() as conn:
+        handle = enqueue(conn, [call], ALICE.model_copy(update={"request_id": request_id}), registry)
+    [admitted] = handle.calls
+    assert admitted.operation_id is not None, admitted
+    return admitted.operation_id, getattr(admitted.status, "approval_id", None)
+
+
+def terminal_decision(engine: Engine, operation_id: str) -> tuple[str | None, str, str]:
+    with engine.connect() as conn:
+        last = store.audit_trail(conn, operation_id)[-1]
+    return last.from_state, last.to_state, last.decision_code
+
+
+def only_result(engine: Engine, request_id: str) -> Any:
+    [status] = results(engine, request_id)
+    return status
+
+
+# ------------------------------------------------------------------ business rules
+
+
+def test_check_at_execution__balance_spent_since_admission__business_rule_violation_no_run(
+    engine: Engine, registry: Registry, runner: OperationRunner, bank: Bank
+) -> None:
+    # Given a payment of 400.00 admitted while the account holds 1,000.00
+    operation_id, _ = admit_payment(engine, registry, 40_000, "req-1")
+    # ... and the balance spent elsewhere before a worker runs it
+    bank.balances["acc-1"] = 30_000
+
+    # When the worker handles it
+    outcome = runner.handle(operation_id)
+
+    # Then the re-check refuses it: no downstream call, the stable code for the
+    # caller, and an audit decision that says it was the execution-time check
+    assert outcome.label is OutcomeLabel.FAILED_TERMINAL
+    assert bank.runs == []
+    result = only_result(engine, "req-1")
+    assert isinstance(result, FailedTerminal)
+    assert (result.error.code, result.error.message) == ("business_rule_violation", "insufficient funds")
+    assert terminal_decision(engine, operation_id) == (
+        "started", "failed_terminal", "business_rule_violation_at_execution",
+    )
+    assert bank.balances["acc-1"] == 30_000
+
+
+def test_check_at_execution__three_payments_over_the_balance__third_refused(
+    engine: Engine, registry: Registry, runner: OperationRunner, bank: Bank
+) -> None:
+    # Given three payments of 400.00 admitted one after another from 1,000.00
+    ids = [admit_payment(engine, registry, 40_000, f"req-{n}")[0] for n in range(3)]
+
+    # When they run
+    outcomes = [runner.handle(operation_id).label for operation_id in ids]
+
+    # Then two ran and the third was refused before its downstream call
+    assert outcomes == [OutcomeLabel.SUCCEEDED, OutcomeLabel.SUCCEEDED, OutcomeLabel.FAILED_TERMINAL]
+    assert bank.runs == ids[:2]
+    assert bank.balances["acc-1"] == 20_000
+    assert only_result(engine, "req-2").error.code == "business_rule_violation"
+
+
+def test_check_at_execution__approved_call_whose_facts_changed__refused(
+    engine: Engine, registry: Registry, runner: OperationRunner, bank: Bank
+) -> None:
+    # Given a large payment, approved by bob while the balance covered it
+    operation_id, approval_id = admit_payment(engine, registry, 60_000, "req-big")
+    assert approval_id is not None
+    with engine.begin() as conn:
+        assert store.approve(conn, approval_id, approver=BOB, registry=registry).decided
+    # ... then the balance is spent before it runs
+    bank.balances["acc-1"] = 50_000
+
+    runner.handle(operation_id)
+
+    # Then the approval did not make stale facts true: refused, nothing ran
+    assert bank.runs == []
+    assert only_result(engine, "req-big").error.code == "business_rule_violation"
+    assert terminal_decision(engine, operation_id)[2] == "business_rule_violation_at_execution"
+
+
+def test_check_at_execution__check_raises__fails_closed_with_generic_message(
+    engine: Engine, registry: Registry, runner: OperationRunner, bank: Bank
+) -> None:
+    operation_id, _ = admit_payment(engine, registry, 100, "req-1")
+    bank.check_raises = KeyError("acc-1 secret internals")
+
+    runner.handle(operation_id)
+
+    assert bank.runs == []
+    result = only_result(engine, "req-1")
+    assert (result.error.code, result.error.message) == (
+        "business_rule_violation", "the business rule check failed",
+    )
+    assert "secret" not in result.model_dump_json()
+
+
+def test_check_at_execution__lost_database_connection__released_to_retry_not_refused(
+    engine: Engine, registry: Registry, runner: OperationRunner, bank: Bank
+) -> None:
+    operation_id, _ = admit_payment(engine, registry, 100, "req-1")
+    bank.check_raises = OperationalError("SELECT balance", {}, Exception("connection reset"))
+
+    outcome = runner.handle(operation_id)
+
+    # Nothing ran downstream, so trying again is safe whatever the effect contract
+    assert outcome.label is OutcomeLabel.RETRY_WAIT
+    assert bank.runs == []
+    with engine.connect() as conn:
+        row = store.get_operation(conn, operation_id)
+    assert row is not None and (row.state, row.error_code) == ("retry_wait", "upstream_unavailable")
+
+
+# ------------------------------------------------------------------ approval requirement
+
+
+def test_approval_at_execution__policy_now_always__queued_call_ends_approval_required(
+    engine: Engine, registry: Registry, runner: OperationRunner, bank: Bank
+) -> None:
+    # Given a small payment admitted without approval
+    operation_id, approval_id = admit_payment(engine, registry, 100, "req-1")
+    assert approval_id is None
+    # ... and the tool's policy changed to "always" before it ran
+    registry.replace(pay_tool(bank, Approval.always()))
+
+    runner.handle(operation_id)
+
+    assert bank.runs == []
+    result = only_result(engine, "req-1")
+    assert isinstance(result, FailedTerminal)
+    assert result.error.code == "approval_required"
+    assert terminal_decision(engine, operation_id) == (
+        "started", "failed_terminal", "approval_required_at_execution",
+    )
+
+
+def test_approval_at_execution__policy_now_always__approved_call_still_runs(
+    engine: Engine, registry: Registry, runner: OperationRunner, bank: Bank
+) -> None:
+    operation_id, approval_id = admit_payment(engine, registry, 60_000, "req-big")
+    assert approval_id is not None
+    with engine.begin() as conn:
+        assert store.approve(conn, approval_id, approver=BOB, registry=registry).decided
+    registry.replace(pay_tool(bank, Approval.always()))
+
+    runner.handle(operation_id)
+
+    assert bank.runs == [operation_id]
+    assert isinstance(only_result(engine, "req-big"), Succeeded)
+
+
+# ------------------------------------------------------------------ current roles
+
+
+def test_roles_at_execution__role_revoked_in_the_application__permission_denied_no_run(
+    engine: Engine, registry: Registry, runner: OperationRunner, bank: Bank
+) -> None:
+    # Given a payment admitted while alice is a member
+    operation_id, _ = admit_payment(engine, registry, 100, "req-1")
+    # ... and the application has since taken her role away
+    current: dict[str, Iterable[str]] = {"alice": ()}
+    registry.set_role_resolver(lambda ctx: current[ctx.principal])
+
+    runner.handle(operation_id)
+
+    assert bank.runs == []
+    assert only_result(engine, "req-1").error.code == "permission_denied"
+    assert terminal_decision(engine, operation_id)[2] == "permission_denied_at_execution"
+
+
+def test_roles_at_execution__resolver_answers__tool_runs_with_the_current_roles(
+    engine: Engine, registry: Registry, runner: OperationRunner, bank: Bank
+) -> None:
+    operation_id, _ = admit_payment(engine, registry, 100, "req-1")
+    registry.set_role_resolver(lambda ctx: ["member", "auditor"])
+
+    runner.handle(operation_id)
+
+    assert bank.runs == [operation_id]
+    assert bank.seen_roles == [frozenset({"member", "auditor"})]
+
+
+def test_roles_at_execution__resolver_raises__fails_closed_permission_denied(
+    engine: Engine, registry: Registry, runner: OperationRunner, bank: Bank
+) -> None:
+    operation_id, _ = admit_payment(engine, registry, 100, "req-1")
+
+    def unreachable_directory(ctx: ServerContext) -> list[str]:
+        raise ConnectionError("directory down")
+
+    registry.set_role_resolver(unreachable_directory)
+
+    runner.handle(operation_id)
+
+    assert bank.runs == []
+    result = only_result(engine, "req-1")
+    assert result.error.code == "permission_denied"
+    assert [d.code for d in result.error.details] == ["role_resolver_failed"]
+    assert "directory" not in result.model_dump_json()
