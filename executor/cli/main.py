@@ -293,6 +293,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         receipt_rows = conn.execute(
             select(receipts).where(receipts.c.operation_id == args.operation_id)
         ).all()
+    error = json.loads(row.error) if row.error else None
     _print_json(
         {
             "operation_id": row.operation_id,
@@ -303,6 +304,13 @@ def cmd_show(args: argparse.Namespace) -> int:
             "generation": row.generation,
             "attempts": row.attempts,
             "error_code": row.error_code,
+            # Why, as a stable code: the first detail at path "" (an MCP call's
+            # `mcp_timeout`, `mcp_connection_lost`, ...), then the stored error.
+            "cause": next(
+                (d.get("code") for d in (error or {}).get("details") or [] if d.get("path") == ""),
+                None,
+            ),
+            "error": error,
             "receipt": row.receipt,
             "receipts": [
                 {"receipt": r.receipt, "generation": r.generation, "accepted": r.accepted}
@@ -414,6 +422,15 @@ def cmd_pending(args: argparse.Namespace) -> int:
                 "generation": r.generation,
                 "since": r.updated_at,
                 "reason": json.loads(r.error).get("message") if r.error else None,
+                # The stable cause code, as `toolfence show` prints it.
+                "cause": next(
+                    (
+                        d.get("code")
+                        for d in (json.loads(r.error) if r.error else {}).get("details") or []
+                        if d.get("path") == ""
+                    ),
+                    None,
+                ),
             }
             for r in rows
         ]
