@@ -445,11 +445,20 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
 
 
 def _cause(row: Any) -> str | None:
-    """Why an operation is where it is: the cause its error names (a write that went
-    beyond its approved set: `approval_scope_exceeded`), else its error code."""
+    """Why an operation is where it is, as a stable code: the cause its error names
+    (a write beyond its approved set: `approval_scope_exceeded`), else the first
+    detail at path "" (an MCP call's `mcp_timeout`, `mcp_connection_lost`, ...),
+    else its error code."""
+    code = str(row.error_code) if row.error_code else None
     error = json.loads(row.error) if row.error else {}
-    cause = error.get("cause") if isinstance(error, dict) else None
-    return str(cause) if cause else row.error_code
+    if not isinstance(error, dict):
+        return code
+    if error.get("cause"):
+        return str(error["cause"])
+    for detail in error.get("details") or []:
+        if isinstance(detail, dict) and detail.get("path") == "" and detail.get("code"):
+            return str(detail["code"])
+    return code
 
 
 def cmd_pending(args: argparse.Namespace) -> int:

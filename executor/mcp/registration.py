@@ -40,7 +40,13 @@ from executor.core.tools import (
 )
 from executor.core.types import ServerContext
 from executor.mcp.correlation import CALL_HISTORY, McpCallRecord, current_provider_call_id
-from executor.mcp.errors import McpCallFailure, deadline_passed_failure, tool_error_failure
+from executor.mcp.errors import (
+    McpCallFailure,
+    StructuredToolError,
+    deadline_passed_failure,
+    structured_tool_error,
+    tool_error_failure,
+)
 from executor.mcp.sanitize import redact_json, sanitize_text
 from executor.mcp.schema import McpArguments, arguments_model, schema_fingerprint, schema_version_of
 from executor.mcp.session import (
@@ -360,7 +366,13 @@ class _Binding:
         )
         failure = outcome.failure
         if failure is None and outcome.result is not None and outcome.result.is_error:
-            failure = tool_error_failure(_error_text(outcome.result), self.policy.max_error_chars)
+            structured = structured_tool_error(outcome.result.structured_content)
+            failure = tool_error_failure(
+                _error_text(outcome.result, structured),
+                self.policy.max_error_chars,
+                structured,
+                may_retry=self.takeover_safe,
+            )
         record = McpCallRecord(
             server=self.spec.name,
             tool_name=self.tool_name,
@@ -490,6 +502,10 @@ def _clean(text: str | None, limit: int) -> str | None:
     return None if text is None else sanitize_text(text, limit)[0]
 
 
-def _error_text(result: mcp_types.CallToolResult) -> str:
+def _error_text(result: mcp_types.CallToolResult, structured: StructuredToolError | None) -> str:
     texts = [block.text for block in result.content if isinstance(block, mcp_types.TextContent)]
-    return "\n".join(texts) if texts else "(no error text)"
+    if texts:
+        return "\n".join(texts)
+    if structured is not None and structured.message:
+        return structured.message
+    return "(no error text)"

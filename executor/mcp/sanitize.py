@@ -34,6 +34,13 @@ _SHORT_NUMBER_RE = re.compile(r"^\d{1,5}$")
 _VALUE_END = r"[\s\"'&,;}\]]"
 _SEPARATOR = r"(?P<sep>[\"']?\s*[:=]\s*[\"']?)"
 
+# Every pattern runs in time linear in its input. A regex that may start at
+# every position and then scan a long run before failing (`\b[\w.-]*?token`
+# from each boundary of "a.a.a.…") is quadratic, and a hostile server's 16,000
+# characters then hold the GIL for seconds. So each pattern starts only where a
+# run of the characters it scans begins (a negative lookbehind), scans that run
+# once (possessive or atomic), and keeps what it skipped of the run (`lead`):
+# it redacts exactly what the boundary-anchored form would, from fewer starts.
 _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     # PEM blocks first: their body spans lines the other patterns would only nibble at.
     (
@@ -44,20 +51,30 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
         REDACTED,
     ),
     (re.compile(r"(?i)\b(Bearer|Basic|Token)\s+[A-Za-z0-9\-._~+/]{6,}=*"), rf"\1 {REDACTED}"),
-    # user:password@host in URLs.
-    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s:@]+:[^/\s@]+@"), rf"\1{REDACTED}@"),
-    # key=value, key: value, "key": "value" (the value stops at a delimiter).
+    # user:password@host in URLs. The scheme starts at a letter after a boundary;
+    # every such start in one run of scheme characters ends at the same "://",
+    # so the run is matched whole, from its first character, and kept.
     (
         re.compile(
-            rf"(?i)\b(?P<key>{_NAME_PREFIX}{_PASSWORD_WORDS}{_NAME_END}){_SEPARATOR}"
-            rf"(?P<value>[^\s\"'&,;}}\]]+)"
+            r"(?i)(?<![a-z0-9+.-])(?P<scheme>(?>(?<!\w)[a-z]|[a-z0-9+.-]*?[+.-][a-z])[a-z0-9+.-]*+://)"
+            r"[^/\s:@]++:[^/\s@]++@"
+        ),
+        rf"\g<scheme>{REDACTED}@",
+    ),
+    # key=value, key: value, "key": "value" (the value stops at a delimiter).
+    # The separator cannot start inside a name, so a name is a whole run of
+    # name characters ending in the secret word.
+    (
+        re.compile(
+            rf"(?i)(?<![\w.-])(?P<key>{_NAME_PREFIX}{_PASSWORD_WORDS})(?![\w.-]){_SEPARATOR}"
+            rf"(?P<value>[^\s\"'&,;}}\]]++)"
         ),
         rf"\g<key>\g<sep>{REDACTED}",
     ),
     (
         re.compile(
-            rf"(?i)\b(?P<key>{_NAME_PREFIX}{_TOKEN_WORDS}{_NAME_END}){_SEPARATOR}"
-            rf"(?P<value>(?!\d{{1,5}}(?:{_VALUE_END}|$))[^\s\"'&,;}}\]]+)"
+            rf"(?i)(?<![\w.-])(?P<key>{_NAME_PREFIX}{_TOKEN_WORDS})(?![\w.-]){_SEPARATOR}"
+            rf"(?P<value>(?!\d{{1,5}}(?:{_VALUE_END}|$))[^\s\"'&,;}}\]]++)"
         ),
         rf"\g<key>\g<sep>{REDACTED}",
     ),
@@ -65,10 +82,18 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (
         re.compile(
             r"\b(?:sk-[A-Za-z0-9_-]{16,}|gh[pousr]_[A-Za-z0-9]{20,}|"
-            r"xox[abprs]-[A-Za-z0-9-]{10,}|AKIA[0-9A-Z]{16}|"
-            r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,})"
+            r"xox[abprs]-[A-Za-z0-9-]{10,}|AKIA[0-9A-Z]{16})"
         ),
         REDACTED,
+    ),
+    # JWTs: every "eyJ" in one run of base64url characters reaches the same ".",
+    # so only the run's first one is tried (atomic), and the run's lead is kept.
+    (
+        re.compile(
+            r"(?<![A-Za-z0-9_-])(?P<lead>(?>[A-Za-z0-9_-]*?\b(?=eyJ)))"
+            r"eyJ[A-Za-z0-9_-]{8,}+\.[A-Za-z0-9_-]{8,}+\.[A-Za-z0-9_-]{8,}+"
+        ),
+        rf"\g<lead>{REDACTED}",
     ),
 )
 

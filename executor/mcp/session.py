@@ -9,6 +9,15 @@ session. Calls are bounded twice: the SDK's per-request timeout (which also
 sends `notifications/cancelled`), and a wall-clock bound on the calling thread
 in case the loop itself is wedged.
 
+Sessions heal. After a broken stream, or a request timeout the server does
+not answer a probe for either (stopped, wedged, deadlocked), the session is
+replaced: it is ended, its server process is SIGKILLed by its pinned pid
+after a short grace (process.py) and reaped, and the next call starts a fresh
+one. A server that answers the probe was only slow with that one call and
+keeps its session, so the calls it is serving meanwhile are not lost with it.
+Killing a session fails its other in-flight calls as `connection_lost`, whose
+writes are then classified like any unknown outcome.
+
 Each session is owned by one task that enters the SDK's context managers and
 leaves them in the same task (anyio cancel scopes are task-bound); calls run
 in their own tasks and share the session, which multiplexes by request id.
@@ -53,6 +62,7 @@ from executor.mcp.errors import (
     tool_changed_failure,
     unavailable_failure,
 )
+from executor.mcp.process import ServerProcess
 from executor.mcp.sanitize import sanitize_error_text
 from executor.mcp.schema import schema_fingerprint
 from executor.mcp.wire import (
@@ -71,6 +81,14 @@ CLIENT_INFO = Implementation(name="toolfence", version="0.1.0")
 # How long a retiring session may take to stop its server (the SDK itself
 # bounds stdin-close, SIGTERM and SIGKILL at 2 s each).
 _RETIRE_TIMEOUT_SECONDS = 10.0
+# A session being replaced (hung or broken) gets this long to exit on its
+# closed stdin before it is SIGKILLed; one closed on purpose gets the SDK's
+# own shutdown first, and the kill only as a backstop.
+_HEAL_KILL_AFTER_SECONDS = 0.5
+_CLOSE_KILL_AFTER_SECONDS = 5.0
+# After a request timeout: how long the server has to answer a probe to show
+# it is alive (a healthy one answers within milliseconds).
+_PROBE_TIMEOUT_SECONDS = 1.0
 # Slack on the caller's wall-clock bound over the SDK's own timeout.
 _FACADE_GRACE_SECONDS = 5.0
 _LIST_PAGE_CAP = 100
@@ -118,14 +136,32 @@ class _Session:
     observer: WireObserver
     tools: dict[str, mcp_types.Tool]
     owner: asyncio.Task[None]
+    process: ServerProcess | None
+    _retiring: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @property
     def alive(self) -> bool:
         return not self.observer.ended.is_set()
 
-    async def retire(self) -> None:
-        """End the session and wait (bounded) for its owner to stop the server."""
-        self.observer.mark_ended()
+    def retire_soon(self, kill_after: float = _HEAL_KILL_AFTER_SECONDS) -> asyncio.Task[None]:
+        """End the session now; its server is stopped by a task (one, however often asked)."""
+        if self._retiring is None:
+            self.observer.mark_ended()
+            self._retiring = asyncio.create_task(
+                self._stop(kill_after), name=f"{self.owner.get_name()}-retire"
+            )
+        return self._retiring
+
+    async def retire(self, kill_after: float = _HEAL_KILL_AFTER_SECONDS) -> None:
+        """End the session and wait (bounded) until its server is stopped."""
+        await asyncio.shield(self.retire_soon(kill_after))
+
+    async def _stop(self, kill_after: float) -> None:
+        # The owner's exit runs the SDK's shutdown (close stdin, SIGTERM, SIGKILL
+        # over ~4 s); a stopped or wedged server is killed sooner, by its pid.
+        done, _ = await asyncio.wait({self.owner}, timeout=kill_after)
+        if not done and self.process is not None:
+            self.process.kill()
         await _bounded_wait(self.owner, _RETIRE_TIMEOUT_SECONDS)
 
 
@@ -172,6 +208,8 @@ class McpServerConnection:
         self._session: _Session | None = None
         self._start_lock: asyncio.Lock | None = None
         self._closed = False
+        # Sessions being replaced, held until their server is stopped.
+        self._retiring: set[asyncio.Task[None]] = set()
 
     @property
     def closed(self) -> bool:
@@ -182,6 +220,14 @@ class McpServerConnection:
         """Whether a server process is up and its session has not ended (a snapshot)."""
         session = self._session
         return session is not None and session.alive
+
+    @property
+    def server_pid(self) -> int | None:
+        """The pid of the live session's server process (a snapshot), if known."""
+        session = self._session
+        if session is None or not session.alive or session.process is None:
+            return None
+        return session.process.pid
 
     # ------------------------------------------------ sync facade
 
@@ -301,7 +347,9 @@ class McpServerConnection:
                 owner = asyncio.current_task()
                 assert owner is not None
                 if not ready.done():
-                    ready.set_result(_Session(number, client, observer, tools, owner))
+                    ready.set_result(
+                        _Session(number, client, observer, tools, owner, transport.server_process)
+                    )
                 logger.info("MCP server %r session %d started", self.spec.name, number)
                 await observer.ended.wait()
         except asyncio.CancelledError:
@@ -377,7 +425,42 @@ class McpServerConnection:
                 failure = invalid_result_failure(sanitize_error_text(str(exc), 200))
         finally:
             session.observer.end_call(correlation_token)
+        if failure is not None and await self._broken(session, call):
+            self._replace(session, failure)
         return CallOutcome(result, failure, tuple(call.jsonrpc_request_ids), session.number)
+
+    @staticmethod
+    async def _broken(session: _Session, call: InFlightCall) -> bool:
+        """Whether a session that just failed a call can serve no other."""
+        if not session.alive:
+            # The stream broke (the process died or closed it), the server
+            # answered under a foreign id, or the session was torn down.
+            return True
+        if call.answered:
+            # The server's own error response: it is alive and talking.
+            return False
+        # Not answered but not broken: a request timeout. A slow tool leaves
+        # the server able to answer another request; a stopped or wedged one
+        # cannot. The probe is `tools/list` (every server here has tools, and
+        # `ping` is gone from the newer protocol versions the SDK negotiates).
+        try:
+            await asyncio.wait_for(session.client.list_tools(), _PROBE_TIMEOUT_SECONDS)
+        except Exception:  # noqa: BLE001 - any failed probe means the same: replace it
+            return True
+        return False
+
+    def _replace(self, session: _Session, failure: McpCallFailure) -> None:
+        """End `session` and kill its server in the background; the next call starts anew."""
+        if self._session is session:
+            self._session = None
+        pid = session.process.pid if session.process is not None else None
+        logger.warning(
+            "MCP server %r session %d (pid %s) replaced after %s",
+            self.spec.name, session.number, pid, failure.kind.value,
+        )
+        task = session.retire_soon()
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
 
     @staticmethod
     def _classify(
@@ -393,14 +476,16 @@ class McpServerConnection:
             return timeout_failure(timeout_seconds)
         return connection_lost_failure(call.delivered)
 
-    async def _retire_current(self) -> None:
+    async def _retire_current(self, kill_after: float = _HEAL_KILL_AFTER_SECONDS) -> None:
         current, self._session = self._session, None
         if current is not None:
-            await current.retire()
+            await current.retire(kill_after)
 
     async def _close(self) -> None:
         self._closed = True
-        await self._retire_current()
+        await self._retire_current(_CLOSE_KILL_AFTER_SECONDS)
+        if self._retiring:
+            await asyncio.wait(set(self._retiring), timeout=_RETIRE_TIMEOUT_SECONDS)
 
 
 class _ProcessConnections:

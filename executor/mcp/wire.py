@@ -33,6 +33,7 @@ from mcp.shared.message import SessionMessage
 from mcp_types import JSONRPCError, JSONRPCNotification, JSONRPCRequest, JSONRPCResponse
 
 from executor.mcp.correlation import JsonRpcId
+from executor.mcp.process import ServerProcess
 
 logger = logging.getLogger("toolfence.mcp.wire")
 
@@ -296,10 +297,13 @@ class ObservedStdioTransport:
         self._observer = observer
         self._errlog = errlog
         self._context: Any = None
+        # Set once the server is spawned: what healing kills.
+        self.server_process: ServerProcess | None = None
 
     async def __aenter__(self) -> tuple[ObservedReadStream, ObservedWriteStream]:
         self._context = stdio_client(self._params, errlog=self._errlog)
         read_stream, write_stream = await self._context.__aenter__()
+        self.server_process = ServerProcess.from_stdio_context(self._context)
         return (
             ObservedReadStream(read_stream, self._observer),
             ObservedWriteStream(write_stream, self._observer),
@@ -312,5 +316,9 @@ class ObservedStdioTransport:
         exc_tb: TracebackType | None,
     ) -> bool | None:
         self._observer.mark_ended()
-        result: bool | None = await self._context.__aexit__(exc_type, exc_val, exc_tb)
+        try:
+            result: bool | None = await self._context.__aexit__(exc_type, exc_val, exc_tb)
+        finally:
+            if self.server_process is not None:
+                self.server_process.release()
         return result

@@ -8,6 +8,7 @@ and large answers, mismatched response ids, crashes).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import multiprocessing.queues
@@ -63,7 +64,17 @@ FIXTURE_SERVER = str(Path(__file__).resolve().parents[1] / "fixtures" / "mcp_tes
 PUBLIC = ToolPolicy(access=Access.public_tool(), approval=Approval.never())
 SERVER_CTX = ServerContext(principal="alice", tenant="acme", roles=frozenset({"agent"}), request_id="req-1")
 FIXTURE_READS = (
-    "echo", "whoami", "slow", "large", "fail", "protocol_error", "wrong_id", "crash", "leak", "media",
+    "echo", "whoami", "slow", "large", "fail", "fail_structured", "protocol_error", "wrong_id",
+    "crash", "detach", "leak", "media",
+)
+# A short request timeout for the tests that hang a server on purpose.
+HANG_TIMEOUT_SECONDS = 3.0
+SHORT = ToolPolicy(
+    access=Access.public_tool(), approval=Approval.never(), timeout_seconds=HANG_TIMEOUT_SECONDS
+)
+SHORT_UNSAFE = ToolPolicy(
+    access=Access.public_tool(), approval=Approval.never(), effect=[Effect.UNSAFE],
+    timeout_seconds=HANG_TIMEOUT_SECONDS,
 )
 
 
@@ -207,6 +218,22 @@ def eventually(condition: Callable[[], bool], within: float) -> bool:
             return True
         time.sleep(0.05)
     return condition()
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of `pid` in /proc (R, S, T stopped, Z zombie, ...); None once reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return None
+
+
+def during_call(delay: float, action: Callable[[], None]) -> threading.Timer:
+    """Run `action` on another thread `delay` seconds from now (while a call is under way)."""
+    timer = threading.Timer(delay, action)
+    timer.start()
+    return timer
 
 
 def process_gone(pid: int, within: float) -> bool:
@@ -496,6 +523,57 @@ def test_tool_error__secrets_redacted_and_text_capped(
     assert len(failure.message) < 700
 
 
+@pytest.mark.parametrize(
+    ("policy", "code", "retryable", "code_shown", "expected_code", "expected_retryable"),
+    [
+        (PUBLIC, "rate_limited", True, "rate_limited", ErrorCode.UPSTREAM_UNAVAILABLE, True),
+        (PUBLIC, "not_found", False, "not_found", ErrorCode.EXECUTION_FAILED, False),
+        # Only a JSON true makes it retryable; a code that is not a plain name is dropped.
+        (PUBLIC, "Rate Limited!", "yes", None, ErrorCode.EXECUTION_FAILED, False),
+        # An unsafe write is never rerun on the server's word: terminal, the hint kept.
+        (
+            ToolPolicy(access=Access.public_tool(), approval=Approval.never(), effect=[Effect.UNSAFE]),
+            "rate_limited", True, "rate_limited", ErrorCode.EXECUTION_FAILED, False,
+        ),
+    ],
+    ids=["retryable", "terminal", "malformed", "unsafe-write"],
+)
+def test_tool_error__structured_error__classified_by_the_servers_retryable_flag(
+    own_fixture_server: Callable[[dict[str, ToolPolicy]], tuple[Registry, McpServerSpec]],
+    policy: ToolPolicy,
+    code: Any,
+    retryable: Any,
+    code_shown: str | None,
+    expected_code: ErrorCode,
+    expected_retryable: bool,
+) -> None:
+    registry, _ = own_fixture_server({"fail_structured": policy})
+
+    failure = run_failing(
+        registry, "fx.fail_structured",
+        {"message": "slow down; password=hunter2", "code": code, "retryable": retryable},
+    )
+
+    assert failure.kind is FailureKind.TOOL_ERROR and failure.outcome_unknown is False
+    assert (failure.code, failure.retryable) == (expected_code, expected_retryable)
+    details = [(d.path, d.code) for d in failure.details]
+    assert details[0] == ("", "mcp_tool_error")
+    assert (("structuredContent.error.code", code_shown) in details) is (code_shown is not None)
+    assert ("structuredContent.error.retryable", "retryable" if retryable is True else "terminal") in details
+    assert "hunter2" not in failure.message and "untrusted data from the tool" in failure.message
+
+
+def test_tool_error__structured_error_without_text__its_message_shown_sanitised(
+    fixture_server: tuple[Registry, McpRegistration],
+) -> None:
+    registry, _ = fixture_server
+
+    failure = run_failing(registry, "fx.fail_structured", {"message": "", "retryable": True})
+
+    assert "structured only" in failure.message
+    assert failure.code is ErrorCode.UPSTREAM_UNAVAILABLE and failure.retryable is True
+
+
 def test_success__secrets_in_output_redacted(fixture_server: tuple[Registry, McpRegistration]) -> None:
     registry, _ = fixture_server
 
@@ -507,7 +585,7 @@ def test_success__secrets_in_output_redacted(fixture_server: tuple[Registry, Mcp
     assert output.structured["note"] == "nothing secret here"
 
 
-def test_slow_answer__timeout_code_then_session_still_serves(
+def test_slow_answer__server_still_answers_ping__timeout_code_and_session_kept(
     fixture_server: tuple[Registry, McpRegistration],
 ) -> None:
     registry, registration = fixture_server
@@ -624,9 +702,69 @@ def test_server_killed_mid_call__retryable_then_next_call_restarts_it(
     assert isinstance(failure, McpCallFailure)
     assert failure.code is ErrorCode.UPSTREAM_UNAVAILABLE and failure.retryable is True
     assert failure.kind is FailureKind.CONNECTION_LOST and failure.outcome_unknown is True
+    assert [(d.path, d.code) for d in failure.details][0] == ("", "mcp_connection_lost")
     new_pid = server_pid(registry)
-    assert new_pid != pid
+    assert new_pid != pid and connection.server_pid == new_pid
     assert connection.sessions_started == sessions_before + 1
+    assert process_gone(pid, within=5)  # reaped: no zombie left behind
+
+
+@pytest.mark.parametrize(
+    ("policy", "retryable"), [(SHORT, True), (SHORT_UNSAFE, False)], ids=["read", "unsafe-write"]
+)
+def test_server_stopped_mid_call__timeout_then_next_call_on_a_fresh_process_and_stopped_one_killed(
+    own_fixture_server: Callable[[dict[str, ToolPolicy]], tuple[Registry, McpServerSpec]],
+    policy: ToolPolicy,
+    retryable: bool,
+) -> None:
+    registry, spec = own_fixture_server({"whoami": SHORT, "slow": policy})
+    connection = connection_for(spec)
+    pid = server_pid(registry)
+    # The pid the connection would kill is the server's own (it reports it itself).
+    assert connection.server_pid == pid
+    try:
+        stopper = during_call(0.3, lambda: os.kill(pid, signal.SIGSTOP))
+        started = time.monotonic()
+
+        failure = run_failing(registry, "fx.slow", {"seconds": 30})
+        stopper.join()
+
+        assert time.monotonic() - started < HANG_TIMEOUT_SECONDS + 3
+        assert failure.kind is FailureKind.TIMEOUT and failure.code is ErrorCode.TIMEOUT
+        # Whether it acted is unknown: a read retries, an unsafe write goes to a person.
+        assert failure.outcome_unknown is True and failure.retryable is retryable
+        assert [(d.path, d.code) for d in failure.details][0] == ("", "mcp_timeout")
+        next_call_started = time.monotonic()
+        new_pid = server_pid(registry)
+        assert time.monotonic() - next_call_started < HANG_TIMEOUT_SECONDS
+        assert new_pid != pid and connection.server_pid == new_pid
+        # Killed and reaped, not left stopped (or a zombie) until someone sends
+        # SIGCONT; and soon: the SDK's own SIGTERM-then-SIGKILL takes over 4 s.
+        assert process_gone(pid, within=2), process_state(pid)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_server_closes_its_stdout_mid_call__connection_lost_and_the_live_process_killed(
+    own_fixture_server: Callable[[dict[str, ToolPolicy]], tuple[Registry, McpServerSpec]],
+) -> None:
+    registry, spec = own_fixture_server({"whoami": SHORT, "detach": SHORT})
+    pid = server_pid(registry)
+    try:
+        started = time.monotonic()
+
+        failure = run_failing(registry, "fx.detach", {})
+
+        # The broken stream ends the call at once, not at its timeout.
+        assert time.monotonic() - started < HANG_TIMEOUT_SECONDS
+        assert failure.kind is FailureKind.CONNECTION_LOST and failure.retryable is True
+        # The server outlived its stream; it is killed, not left running.
+        assert process_gone(pid, within=5), process_state(pid)
+        assert server_pid(registry) != pid
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_server_killed_while_idle__next_call_restarts_it_transparently(

@@ -1,0 +1,169 @@
+"""The MCP sanitiser: what it redacts, and that it does so in time linear in its input.
+
+A hostile MCP server chooses its answer; a pattern that is quadratic in some
+input lets 16,000 characters hold the GIL for seconds (the worker's heartbeat
+starves and its lease is lost). Timing is asserted only as ratios measured in
+the same test: against plain text of the same length, and at 2n against n.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+from collections.abc import Callable
+
+import pytest
+
+from executor.mcp.sanitize import REDACTED, redact, redact_json, sanitize_text
+
+# ---------------------------------------------------------------- the reference
+
+# The boundary-anchored patterns the linear ones replaced: simple to read and
+# quadratic on some inputs. Short inputs cost nothing, so on those the linear
+# patterns must redact exactly what these do.
+_NAME = r"[\w.-]*?"
+_PASSWORD = (
+    r"(?:api[_-]?key|apikey|(?:secret|private|signing|access)[_-]?key|secret|passw(?:or)?d|pwd|"
+    r"passphrase|credentials?|auth(?:orization)?|cookie)"
+)
+_TOKEN = r"(?:token|session[_-]?id)"
+_SEP = r"(?P<sep>[\"']?\s*[:=]\s*[\"']?)"
+REFERENCE: tuple[tuple[re.Pattern[str], str], ...] = (
+    (
+        re.compile(
+            r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?(?:-----END [A-Z ]*PRIVATE KEY-----|\Z)", re.DOTALL
+        ),
+        REDACTED,
+    ),
+    (re.compile(r"(?i)\b(Bearer|Basic|Token)\s+[A-Za-z0-9\-._~+/]{6,}=*"), rf"\1 {REDACTED}"),
+    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s:@]+:[^/\s@]+@"), rf"\1{REDACTED}@"),
+    (
+        re.compile(rf"(?i)\b(?P<key>{_NAME}{_PASSWORD}(?![A-Za-z0-9])){_SEP}(?P<value>[^\s\"'&,;}}\]]+)"),
+        rf"\g<key>\g<sep>{REDACTED}",
+    ),
+    (
+        re.compile(
+            rf"(?i)\b(?P<key>{_NAME}{_TOKEN}(?![A-Za-z0-9])){_SEP}"
+            rf"(?P<value>(?!\d{{1,5}}(?:[\s\"'&,;}}\]]|$))[^\s\"'&,;}}\]]+)"
+        ),
+        rf"\g<key>\g<sep>{REDACTED}",
+    ),
+    (
+        re.compile(
+            r"\b(?:sk-[A-Za-z0-9_-]{16,}|gh[pousr]_[A-Za-z0-9]{20,}|"
+            r"xox[abprs]-[A-Za-z0-9-]{10,}|AKIA[0-9A-Z]{16}|"
+            r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,})"
+        ),
+        REDACTED,
+    ),
+)
+
+
+def reference_redact(text: str) -> str:
+    for pattern, replacement in REFERENCE:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+# Pieces that make the patterns' starts, runs and separators meet in every way.
+ATOMS = [
+    "a", "x", "1", "7", ".", "-", "_", "+", "/", ":", "=", "@", " ", '"', "'", "&", ",", ";", "}",
+    "]", "é", "\n", "token", "Token", "password", "pwd", "api_key", "apikey", "secret",
+    "session_id", "auth", "cookie", "eyJ", "sk-", "ghp_", "xoxb-", "AKIA", "://", "http",
+    "Bearer ", "Basic ", "-----BEGIN PRIVATE KEY-----", "-----END PRIVATE KEY-----",
+    "ABCDEFGHIJKLMNOP", "abcdefgh", "12345", "123456",
+]
+
+
+# ---------------------------------------------------------------- what it redacts
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("token=tok_live_9f8e7d", "token=[REDACTED]"),
+        ('{"api_key": "AKIAQWERTYUIOPASDFGH"}', '{"api_key": "[REDACTED]"}'),
+        ("db.password: hunter2; next", "db.password: [REDACTED]; next"),
+        ("fencingToken: 3", "fencingToken: 3"),
+        ("max_tokens=4096", "max_tokens=4096"),
+        ("Authorization: Bearer abcdef123456", "Authorization: [REDACTED] [REDACTED]"),
+        ("Bearer abcdef123456", "Bearer [REDACTED]"),
+        ("see https://user:pw@example.com/x", "see https://[REDACTED]@example.com/x"),
+        ("1-http://user:pw@example.com", "1-http://[REDACTED]@example.com"),
+        ("key sk-abcdefghijklmnop1234 end", "key [REDACTED] end"),
+        ("x-eyJhbGciOiJI.eyJzdWIiOiIx.c2lnbmF0dXJl!", "x-[REDACTED]!"),
+        ("-----BEGIN RSA PRIVATE KEY-----\nMIIB\n-----END RSA PRIVATE KEY-----", REDACTED),
+    ],
+)
+def test_redact__secret_shapes__redacted_and_their_surroundings_kept(text: str, shown: str) -> None:
+    assert redact(text) == shown
+
+
+def test_redact__random_short_inputs__exactly_what_the_boundary_anchored_patterns_redact() -> None:
+    rnd = random.Random(20_240_611)
+    for _ in range(30_000):
+        text = "".join(rnd.choice(ATOMS) for _ in range(rnd.randint(1, 24)))
+        assert redact(text) == reference_redact(text), text
+
+
+def test_redact_json__secret_named_members_and_shaped_strings_redacted() -> None:
+    value = {"password": "x", "sessionId": "abc", "fencingToken": 3, "note": "token=abcdef1"}
+
+    assert redact_json(value) == {
+        "password": REDACTED, "sessionId": REDACTED, "fencingToken": 3, "note": f"token={REDACTED}",
+    }
+
+
+# ---------------------------------------------------------------- how long it takes
+
+
+def _costs(*texts: str, rounds: int = 7) -> list[float]:
+    """The least of several timings of each text, taken in turns.
+
+    Noise on a shared machine only ever adds time, and taking turns spreads a
+    busy spell over all the texts instead of one.
+    """
+    best = [float("inf")] * len(texts)
+    for _ in range(rounds):
+        for index, text in enumerate(texts):
+            started = time.perf_counter()
+            sanitize_text(text, len(text))
+            best[index] = min(best[index], time.perf_counter() - started)
+    return best
+
+
+def _plain(n: int) -> str:
+    return ("The quick brown fox jumps over the lazy dog, again and again. " * (n // 60 + 1))[:n]
+
+
+ADVERSARIAL: dict[str, Callable[[int], str]] = {
+    "dotted words": lambda n: ("a." * n)[:n],
+    "key-like run": lambda n: ("a_b-c" * n)[:n],
+    "equals signs": lambda n: "=" * n,
+    "nested quotes": lambda n: ("\"'" * n)[:n],
+    "base64 run": lambda n: ("QUJD+/" * n)[:n],
+    "jwt-like run": lambda n: ("eyJ-" * n)[:n],
+    "secret words": lambda n: ("a.password" * n)[:n],
+    "token words": lambda n: ("token" * n)[:n],
+    "separators": lambda n: ("x: " * n)[:n],
+    "api key prefixes": lambda n: ("sk-" * n)[:n],
+    "github prefixes": lambda n: ("ghp-" * n)[:n],
+    "slack prefixes": lambda n: ("xoxa." * n)[:n],
+    "url schemes": lambda n: ("a://" * n)[:n],
+    "url userinfo": lambda n: ("a://b:" + "c" * n)[:n],
+    "pem header": lambda n: ("-----BEGIN " + "A " * n)[:n],
+    "bearer spaces": lambda n: ("Bearer" + " " * n)[:n],
+}
+
+
+@pytest.mark.parametrize("shape", sorted(ADVERSARIAL))
+def test_sanitize__adversarial_input__time_linear_in_its_length(shape: str) -> None:
+    make = ADVERSARIAL[shape]
+    n = 32_000  # twice DEFAULT_MAX_OUTPUT_CHARS: long enough to time above the noise
+    plain, hostile, hostile_doubled = _costs(_plain(n), make(n), make(2 * n))
+
+    # Quadratic patterns cost hundreds of times plain text here (seconds, not
+    # milliseconds), and four times as much at 2n; linear ones a small constant.
+    assert hostile / plain < 30, (shape, hostile, plain)
+    assert hostile_doubled / hostile < 3, (shape, hostile_doubled, hostile)
