@@ -7,14 +7,15 @@ Every name below is stable across the package layout (`executor/core`, `store`,
 loaded on first use (PEP 562), so `import executor.core.states` in a pure
 module does not pull in SQLAlchemy, Celery or an SDK through this file.
 
-- Declaring tools: `Tool`, `Mode`, `Effect`, `Access`, `Approval`, `RetryPolicy`,
+- Declaring tools: `Tool`, `Mode`, `Effect`, `Access`, `Approval`, `RetryPolicy`, `ToolBudget`,
   `Written`, `LookupAnswer`, `LookupResult`, `RunContext`, `Registry`,
   `load_registry`, and the failures a tool raises (`RetryableError`,
   `TerminalError`, `BusinessRuleViolation`, `StaleFencingToken`, ...).
 - Values: `ProposedCall`, `ServerContext`, the results (`Succeeded`,
   `FailedRetryable`, `FailedTerminal`, `Pending`), `ErrorCode`, `State`.
 - Producing: `enqueue`, `results`, `wait_for_results`, `final`, `settled`,
-  `default_operation_id`; `Settings`, `make_engine`, `get_engine`, `migrate`.
+  `default_operation_id`, `Budgets`, `BudgetLimits`; `Settings`, `make_engine`,
+  `get_engine`, `migrate`.
 - Provider surfaces: `SURFACES`, `Surface`, `AdapterError`,
   `encode_tool_name`, `decode_tool_name`; MCP: `register_mcp_server`, `ToolPolicy`.
 """
@@ -25,6 +26,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from executor.core.budgets import (
+        BudgetLimits,
+        Budgets,
+        ToolBudget,
+    )
     from executor.core.states import (
         State,
     )
@@ -99,6 +105,9 @@ if TYPE_CHECKING:
 
 # name -> module that defines it
 _EXPORTS: dict[str, str] = {
+    "BudgetLimits": "executor.core.budgets",
+    "Budgets": "executor.core.budgets",
+    "ToolBudget": "executor.core.budgets",
     "Access": "executor.core.tools",
     "Approval": "executor.core.tools",
     "BusinessRuleViolation": "executor.core.tools",
@@ -158,6 +167,8 @@ __all__ = [
     "Access",
     "AdapterError",
     "Approval",
+    "BudgetLimits",
+    "Budgets",
     "BusinessRuleViolation",
     "CallHandle",
     "CallResult",
@@ -190,6 +201,7 @@ __all__ = [
     "Surface",
     "TerminalError",
     "Tool",
+    "ToolBudget",
     "ToolDeclarationError",
     "ToolError",
     "ToolFailure",

@@ -18,6 +18,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from executor.core.budgets import ToolBudget
 from executor.core.types import ErrorCode, ErrorDetail, ServerContext
 
 ArgsT = TypeVar("ArgsT", bound=BaseModel)
@@ -240,6 +241,8 @@ class Tool(Generic[ArgsT]):
         retry: RetryPolicy = RetryPolicy(),
         retryable_exceptions: tuple[type[BaseException], ...] = (),
         timeout_seconds: float = 30.0,
+        repeatable: bool = False,
+        budget: ToolBudget | None = None,
     ) -> None:
         if not name or not isinstance(name, str):
             raise ToolDeclarationError("a tool needs a non-empty name")
@@ -283,6 +286,8 @@ class Tool(Generic[ArgsT]):
             raise ToolDeclarationError(f"tool {name!r}: output_model must be a pydantic model")
         if retry.max_attempts < 1:
             raise ToolDeclarationError(f"tool {name!r}: retry.max_attempts must be >= 1")
+        if budget is not None and not isinstance(budget, ToolBudget):
+            raise ToolDeclarationError(f"tool {name!r}: budget must be a ToolBudget")
         self.name = name
         self.description = description
         self.mode = Mode(mode)
@@ -302,6 +307,10 @@ class Tool(Generic[ArgsT]):
         self.retry = retry
         self.retryable_exceptions = retryable_exceptions
         self.timeout_seconds = timeout_seconds
+        # A write repeated in its request or conversation runs again only when the
+        # author says repeats are meant (two identical small payments).
+        self.repeatable = repeatable
+        self.budget = budget
 
     def stored_result(self, value: Any) -> dict[str, Any]:
         """What is stored for a successful call, whoever saw it succeed (worker or

@@ -28,6 +28,7 @@ from executor.store.audit import (
 from executor.store.clock import DATABASE_CLOCK, Clock, ManualClock
 from executor.store.intake import (
     add_outbox_row,
+    lock_scopes,
     record_call,
 )
 from executor.store.operations import (
@@ -58,9 +59,12 @@ from executor.store.ordering import (
     waiting_on_earlier,
 )
 from executor.store.reads import (
+    calls_of_request,
+    earlier_write,
     get_operation,
     lease_remaining,
     operations_in,
+    scope_usage,
 )
 from executor.store.receipts import (
     distinct_accepted_receipts,
@@ -99,16 +103,19 @@ __all__ = [
     "approval_for_operation",
     "approve",
     "audit_trail",
+    "calls_of_request",
     "complete",
     "deny",
     "distinct_accepted_receipts",
     "expire_approval",
     "due_retries",
+    "earlier_write",
     "expired_approvals",
     "fail_unstarted",
     "get_approval",
     "get_operation",
     "lease_remaining",
+    "lock_scopes",
     "mark_unknown",
     "mark_unknown_expired",
     "new_owner_token",
@@ -127,6 +134,7 @@ __all__ = [
     "reserve",
     "resolve",
     "runnable_queued",
+    "scope_usage",
     "stale_queued",
     "stale_started",
     "still_owner",

@@ -28,6 +28,8 @@ class NewOperation:
     needs_approval: bool
     impact: dict[str, Any] | None
     approval_ttl_seconds: float = 24 * 3600.0
+    tenant: str = ""
+    conversation_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,8 @@ class OperationRow:
     updated_at: float
     started_at: float | None
     finished_at: float | None
+    tenant: str = ""
+    conversation_id: str | None = None
 
     @classmethod
     def from_row(cls, row: Any) -> OperationRow:

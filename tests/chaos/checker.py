@@ -120,7 +120,7 @@ def check(history_path: Path) -> dict[str, Any]:
             })
     rejected = [
         invariants.RejectedCall(r["request_id"], r["call_id"],
-                                default_operation_id(r["request_id"], r["call_id"]))
+                                default_operation_id(r.get("tenant", ""), r["request_id"], r["call_id"]))
         for r in rejected_calls
     ]
     proposals = [

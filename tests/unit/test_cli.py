@@ -205,19 +205,19 @@ DUPLICATE_IDS = json.dumps(
 
 MISTAKES = {
     "bad-database-url-scheme": Mistake(
-        ["show", "op_x"], ["unsupported database URL scheme", "'mysql'"],
+        ["show", "op_x", "--tenant", "acme"], ["unsupported database URL scheme", "'mysql'"],
         env={"TOOLFENCE_DATABASE_URL": "mysql://x"},
     ),
     "unreachable-postgres": Mistake(
-        ["show", "op_x"], ["cannot reach the database", "port 1"],
+        ["show", "op_x", "--tenant", "acme"], ["cannot reach the database", "port 1"],
         env={"TOOLFENCE_DATABASE_URL": "postgresql+psycopg://postgres@127.0.0.1:1/toolfence"},
     ),
     "not-a-database-file": Mistake(
-        ["show", "op_x"], ["database error", "not a database"],
+        ["show", "op_x", "--tenant", "acme"], ["database error", "not a database"],
         env={"TOOLFENCE_DATABASE_URL": "sqlite:///{home}/notes.db"}, files={"notes.db": b"x" * 200},
     ),
     "missing-migration": Mistake(
-        ["show", "op_x"], ["no database at", "fresh.db", "run `toolfence migrate`"],
+        ["show", "op_x", "--tenant", "acme"], ["no database at", "fresh.db", "run `toolfence migrate`"],
         env={"TOOLFENCE_DATABASE_URL": "sqlite:///{home}/fresh.db"},
     ),
     "missing-migration-empty-file": Mistake(
@@ -228,7 +228,7 @@ MISTAKES = {
         ["migrate"], ["/proc/no-such-dir"], env={"TOOLFENCE_HOME": "/proc/no-such-dir"},
     ),
     "non-numeric-setting": Mistake(
-        ["show", "op_x"], ["TOOLFENCE_LEASE_SECONDS='abc' is not a number"],
+        ["show", "op_x", "--tenant", "acme"], ["TOOLFENCE_LEASE_SECONDS='abc' is not a number"],
         env={"TOOLFENCE_LEASE_SECONDS": "abc"},
     ),
     "unloadable-tools-module": Mistake(
@@ -239,8 +239,8 @@ MISTAKES = {
         ["reconcile"], ["TOOLFENCE_TOOLS='ledger.tools:credit'", "not a toolfence Registry"],
         env={"TOOLFENCE_TOOLS": "ledger.tools:credit"},
     ),
-    "unknown-operation-id": Mistake(["show", "op_nope"], ["no operation 'op_nope'"]),
-    "unknown-request-id": Mistake(["results", "req_nope"], ["no request 'req_nope'"]),
+    "unknown-operation-id": Mistake(["show", "op_nope", "--tenant", "acme"], ["no operation 'op_nope'"]),
+    "unknown-request-id": Mistake(["results", "req_nope", "--tenant", "acme"], ["no request 'req_nope'"]),
     "unknown-approval-id-approve": Mistake(
         ["approve", "apr_nope", "--approver", "bob"], ["no approval 'apr_nope'"]
     ),
@@ -282,7 +282,8 @@ MISTAKES = {
         files={"calls.json": b"{}"},
     ),
     "unknown-provider-surface-results": Mistake(
-        ["results", "req_x", "--provider", "claude"], ["unknown provider surface 'claude'", "anthropic"]
+        ["results", "req_x", "--tenant", "acme", "--provider", "claude"],
+        ["unknown provider surface 'claude'", "anthropic"],
     ),
     "provider-envelope-malformed": Mistake(
         ["enqueue", "msg.json", *WHO, "--provider", "anthropic"],
@@ -336,7 +337,7 @@ def test_user_mistake__rejected_batch__writes_nothing(
     with store_engine.get_engine(Settings.from_env().database_url).connect() as conn:
         assert conn.execute(select(func.count()).select_from(schema.calls)).scalar_one() == 0
         assert conn.execute(select(func.count()).select_from(schema.operations)).scalar_one() == 0
-    assert_one_line_error(cli("results", "req-dup"), "no request 'req-dup'")
+    assert_one_line_error(cli("results", "req-dup", "--tenant", "acme"), "no request 'req-dup'")
 
 
 def test_user_mistake__approving_twice__second_is_one_line(
@@ -362,7 +363,7 @@ def test_user_mistake__resolve_operation_not_reconciliation_pending__one_line(
     run = cli("resolve", operation_id, "failed", "--actor", "ops")
 
     assert_one_line_error(run, operation_id, "is not reconciliation_pending")
-    assert cli("show", operation_id).json()["state"] == "queued"
+    assert cli("show", operation_id, "--tenant", "acme").json()["state"] == "queued"
 
 
 def test_user_mistake__verbose__adds_the_traceback_for_a_bug_report(
@@ -398,7 +399,7 @@ def test_migrate__fresh_home__prints_revision_and_is_idempotent(
     fresh = home / "fresh-home"
     monkeypatch.setenv("TOOLFENCE_HOME", str(fresh))
     url = f"sqlite:///{fresh / 'toolfence.db'}"
-    assert_one_line_error(cli("show", "op_x"), "run `toolfence migrate`")
+    assert_one_line_error(cli("show", "op_x", "--tenant", "acme"), "run `toolfence migrate`")
     assert not fresh.exists()  # asking created nothing
 
     first, second = cli("migrate"), cli("migrate")
@@ -406,7 +407,7 @@ def test_migrate__fresh_home__prints_revision_and_is_idempotent(
     expected = f"schema at revision {head_revision(url)} ({url})\n"
     assert (first.code, first.out, first.err) == (0, expected, "")
     assert (second.code, second.out, second.err) == (0, expected, "")
-    assert_one_line_error(cli("show", "op_x"), "no operation 'op_x'")
+    assert_one_line_error(cli("show", "op_x", "--tenant", "acme"), "no operation 'op_x'")
 
 
 def test_enqueue__neutral_file__handle_with_operation_ids_and_pending_results(
@@ -431,7 +432,7 @@ def test_enqueue__neutral_file__handle_with_operation_ids_and_pending_results(
     assert rejected["status"] == "failed_terminal"
     assert rejected["error"]["code"] == "invalid_arguments_json"
 
-    results = cli("results", "req-1").json()
+    results = cli("results", "req-1", "--tenant", "acme").json()
 
     assert [(r["call_id"], r["tool_name"], r["status"]) for r in results] == [
         ("c1", BALANCE, "pending"), ("c2", CREDIT, "pending"), ("c3", BALANCE, "failed_terminal"),
@@ -478,8 +479,8 @@ def test_approvals__big_transfer__listed_with_impact_then_approved_once_and_anot
     assert (approved.code, approved.out) == (0, f"approved {listed[0]['approval_id']}\n")
     assert (denied.code, denied.out) == (0, f"denied {listed[1]['approval_id']}\n")
     assert cli("approvals").json() == []
-    [big_result] = cli("results", "req-big").json()
-    [other_result] = cli("results", "req-other").json()
+    [big_result] = cli("results", "req-big", "--tenant", "acme").json()
+    [other_result] = cli("results", "req-other", "--tenant", "acme").json()
     assert (big_result["status"], big_result["state"]) == ("pending", "queued")
     assert other_result["status"] == "failed_terminal"
     assert other_result["error"]["code"] == "approval_denied"
@@ -492,7 +493,7 @@ def test_show__approved_operation__state_generation_and_audit_trail(
     operation_id, approval_id = handle["calls"][0]["operation_id"], handle["calls"][0]["approval_id"]
     cli("approve", approval_id, "--approver", "bob")
 
-    shown = cli("show", operation_id).json()
+    shown = cli("show", operation_id, "--tenant", "acme").json()
 
     assert shown["operation_id"] == operation_id
     assert (shown["request_id"], shown["call_id"], shown["tool"]) == ("req-big", "t1", TRANSFER)
@@ -512,7 +513,7 @@ def test_show__executed_write__succeeded_with_its_receipt_and_generation(
     operation_id = handle["calls"][0]["operation_id"]
     execute_everything()
 
-    shown = cli("show", operation_id).json()
+    shown = cli("show", operation_id, "--tenant", "acme").json()
 
     assert (shown["state"], shown["generation"], shown["error_code"]) == ("succeeded", 1, None)
     assert shown["receipt"] and shown["receipts"] == [
@@ -553,7 +554,7 @@ def test_pending_and_resolve__unknown_outcome_of_unsafe_write__listed_then_resol
     assert swept.code == 0, swept.err
     assert [(p["operation_id"], p["tool"], p["call_id"]) for p in listed] == [(operation_id, NOTICE, "n1")]
     assert (resolved.code, resolved.out) == (0, f"resolved {operation_id} as succeeded\n")
-    shown = cli("show", operation_id).json()
+    shown = cli("show", operation_id, "--tenant", "acme").json()
     assert (shown["state"], shown["receipt"]) == ("succeeded", "ntc_manual")
     assert shown["audit"][-1]["actor"] == "ops"
     assert cli("pending").json() == []
@@ -802,7 +803,7 @@ def test_provider_round_trip__enqueue_execute_results__one_sdk_valid_result_per_
     assert [c["tool_name"] for c in handle["calls"]] == [BALANCE, CREDIT, BALANCE]
     assert [c["status"] for c in handle["calls"]] == ["pending", "pending", "failed_terminal"]
     published = execute_everything()
-    written = cli("results", request_id, "--provider", surface_name)
+    written = cli("results", request_id, "--tenant", "acme", "--provider", surface_name)
 
     assert written.code == 0, written.err
     assert sorted(published) == sorted(c["operation_id"] for c in handle["calls"][:2])
@@ -839,7 +840,7 @@ def test_provider_results__before_execution__pending_calls_answered_with_why(
     cli("enqueue", write_json(home / "msg.json", response), *WHO, "--provider", "anthropic",
         "--request-id", "req-wait")
 
-    written = cli("results", "req-wait", "--provider", "anthropic")
+    written = cli("results", "req-wait", "--tenant", "acme", "--provider", "anthropic")
 
     assert written.code == 0, written.err
     back = anthropic_back(response, written.json())
