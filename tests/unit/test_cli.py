@@ -440,6 +440,39 @@ def test_enqueue__neutral_file__handle_with_operation_ids_and_pending_results(
     assert [r["operation_id"] for r in results[:2]] == [first["operation_id"], second["operation_id"]]
 
 
+def test_enqueue__same_file_twice__same_answers_and_nothing_new(
+    home: Path, ledger: Ledger, cli: Callable[..., Run]
+) -> None:
+    calls = [
+        neutral("c1", CREDIT, {"account_id": "acc-2", "amount_cents": 700}),
+        neutral("c2", BALANCE, "{not json"),
+    ]
+    first = enqueue_neutral(cli, home, "req-twice", calls)
+
+    second = enqueue_neutral(cli, home, "req-twice", calls)
+    changed = enqueue_neutral(
+        cli, home, "req-twice", [neutral("c1", CREDIT, {"account_id": "acc-2", "amount_cents": 9})]
+    )
+
+    assert second == first
+    assert changed["calls"][0]["error"]["code"] == "idempotency_conflict"
+    engine = store_engine.get_engine(Settings.from_env().database_url)
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(schema.operations)).scalar_one() == 1
+        assert conn.execute(select(func.count()).select_from(schema.calls)).scalar_one() == 2
+
+
+def test_results__another_tenant__does_not_see_the_request(
+    home: Path, ledger: Ledger, cli: Callable[..., Run]
+) -> None:
+    handle = enqueue_neutral(cli, home, "req-own", [neutral("c1", BALANCE, {"account_id": "acc-1"})])
+
+    assert_one_line_error(cli("results", "req-own", "--tenant", "globex"), "no request 'req-own'")
+    assert_one_line_error(
+        cli("show", handle["calls"][0]["operation_id"], "--tenant", "globex"), "no operation"
+    )
+
+
 def test_enqueue__from_stdin__same_as_a_file(
     home: Path, ledger: Ledger, cli: Callable[..., Run], monkeypatch: pytest.MonkeyPatch
 ) -> None:
