@@ -406,7 +406,8 @@ class Campaign:
                 history.add_many("db.fenced", [dict(r._mapping) for r in conn.execute(select(ledger_fenced))])
                 call_rows = [dict(r._mapping) for r in conn.execute(
                     select(calls.c.tenant, calls.c.request_id, calls.c.call_id, calls.c.position,
-                           calls.c.tool_name, calls.c.operation_id, calls.c.gate)
+                           calls.c.tool_name, calls.c.operation_id, calls.c.gate,
+                           calls.c.reused_from_call_id)
                 )]
                 history.add_many("db.calls", call_rows)
                 request_ids = sorted({(r["tenant"], r["request_id"]) for r in call_rows})
