@@ -9,14 +9,15 @@ module does not pull in SQLAlchemy, Celery or an SDK through this file.
 
 - Declaring tools: `Tool`, `Mode`, `Effect`, `Access`, `Approval`,
   `ApproverPolicy` (with `ApprovalSubject`, `ApproverRefusal`), `RetryPolicy`,
-  `Written`, `Observed`, `LookupAnswer`, `LookupResult`, `RunContext`, `Registry`
-  (and its role resolver's `RoleResolutionFailed`),
+  `ToolBudget`, `Written`, `Observed`, `LookupAnswer`, `LookupResult`,
+  `RunContext`, `Registry` (and its role resolver's `RoleResolutionFailed`),
   `load_registry`, and the failures a tool raises (`RetryableError`,
   `TerminalError`, `BusinessRuleViolation`, `StaleFencingToken`, ...).
 - Values: `ProposedCall`, `ServerContext`, the results (`Succeeded`,
   `FailedRetryable`, `FailedTerminal`, `Pending`), `ErrorCode`, `State`.
 - Producing: `enqueue`, `results`, `wait_for_results`, `final`, `settled`,
-  `default_operation_id`; `Settings`, `make_engine`, `get_engine`, `migrate`.
+  `default_operation_id`, `Budgets`, `BudgetLimits`; `Settings`, `make_engine`,
+  `get_engine`, `migrate`.
 - Provider surfaces: `SURFACES`, `Surface`, `AdapterError`,
   `encode_tool_name`, `decode_tool_name`; provider-run calls: `HostedPolicy`,
   `HostedServer`, `NO_HOSTED_TOOLS`, `HostedCall`, `hosted_violations`;
@@ -33,6 +34,11 @@ if TYPE_CHECKING:
         ApprovalSubject,
         ApproverPolicy,
         ApproverRefusal,
+    )
+    from executor.core.budgets import (
+        BudgetLimits,
+        Budgets,
+        ToolBudget,
     )
     from executor.core.states import (
         State,
@@ -120,6 +126,9 @@ _EXPORTS: dict[str, str] = {
     "ApprovalSubject": "executor.core.approvers",
     "ApproverPolicy": "executor.core.approvers",
     "ApproverRefusal": "executor.core.approvers",
+    "BudgetLimits": "executor.core.budgets",
+    "Budgets": "executor.core.budgets",
+    "ToolBudget": "executor.core.budgets",
     "Access": "executor.core.tools",
     "Approval": "executor.core.tools",
     "BusinessRuleViolation": "executor.core.tools",
@@ -189,6 +198,8 @@ __all__ = [
     "ApprovalSubject",
     "ApproverPolicy",
     "ApproverRefusal",
+    "BudgetLimits",
+    "Budgets",
     "BusinessRuleViolation",
     "CallHandle",
     "CallResult",
@@ -227,6 +238,7 @@ __all__ = [
     "Surface",
     "TerminalError",
     "Tool",
+    "ToolBudget",
     "ToolDeclarationError",
     "ToolError",
     "ToolFailure",

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+
+from executor.core.budgets import BudgetLimits, Budgets, Scope
 
 
 def _float(name: str, default: float) -> float:
@@ -31,6 +34,36 @@ class SettingsError(ValueError):
     pass
 
 
+def _budgets() -> Budgets:
+    """TOOLFENCE_BUDGET_<SCOPE>_<LIMIT> (e.g. TOOLFENCE_BUDGET_REQUEST_MAX_CALLS), and
+    TOOLFENCE_BUDGET_TENANTS: JSON {tenant: {"request_max_calls": 10, ...}}, each
+    tenant's limits being these with the keys it names replaced."""
+    defaults = Budgets()
+    scopes = {}
+    for scope in Scope:
+        base = defaults.limits(scope)
+        values = {
+            f.name: _int(f"TOOLFENCE_BUDGET_{scope.value}_{f.name}".upper(), getattr(base, f.name))
+            for f in fields(BudgetLimits)
+        }
+        try:
+            scopes[scope.value] = BudgetLimits(**values)
+        except ValueError as exc:
+            raise SettingsError(f"TOOLFENCE_BUDGET_{scope.value.upper()}_*: {exc}") from None
+    budgets = Budgets(request=scopes["request"], conversation=scopes["conversation"])
+    raw = os.environ.get("TOOLFENCE_BUDGET_TENANTS", "")
+    if not raw.strip():
+        return budgets
+    try:
+        per_tenant = json.loads(raw)
+        if not isinstance(per_tenant, dict) or not all(isinstance(v, dict) for v in per_tenant.values()):
+            raise ValueError("expected {tenant: {limit: number}}")
+        tenants = {str(t): budgets.with_overrides(v) for t, v in per_tenant.items()}
+    except (ValueError, TypeError) as exc:
+        raise SettingsError(f"TOOLFENCE_BUDGET_TENANTS: {exc}") from None
+    return replace(budgets, tenants=tenants)
+
+
 def default_home() -> Path:
     return Path(os.environ.get("TOOLFENCE_HOME", Path.cwd() / ".toolfence"))
 
@@ -51,6 +84,7 @@ class Settings:
     metrics_dir: str | None = None
     tools_module: str = "ledger.tools:registry"
     fault_points: frozenset[str] = field(default_factory=frozenset)
+    budgets: Budgets = field(default_factory=Budgets)
 
     @property
     def visibility_timeout_seconds(self) -> float:
@@ -86,4 +120,5 @@ class Settings:
             metrics_dir=os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None,
             tools_module=os.environ.get("TOOLFENCE_TOOLS", "ledger.tools:registry"),
             fault_points=frozenset(p for p in faults.split(",") if p),
+            budgets=_budgets(),
         )

@@ -18,12 +18,16 @@ from sqlalchemy import Connection, Engine, select, text
 from sqlalchemy.orm import Session
 
 from executor import store
-from executor.core.admission import Admitted, Gate, Limits, Rejected, admit
+from executor.core.admission import Admitted, Gate, Limits, Rejected, admit, proposal_fingerprint
+from executor.core.budgets import Budgets, Exceeded, Scope
+from executor.core.budgets import exceeded as budget_exceeded
+from executor.core.budgets import refusal as budget_refusal
 from executor.core.states import State
 from executor.core.tools import Mode, Registry
 from executor.core.types import (
     CallStatus,
     ErrorCode,
+    ErrorDetail,
     FailedRetryable,
     FailedTerminal,
     Pending,
@@ -67,9 +71,10 @@ class EnqueueHandle:
         return {c.call_id: c.operation_id for c in self.calls if c.operation_id}
 
 
-def default_operation_id(request_id: str, call_id: str) -> str:
-    """Deterministic per (request, call): re-enqueueing the same request reuses the operations."""
-    digest = hashlib.sha256(f"{request_id}\0{call_id}".encode()).hexdigest()
+def default_operation_id(tenant: str, request_id: str, call_id: str) -> str:
+    """Deterministic per (tenant, request, call): re-enqueueing the same request reuses
+    the operations, and two tenants' requests of one id never share one."""
+    digest = hashlib.sha256(f"{tenant}\0{request_id}\0{call_id}".encode()).hexdigest()
     return f"op_{digest[:32]}"
 
 
@@ -87,6 +92,23 @@ def _check_batch(calls: Sequence[ProposedCall]) -> None:
         seen.add(call.call_id)
 
 
+@dataclass
+class _Order:
+    """Proposal order so far in this batch."""
+
+    write_blocked: bool = False  # an earlier write of this request did not/cannot succeed
+    earlier_write_admitted: bool = False  # an earlier write will run first (reads wait for it)
+    earlier_call_admitted: bool = False  # an earlier call will run first (writes wait for it)
+
+    def waits(self, is_write: bool) -> bool:
+        return self.earlier_call_admitted if is_write else self.earlier_write_admitted
+
+    def admitted(self, is_write: bool) -> None:
+        """An operation of this request that will run (or is running) comes before the next call."""
+        self.earlier_call_admitted = True
+        self.earlier_write_admitted = self.earlier_write_admitted or is_write
+
+
 def enqueue(
     session: Session | Connection,
     calls: Sequence[ProposedCall],
@@ -95,39 +117,66 @@ def enqueue(
     *,
     operation_ids: Mapping[str, str] | None = None,
     limits: Limits | None = None,
+    budgets: Budgets | None = None,
 ) -> EnqueueHandle:
     """Admit `calls` and write operations + outbox rows in the caller's transaction.
 
     Rejected calls get their terminal result at once and no outbox row. Writes run
     in proposal order: once a write of this request cannot succeed (rejected,
     conflicting, already failed), every later write ends `predecessor_failed`.
+
+    A call over its request's or conversation's budget ends `call_budget_exceeded`
+    before any gate runs. A write whose intent repeats an earlier write of the
+    request or conversation is not run again (unless its tool is `repeatable`): it
+    is answered from that call's operation (`reused_from_call_id`), or, if that
+    one failed, `repeated_failed_call`. Enqueueing a request again is idempotent:
+    a call id already recorded returns its stored status when the call is the
+    same, `idempotency_conflict` when it is not, and writes nothing.
     """
     _check_batch(calls)
     conn = _connection(session)
-    request_id = context.request_id
+    limits = limits or Limits()
+    budgets = (budgets or Budgets()).for_tenant(context.tenant)
+    store.lock_scopes(conn, context.tenant, context.request_id, context.conversation_id)
+    existing = store.calls_of_request(conn, context.tenant, context.request_id)
+    next_position = max((row.position for row in existing.values()), default=-1) + 1
+    order = _Order()
     handles: list[CallHandle] = []
-    write_blocked = False  # an earlier write of this request did not/cannot succeed
-    earlier_write_admitted = False  # an earlier write will run first (reads wait for it)
-    earlier_call_admitted = False  # an earlier call will run first (writes wait for it)
 
-    for position, call in enumerate(calls):
-        operation_id = (operation_ids or {}).get(call.call_id) or default_operation_id(
-            request_id, call.call_id
-        )
-        decision = admit(call, registry, context, limits or Limits())
+    for call in calls:
         tool = registry.get(call.tool_name)
         is_write = tool is not None and tool.mode is Mode.WRITE
+        fingerprint = proposal_fingerprint(call, registry, context, limits)
+        row = existing.get(call.call_id)
+        if row is not None:
+            handle, ok = _again(conn, call, row, fingerprint, registry)
+            handles.append(handle)
+            if isinstance(handle.status, Pending) and row.reused_from_call_id is None:
+                order.admitted(is_write)
+            order.write_blocked = order.write_blocked or (is_write and not ok)
+            continue
+        position, next_position = next_position, next_position + 1
+        record = _Recorder(conn, context, call, position, fingerprint)
+
+        over = _over_budget(conn, call, registry, context, budgets)
+        if over is not None:
+            refused = budget_refusal(call.call_id, call.tool_name, over)
+            label = _tool_label(call, registry)
+            metrics.PROPOSALS.labels(label, Gate.BUDGET, "rejected").inc()
+            metrics.BUDGET_EXCEEDED.labels(label, over.scope, over.budget).inc()
+            record(operation_id=None, gate=Gate.BUDGET, result=refused)
+            handles.append(CallHandle(call.call_id, call.tool_name, None, refused))
+            order.write_blocked = order.write_blocked or is_write
+            continue
+
+        decision = admit(call, registry, context, limits)
         if isinstance(decision, Rejected):
             metrics.PROPOSALS.labels(_tool_label(call, registry), decision.gate, "rejected").inc()
-            store.record_call(
-                conn, request_id=request_id, call_id=call.call_id, position=position,
-                tool_name=call.tool_name, operation_id=None, gate=decision.gate,
-                result=decision.result.model_dump(mode="json"),
-            )
+            record(operation_id=None, gate=decision.gate, result=decision.result)
             handles.append(CallHandle(call.call_id, call.tool_name, None, decision.result))
-            write_blocked = write_blocked or is_write
+            order.write_blocked = order.write_blocked or is_write
             continue
-        if is_write and write_blocked:
+        if is_write and order.write_blocked:
             result = FailedTerminal(
                 call_id=call.call_id, tool_name=call.tool_name,
                 error=ToolError(
@@ -136,31 +185,165 @@ def enqueue(
                 ),
             )
             metrics.PROPOSALS.labels(call.tool_name, Gate.ORDERING, "rejected").inc()
-            store.record_call(
-                conn, request_id=request_id, call_id=call.call_id, position=position,
-                tool_name=call.tool_name, operation_id=None, gate=Gate.ORDERING,
-                result=result.model_dump(mode="json"),
-            )
+            record(operation_id=None, gate=Gate.ORDERING, result=result)
             handles.append(CallHandle(call.call_id, call.tool_name, None, result))
             continue
-        waits = earlier_call_admitted if is_write else earlier_write_admitted
-        handle, ok = _register(conn, decision, operation_id, position, context, waits)
+        if is_write and not decision.tool.repeatable:
+            earlier = store.earlier_write(
+                conn, context.tenant, context.request_id, context.conversation_id, decision.intent_hash
+            )
+            if earlier is not None:
+                handle, ok = _repeat(conn, call, earlier, record)
+                handles.append(handle)
+                order.write_blocked = order.write_blocked or not ok
+                continue
+        operation_id = (operation_ids or {}).get(call.call_id) or default_operation_id(
+            context.tenant, context.request_id, call.call_id
+        )
+        handle, ok = _register(conn, decision, operation_id, position, context, order.waits(is_write), record)
         handles.append(handle)
         if handle.operation_id is not None and isinstance(handle.status, Pending):
-            earlier_call_admitted = True
-            earlier_write_admitted = earlier_write_admitted or is_write
+            order.admitted(is_write)
         if is_write and not ok:
-            write_blocked = True
+            order.write_blocked = True
 
     if conn.dialect.name == "postgresql":
         # Delivered at commit, and only if the caller commits: wakes the relay early.
         conn.execute(text(f"NOTIFY {NOTIFY_CHANNEL}"))
-    return EnqueueHandle(request_id, tuple(handles))
+    return EnqueueHandle(context.request_id, tuple(handles))
 
 
 def _tool_label(call: ProposedCall, registry: Registry) -> str:
     # Bounded label values: a model-invented tool name is not a label.
     return call.tool_name if call.tool_name in registry else "unknown"
+
+
+class _Recorder:
+    """Writes the call row of one new call (its scope, position and fingerprint)."""
+
+    def __init__(
+        self, conn: Connection, context: ServerContext, call: ProposedCall, position: int, fingerprint: str
+    ) -> None:
+        self.conn, self.context, self.call = conn, context, call
+        self.position, self.fingerprint = position, fingerprint
+
+    def __call__(
+        self,
+        *,
+        operation_id: str | None,
+        gate: Gate | None,
+        result: CallStatus | None,
+        reused_from_call_id: str | None = None,
+    ) -> None:
+        store.record_call(
+            self.conn, tenant=self.context.tenant, request_id=self.context.request_id,
+            conversation_id=self.context.conversation_id, call_id=self.call.call_id,
+            position=self.position, tool_name=self.call.tool_name, operation_id=operation_id,
+            gate=gate, result=None if result is None else result.model_dump(mode="json"),
+            proposal_hash=self.fingerprint, reused_from_call_id=reused_from_call_id,
+        )
+
+
+def _over_budget(
+    conn: Connection, call: ProposedCall, registry: Registry, context: ServerContext, budgets: Budgets
+) -> Exceeded | None:
+    """Would this call break its request's or its conversation's budget? Counted from
+    the database in this transaction (the scopes are locked: see `lock_scopes`)."""
+    tool = registry.get(call.tool_name)
+    is_write = tool is not None and tool.mode is Mode.WRITE
+    tool_budget = tool.budget if tool is not None else None
+    write_tools = [t.name for t in registry if t.mode is Mode.WRITE]
+    scopes: list[tuple[Scope, str | None]] = [(Scope.REQUEST, None)]
+    if context.conversation_id is not None:
+        scopes.append((Scope.CONVERSATION, context.conversation_id))
+    for scope, conversation_id in scopes:
+        usage = store.scope_usage(
+            conn, context.tenant, tool_name=call.tool_name, write_tools=write_tools,
+            request_id=context.request_id, conversation_id=conversation_id,
+        )
+        tool_limit = None
+        if tool_budget is not None:
+            tool_limit = tool_budget.per_request if scope is Scope.REQUEST else tool_budget.per_conversation
+        over = budget_exceeded(scope, budgets.limits(scope), usage, is_write=is_write, tool_limit=tool_limit)
+        if over is not None:
+            return over
+    return None
+
+
+def _again(
+    conn: Connection, call: ProposedCall, row: Any, fingerprint: str, registry: Registry
+) -> tuple[CallHandle, bool]:
+    """A call id this request already recorded: its stored status, or a conflict.
+
+    Nothing is written either way. Rows from before migration 0003 have no
+    fingerprint: an admitted one is compared by its operation's intent hash, a
+    rejected one is taken as the same call.
+    """
+    label = _tool_label(call, registry)
+    known = row.proposal_hash
+    if known is None and row.operation_id is not None and row.reused_from_call_id is None:
+        op = store.get_operation(conn, row.operation_id)
+        known = None if op is None else op.intent_hash
+    if known is not None and known != fingerprint:
+        metrics.IDEMPOTENCY.labels(label, "conflict").inc()
+        metrics.PROPOSALS.labels(label, Gate.REGISTRATION, "conflict").inc()
+        conflict = FailedTerminal(
+            call_id=call.call_id, tool_name=call.tool_name,
+            error=ToolError(
+                code=ErrorCode.IDEMPOTENCY_CONFLICT,
+                message="this call id of this request was already used for a different call",
+            ),
+        )
+        return CallHandle(call.call_id, call.tool_name, None, conflict), False
+    metrics.IDEMPOTENCY.labels(label, "re_enqueued").inc()
+    [status] = _statuses(conn, [row])
+    return CallHandle(call.call_id, row.tool_name, row.operation_id, status), _may_follow(status)
+
+
+def _may_follow(status: CallStatus) -> bool:
+    """May a later write of the request still run after this one?"""
+    if isinstance(status, Succeeded):
+        return True
+    return isinstance(status, Pending) and status.state != State.RECONCILIATION_PENDING.value
+
+
+def _repeat(
+    conn: Connection, call: ProposedCall, earlier: store.OperationRow, record: _Recorder
+) -> tuple[CallHandle, bool]:
+    """A write repeating `earlier` (same intent, same request or conversation): not run again."""
+    if earlier.state == State.FAILED_TERMINAL.value:
+        metrics.REPEATED_PROPOSALS.labels(earlier.tool_name, "failed").inc()
+        metrics.PROPOSALS.labels(earlier.tool_name, Gate.REPEAT, "rejected").inc()
+        failed = _repeated_failure(call.call_id, call.tool_name, earlier, operation_id=None)
+        record(operation_id=None, gate=Gate.REPEAT, result=failed, reused_from_call_id=earlier.call_id)
+        return CallHandle(call.call_id, call.tool_name, None, failed), False
+    metrics.REPEATED_PROPOSALS.labels(earlier.tool_name, "reused").inc()
+    metrics.PROPOSALS.labels(earlier.tool_name, Gate.REPEAT, "reused").inc()
+    record(
+        operation_id=earlier.operation_id, gate=Gate.REPEAT, result=None,
+        reused_from_call_id=earlier.call_id,
+    )
+    status = operation_status(
+        call.call_id, call.tool_name, earlier, now=store.read_now(conn)
+    ).model_copy(update={"reused_from_call_id": earlier.call_id})
+    if isinstance(status, Pending) and status.state == State.PENDING_APPROVAL.value:
+        approval = store.approval_for_operation(conn, earlier.operation_id)
+        status = status.model_copy(update={"approval_id": approval.approval_id if approval else None})
+    return CallHandle(call.call_id, call.tool_name, earlier.operation_id, status), _may_follow(status)
+
+
+def _repeated_failure(
+    call_id: str, tool_name: str, earlier: Any, *, operation_id: str | None
+) -> FailedTerminal:
+    return FailedTerminal(
+        call_id=call_id, tool_name=tool_name, operation_id=operation_id,
+        reused_from_call_id=earlier.call_id,
+        error=ToolError(
+            code=ErrorCode.REPEATED_FAILED_CALL,
+            message="an identical earlier call failed; it is not run again",
+            details=(ErrorDetail(path="", code=earlier.error_code or ErrorCode.EXECUTION_FAILED.value),),
+        ),
+    )
 
 
 def _register(
@@ -170,6 +353,7 @@ def _register(
     position: int,
     context: ServerContext,
     waits_for_earlier: bool,
+    record: _Recorder,
 ) -> tuple[CallHandle, bool]:
     """Register one admitted call. Returns its handle and whether a write may follow it."""
     call, tool = admitted.call, admitted.tool
@@ -190,13 +374,10 @@ def _register(
             impact=admitted.impact,
             approval_ttl_seconds=tool.approval.ttl_seconds,
             approved_resources=admitted.approved_resources,
+            tenant=context.tenant,
+            conversation_id=context.conversation_id,
         ),
     )
-    def record(*, operation_id: str | None, gate: Gate | None, result: dict[str, Any] | None) -> None:
-        store.record_call(
-            conn, request_id=context.request_id, call_id=call.call_id, position=position,
-            tool_name=call.tool_name, operation_id=operation_id, gate=gate, result=result,
-        )
 
     status: CallStatus
     if isinstance(outcome, store.Created):
@@ -242,7 +423,7 @@ def _register(
                 message="this operation id was already used for a different call",
             ),
         )
-    record(operation_id=None, gate=Gate.REGISTRATION, result=result.model_dump(mode="json"))
+    record(operation_id=None, gate=Gate.REGISTRATION, result=result)
     return CallHandle(call.call_id, call.tool_name, None, result), False
 
 
@@ -304,15 +485,37 @@ def _freshness(row: Any, stored: dict[str, Any], now: float | None) -> dict[str,
     return freshness
 
 
-def results(session: Session | Connection | Engine, request_id: str) -> list[CallStatus]:
-    """Exactly one status per proposed call of the request, in proposal order (I6)."""
+def _scope(who: ServerContext | str, request_id: str | None) -> tuple[str, str]:
+    if isinstance(who, ServerContext):
+        return who.tenant, request_id if request_id is not None else who.request_id
+    if request_id is None:
+        raise TypeError("results for a tenant need the request id")
+    return who, request_id
+
+
+def results(
+    session: Session | Connection | Engine, who: ServerContext | str, request_id: str | None = None
+) -> list[CallStatus]:
+    """Exactly one status per proposed call of the request, in proposal order (I6).
+
+    Only within the caller's tenant: `who` is the server context (its request by
+    default) or the tenant; another tenant's request of the same id is not seen.
+    """
+    tenant, request = _scope(who, request_id)
     if isinstance(session, Engine):
         with read_only(session).connect() as conn:
-            return results(conn, request_id)
+            return results(conn, tenant, request)
     conn = _connection(session)
     rows = conn.execute(
-        select(calls_table).where(calls_table.c.request_id == request_id).order_by(calls_table.c.position)
+        select(calls_table)
+        .where(calls_table.c.tenant == tenant, calls_table.c.request_id == request)
+        .order_by(calls_table.c.position)
     ).all()
+    return _statuses(conn, rows)
+
+
+def _statuses(conn: Connection, rows: Sequence[Any]) -> list[CallStatus]:
+    """The caller-facing status of each call row (stored result, or its operation's)."""
     ops = store.operations_in(conn, [r.operation_id for r in rows if r.operation_id and not r.result])
     approval_ids: dict[str, str] = {}
     if ops:
@@ -334,6 +537,14 @@ def results(session: Session | Connection | Engine, request_id: str) -> list[Cal
         status = operation_status(r.call_id, r.tool_name, op, now=now)
         if isinstance(status, Pending) and status.state == State.PENDING_APPROVAL.value:
             status = status.model_copy(update={"approval_id": approval_ids.get(op.operation_id)})
+        if r.reused_from_call_id is not None:
+            # A repeat answered from an earlier call: its outcome, or, once that one
+            # failed, the repeat's own code.
+            status = (
+                _repeated_failure(r.call_id, r.tool_name, op, operation_id=op.operation_id)
+                if isinstance(status, FailedTerminal)
+                else status.model_copy(update={"reused_from_call_id": r.reused_from_call_id})
+            )
         statuses.append(status)
     return statuses
 
@@ -375,19 +586,29 @@ def final(status: CallStatus) -> Succeeded | FailedRetryable | FailedTerminal:
 
 
 def wait_for_results(
-    engine: Engine, request_id: str, *, timeout: float, poll_seconds: float = 0.05
+    engine: Engine,
+    who: ServerContext | str,
+    request_id: str | None = None,
+    *,
+    timeout: float,
+    poll_seconds: float = 0.05,
 ) -> list[CallStatus]:
     """Poll until every call of the request is settled, or `timeout` passes."""
+    tenant, request = _scope(who, request_id)
     deadline = time.monotonic() + timeout
     while True:
-        statuses = results(engine, request_id)
+        statuses = results(engine, tenant, request)
         if all(settled(s) for s in statuses) or time.monotonic() >= deadline:
             return statuses
         time.sleep(poll_seconds)
 
 
-def request_exists(conn: Connection, request_id: str) -> bool:
-    query = select(calls_table.c.call_id).where(calls_table.c.request_id == request_id).limit(1)
+def request_exists(conn: Connection, tenant: str, request_id: str) -> bool:
+    query = (
+        select(calls_table.c.call_id)
+        .where(calls_table.c.tenant == tenant, calls_table.c.request_id == request_id)
+        .limit(1)
+    )
     return conn.execute(query).first() is not None
 
 
@@ -395,6 +616,7 @@ __all__ = [
     "CallHandle",
     "EnqueueHandle",
     "InvalidBatch",
+    "default_operation_id",
     "enqueue",
     "final",
     "operation_status",

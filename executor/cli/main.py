@@ -205,10 +205,14 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         tenant=args.tenant,
         roles=frozenset(r for r in args.roles.split(",") if r),
         request_id=args.request_id or f"req_{uuid.uuid4().hex[:16]}",
+        conversation_id=args.conversation_id,
+        turn_id=args.turn_id,
     )
     try:
+        # Enqueueing the same request again is idempotent: same calls → their stored
+        # statuses, a call id reused for another call → idempotency_conflict.
         with engine.begin() as conn:
-            handle = enqueue(conn, calls, context, registry)
+            handle = enqueue(conn, calls, context, registry, budgets=settings.budgets)
     except InvalidBatch as exc:
         raise UserError(f"{exc.code}: {exc}") from None
     _print_json(
@@ -258,12 +262,12 @@ def cmd_results(args: argparse.Namespace) -> int:
     from outbox.producer import final, request_exists, results, wait_for_results
 
     with engine.connect() as conn:
-        if not request_exists(conn, args.request_id):
-            raise UserError(f"no request {args.request_id!r}")
+        if not request_exists(conn, args.tenant, args.request_id):
+            raise UserError(f"no request {args.request_id!r} for tenant {args.tenant!r}")
     statuses = (
-        wait_for_results(engine, args.request_id, timeout=args.wait)
+        wait_for_results(engine, args.tenant, args.request_id, timeout=args.wait)
         if args.wait
-        else results(engine, args.request_id)
+        else results(engine, args.tenant, args.request_id)
     )
     if surface is not None:
         from executor.providers import AdapterError
@@ -288,8 +292,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     engine = _engine(_settings())
     with engine.connect() as conn:
         row = store.get_operation(conn, args.operation_id)
-        if row is None:
-            raise UserError(f"no operation {args.operation_id!r}")
+        if row is None or row.tenant != args.tenant:
+            # Another tenant's operation is answered like one that does not exist.
+            raise UserError(f"no operation {args.operation_id!r} for tenant {args.tenant!r}")
         trail = store.audit_trail(conn, args.operation_id)
         receipt_rows = conn.execute(
             select(receipts).where(receipts.c.operation_id == args.operation_id)
@@ -297,6 +302,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     _print_json(
         {
             "operation_id": row.operation_id,
+            "tenant": row.tenant,
             "request_id": row.request_id,
             "call_id": row.call_id,
             "tool": row.tool_name,
@@ -634,16 +640,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tenant", required=True, help="server context: tenant")
     p.add_argument("--principal", required=True, help="server context: principal")
     p.add_argument("--roles", default="member", help="comma-separated roles")
-    p.add_argument("--request-id", default=None)
+    p.add_argument("--request-id", default=None, help="scoped by tenant; enqueueing it again is idempotent")
+    p.add_argument("--conversation-id", default=None, help="server context: conversation (budgets, repeats)")
+    p.add_argument("--turn-id", default=None, help="server context: the conversation turn")
     p.add_argument("--provider", default=None, help="read the file as a provider response envelope")
 
     p = add("results", cmd_results, "Show one result per call of a request, in proposal order.")
     p.add_argument("request_id")
+    p.add_argument("--tenant", required=True, help="the request's tenant (request ids are per tenant)")
     p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS", help="wait until settled")
     p.add_argument("--provider", default=None, help="write results in a provider's envelope")
 
     p = add("show", cmd_show, "Show an operation: state, generations, receipts, audit trail.")
     p.add_argument("operation_id")
+    p.add_argument("--tenant", required=True, help="the operation's tenant")
 
     add("approvals", cmd_approvals, "List calls waiting for approval, with their impact.")
 

@@ -13,6 +13,7 @@ the error.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -33,10 +34,12 @@ DEFAULT_MAX_ARGUMENT_DEPTH = 32
 
 
 class Gate(StrEnum):
-    """Where a proposed call was decided: the admission gates in their order, then
-    proposal order and registration, which the producer applies. The values are what
-    `toolfence_calls.gate` stores and the proposals counter's `gate` label says."""
+    """Where a proposed call was decided: the call budget, the admission gates in
+    their order, then proposal order, repeated writes and registration, which the
+    producer applies. The values are what `toolfence_calls.gate` stores and the
+    proposals counter's `gate` label says."""
 
+    BUDGET = "budget"
     ALLOWLIST = "allowlist"
     PARSE = "parse"
     SCHEMA = "schema"
@@ -44,6 +47,7 @@ class Gate(StrEnum):
     BUSINESS_RULES = "business_rules"
     APPROVAL = "approval"
     ORDERING = "ordering"
+    REPEAT = "repeat"
     REGISTRATION = "registration"
 
 
@@ -559,6 +563,36 @@ def compute_intent_hash(
         resource_ids=resource_ids,
         approved_resources=approved_resources if tool.resources is not None else None,
     )
+
+
+def proposal_fingerprint(
+    call: ProposedCall, registry: Registry, ctx: ServerContext, limits: Limits = Limits()
+) -> str:
+    """What a call id of a request was used for, to tell a re-enqueue from a conflict.
+
+    The intent hash where the call parses and fits its schema (so it equals the
+    admitted operation's), else a hash of the call as written. Pure: no access
+    rule, check or approval hook runs, so re-enqueueing a request that already ran
+    gets the stored answers even where a business rule would now refuse the call.
+    """
+    tool = registry.get(call.tool_name)
+    if tool is not None:
+        try:
+            args = gate_schema(call, tool, gate_parse(call, limits))
+            return compute_intent_hash(tool, args, ctx)
+        except Exception:
+            pass  # refused by parse or schema, or a resource_ids hook raised: use the text
+    raw = call.arguments
+    if isinstance(raw, bytes):
+        written = raw.decode("utf-8", "surrogateescape")
+    elif isinstance(raw, str):
+        written = raw
+    else:
+        written = json.dumps(raw, sort_keys=True, default=str)
+    document = json.dumps(
+        [ctx.tenant, ctx.principal, call.tool_name, written], ensure_ascii=True
+    ).encode("utf-8", "surrogatepass")
+    return "p_" + hashlib.sha256(document).hexdigest()[:62]
 
 
 def admit(

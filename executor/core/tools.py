@@ -20,6 +20,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from executor.core.approvers import ApproverPolicy
+from executor.core.budgets import ToolBudget
 from executor.core.types import ErrorCode, ErrorDetail, ServerContext
 
 ArgsT = TypeVar("ArgsT", bound=BaseModel)
@@ -271,6 +272,8 @@ class Tool(Generic[ArgsT]):
         retryable_exceptions: tuple[type[BaseException], ...] = (),
         timeout_seconds: float = 30.0,
         max_age_seconds: float | None = None,
+        repeatable: bool = False,
+        budget: ToolBudget | None = None,
     ) -> None:
         if not name or not isinstance(name, str):
             raise ToolDeclarationError("a tool needs a non-empty name")
@@ -335,6 +338,8 @@ class Tool(Generic[ArgsT]):
             raise ToolDeclarationError(f"tool {name!r}: max_age_seconds is for reads only")
         if max_age_seconds is not None and not max_age_seconds > 0:
             raise ToolDeclarationError(f"tool {name!r}: max_age_seconds must be > 0")
+        if budget is not None and not isinstance(budget, ToolBudget):
+            raise ToolDeclarationError(f"tool {name!r}: budget must be a ToolBudget")
         self.name = name
         self.description = description
         self.mode = Mode(mode)
@@ -357,6 +362,10 @@ class Tool(Generic[ArgsT]):
         self.retryable_exceptions = retryable_exceptions
         self.timeout_seconds = timeout_seconds
         self.max_age_seconds = max_age_seconds
+        # A write repeated in its request or conversation runs again only when the
+        # author says repeats are meant (two identical small payments).
+        self.repeatable = repeatable
+        self.budget = budget
 
     def stored_result(self, value: Any) -> dict[str, Any]:
         """What is stored for a successful call, whoever saw it succeed (worker or

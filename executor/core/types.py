@@ -38,6 +38,8 @@ class ErrorCode(StrEnum):
     HOSTED_CALL_NOT_ALLOWED = "hosted_call_not_allowed"
     APPROVAL_SCOPE_EXCEEDED = "approval_scope_exceeded"
     APPROVER_NOT_ALLOWED = "approver_not_allowed"
+    REPEATED_FAILED_CALL = "repeated_failed_call"
+    CALL_BUDGET_EXCEEDED = "call_budget_exceeded"
 
 
 class _Frozen(BaseModel):
@@ -74,12 +76,17 @@ class ServerContext(_Frozen):
     """Who is asking, as established by the application's own authentication.
 
     Built by the server, never from model output: authorization reads only this.
+    `request_id` is scoped by `tenant`. `conversation_id` names the application's
+    conversation (repeated writes and call budgets are counted over it as well as
+    over the request); `turn_id` is carried for correlation.
     """
 
     principal: str
     tenant: str
     roles: frozenset[str] = frozenset()
     request_id: str
+    conversation_id: str | None = None
+    turn_id: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -87,6 +94,8 @@ class ServerContext(_Frozen):
             "tenant": self.tenant,
             "roles": sorted(self.roles),
             "request_id": self.request_id,
+            "conversation_id": self.conversation_id,
+            "turn_id": self.turn_id,
         }
 
     @classmethod
@@ -96,7 +105,13 @@ class ServerContext(_Frozen):
             tenant=data["tenant"],
             roles=frozenset(data.get("roles", ())),
             request_id=data["request_id"],
+            conversation_id=data.get("conversation_id"),
+            turn_id=data.get("turn_id"),
         )
+
+
+# `reused_from_call_id` on a status: this call repeated an earlier write of its request
+# or conversation and was answered from that call's operation, which did not run again.
 
 
 class Succeeded(_Frozen):
@@ -116,6 +131,7 @@ class Succeeded(_Frozen):
     source_time: float | None = None
     age_seconds: float | None = None
     stale: bool | None = None
+    reused_from_call_id: str | None = None
 
 
 class FailedRetryable(_Frozen):
@@ -124,6 +140,7 @@ class FailedRetryable(_Frozen):
     tool_name: str
     operation_id: str | None = None
     error: ToolError
+    reused_from_call_id: str | None = None
 
 
 class FailedTerminal(_Frozen):
@@ -132,6 +149,7 @@ class FailedTerminal(_Frozen):
     tool_name: str
     operation_id: str | None = None
     error: ToolError
+    reused_from_call_id: str | None = None
 
 
 CallResult = Annotated[Succeeded | FailedRetryable | FailedTerminal, Field(discriminator="status")]
@@ -150,6 +168,7 @@ class Pending(_Frozen):
     state: str
     impact: dict[str, Any] | None = None
     approval_id: str | None = None
+    reused_from_call_id: str | None = None
 
 
 CallStatus = Annotated[

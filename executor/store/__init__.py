@@ -30,6 +30,7 @@ from executor.store.audit import (
 from executor.store.clock import DATABASE_CLOCK, Clock, ManualClock, read_now
 from executor.store.intake import (
     add_outbox_row,
+    lock_scopes,
     record_call,
 )
 from executor.store.operations import (
@@ -61,9 +62,12 @@ from executor.store.ordering import (
     waiting_on_earlier,
 )
 from executor.store.reads import (
+    calls_of_request,
+    earlier_write,
     get_operation,
     lease_remaining,
     operations_in,
+    scope_usage,
 )
 from executor.store.receipts import (
     distinct_accepted_receipts,
@@ -106,17 +110,20 @@ __all__ = [
     "approval_for_operation",
     "approve",
     "audit_trail",
+    "calls_of_request",
     "complete",
     "deny",
     "distinct_accepted_receipts",
     "expire_approval",
     "due_retries",
+    "earlier_write",
     "expired_approvals",
     "fail_unstarted",
     "get_approval",
     "get_operation",
     "lease_remaining",
     "mark_scope_exceeded",
+    "lock_scopes",
     "mark_unknown",
     "mark_unknown_expired",
     "new_owner_token",
@@ -137,6 +144,7 @@ __all__ = [
     "reserve",
     "resolve",
     "runnable_queued",
+    "scope_usage",
     "stale_queued",
     "stale_started",
     "still_owner",

@@ -157,7 +157,9 @@ def register(conn: Connection, new: NewOperation, clock: Clock = DATABASE_CLOCK)
         operations,
         {
             "operation_id": new.operation_id,
+            "tenant": new.tenant,
             "request_id": new.request_id,
+            "conversation_id": new.conversation_id,
             "call_id": new.call_id,
             "position": new.position,
             "tool_name": new.tool_name,

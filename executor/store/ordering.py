@@ -1,5 +1,8 @@
 """Proposal order: which operations of a request must still wait for an earlier one.
 
+A request is (tenant, request id): two tenants' requests of one id never wait on
+each other.
+
 One predicate, `runnable_queued` ("queued and not waiting on an earlier call, so a
 worker should take it"), is what the reconciler's republishing (`stale_queued`),
 the wake-up of successors (`release_successors`) and the exporter's stuck gauge
@@ -70,6 +73,7 @@ def waiting_on_earlier(
         select(literal(1))
         .select_from(earlier)
         .where(
+            earlier.c.tenant == outer.c.tenant,
             earlier.c.request_id == outer.c.request_id,
             earlier.c.position < outer.c.position,
             or_(_is_write(earlier), _is_write(outer)),
@@ -107,7 +111,9 @@ def predecessor_failed(conn: Connection, operation_id: str) -> bool:
     `predecessor_failed` and the model decides what next, as for a failure.
     """
     op = conn.execute(
-        select(operations.c.request_id, operations.c.position, operations.c.mode).where(
+        select(
+            operations.c.tenant, operations.c.request_id, operations.c.position, operations.c.mode
+        ).where(
             operations.c.operation_id == operation_id
         )
     ).one_or_none()
@@ -117,6 +123,7 @@ def predecessor_failed(conn: Connection, operation_id: str) -> bool:
         select(func.count())
         .select_from(operations)
         .where(
+            operations.c.tenant == op.tenant,
             operations.c.request_id == op.request_id,
             operations.c.position < op.position,
             operations.c.mode == Mode.WRITE.value,
@@ -142,6 +149,7 @@ def release_successors(conn: Connection, operation_id: str, clock: Clock) -> Non
                 settled,
                 and_(
                     settled.c.operation_id == operation_id,
+                    operations.c.tenant == settled.c.tenant,
                     operations.c.request_id == settled.c.request_id,
                     operations.c.position > settled.c.position,
                 ),

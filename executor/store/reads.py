@@ -3,16 +3,27 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from sqlalchemy import (
+    ColumnElement,
     Connection,
+    Row,
+    and_,
+    case,
+    false,
+    func,
+    or_,
     select,
 )
 
+from executor.core.admission import Gate
+from executor.core.budgets import Usage
 from executor.core.states import State
+from executor.core.tools import Mode
 from executor.store.clock import DATABASE_CLOCK, Clock
 from executor.store.records import OperationRow
-from executor.store.schema import operations
+from executor.store.schema import calls, operations
 
 
 def get_operation(conn: Connection, operation_id: str) -> OperationRow | None:
@@ -40,3 +51,70 @@ def lease_remaining(conn: Connection, operation_id: str, clock: Clock = DATABASE
             operations.c.state == State.STARTED.value,
         )
     ).scalar_one_or_none()
+
+
+def calls_of_request(conn: Connection, tenant: str, request_id: str) -> dict[str, Row[Any]]:
+    """call id → its row, for one request of one tenant."""
+    rows = conn.execute(
+        select(calls).where(calls.c.tenant == tenant, calls.c.request_id == request_id)
+    ).all()
+    return {row.call_id: row for row in rows}
+
+
+def scope_usage(
+    conn: Connection,
+    tenant: str,
+    *,
+    tool_name: str,
+    write_tools: Iterable[str],
+    request_id: str | None = None,
+    conversation_id: str | None = None,
+) -> Usage:
+    """What one scope (a request, or a conversation) already holds, for its budget.
+
+    Counted from the calls table inside the caller's transaction, so the earlier
+    calls of the batch being enqueued count too; calls refused by a budget do not.
+    """
+    scope = (
+        calls.c.request_id == request_id if conversation_id is None
+        else calls.c.conversation_id == conversation_id
+    )
+    counted = or_(calls.c.gate.is_(None), calls.c.gate != Gate.BUDGET.value)
+    writes = list(write_tools)
+
+    def total(condition: ColumnElement[bool]) -> ColumnElement[Any]:
+        return func.coalesce(func.sum(case((condition, 1), else_=0)), 0)
+
+    row = conn.execute(
+        select(
+            func.count().label("calls"),
+            total(calls.c.tool_name.in_(writes) if writes else false()).label("writes"),
+            total(calls.c.tool_name == tool_name).label("tool_calls"),
+            total(and_(calls.c.gate == Gate.REPEAT.value, calls.c.result.is_not(None))).label("failures"),
+        ).where(calls.c.tenant == tenant, scope, counted)
+    ).one()
+    return Usage(
+        calls=int(row.calls), writes=int(row.writes), tool_calls=int(row.tool_calls),
+        repeated_failures=int(row.failures),
+    )
+
+
+def earlier_write(
+    conn: Connection, tenant: str, request_id: str, conversation_id: str | None, intent_hash: str
+) -> OperationRow | None:
+    """The first write of this request or conversation with this intent, if any."""
+    scope = operations.c.request_id == request_id
+    if conversation_id is not None:
+        scope = or_(scope, operations.c.conversation_id == conversation_id)
+    row = conn.execute(
+        select(operations)
+        .where(
+            operations.c.tenant == tenant,
+            operations.c.mode == Mode.WRITE.value,
+            operations.c.intent_hash == intent_hash,
+            scope,
+        )
+        .order_by(operations.c.created_at, operations.c.position)
+        .limit(1)
+    ).one_or_none()
+    return None if row is None else OperationRow.from_row(row)

@@ -31,6 +31,8 @@ class NewOperation:
     impact: dict[str, Any] | None
     approval_ttl_seconds: float = 24 * 3600.0
     approved_resources: frozenset[str] | None = None
+    tenant: str = ""
+    conversation_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -147,6 +149,8 @@ class OperationRow:
     started_at: float | None
     finished_at: float | None
     approved_resources: str | None = None
+    tenant: str = ""
+    conversation_id: str | None = None
 
     @classmethod
     def from_row(cls, row: Any) -> OperationRow:

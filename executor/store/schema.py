@@ -36,7 +36,10 @@ operations = Table(
     "toolfence_operations",
     metadata,
     Column("operation_id", String(200), primary_key=True),
+    # Request ids are scoped by tenant (migration 0004; older rows from their context).
+    Column("tenant", String(200), nullable=False, server_default=""),
     Column("request_id", String(200), nullable=False),
+    Column("conversation_id", String(200)),
     Column("call_id", String(200), nullable=False),
     Column("position", Integer, nullable=False),
     Column("tool_name", String(200), nullable=False),
@@ -93,21 +96,51 @@ Index(
     postgresql_where=operations.c.state.in_(ACTIVE_STATES),
     sqlite_where=operations.c.state.in_(ACTIVE_STATES),
 )
-Index("ix_toolfence_operations_request", operations.c.request_id, operations.c.position)
+Index(
+    "ix_toolfence_operations_request",
+    operations.c.tenant,
+    operations.c.request_id,
+    operations.c.position,
+)
+# A write repeating an earlier one of its conversation is found through this index.
+Index(
+    "ix_toolfence_operations_conversation_intent",
+    operations.c.tenant,
+    operations.c.conversation_id,
+    operations.c.intent_hash,
+    postgresql_where=operations.c.conversation_id.is_not(None),
+    sqlite_where=operations.c.conversation_id.is_not(None),
+)
 
+# One row per proposed call, keyed by (tenant, request id, call id). `proposal_hash`
+# tells a re-enqueue of the same call from a conflict; `reused_from_call_id` marks a
+# repeated write answered from an earlier call's operation (`operation_id` is that one).
 calls = Table(
     "toolfence_calls",
     metadata,
+    Column("tenant", String(200), primary_key=True, server_default=""),
     Column("request_id", String(200), primary_key=True),
     Column("call_id", String(200), primary_key=True),
+    Column("conversation_id", String(200)),
     Column("position", Integer, nullable=False),
     Column("tool_name", String(200), nullable=False),
     Column("operation_id", String(200)),
     Column("gate", String(32)),
     Column("result", Text),
+    Column("proposal_hash", String(64)),
+    Column("reused_from_call_id", String(200)),
     Column("created_at", Float, nullable=False),
 )
 Index("ix_toolfence_calls_operation", calls.c.operation_id)
+# Budgets count a conversation's calls through this index.
+Index(
+    "ix_toolfence_calls_conversation",
+    calls.c.tenant,
+    calls.c.conversation_id,
+    calls.c.tool_name,
+    postgresql_where=calls.c.conversation_id.is_not(None),
+    sqlite_where=calls.c.conversation_id.is_not(None),
+)
 # The exporter checks I6 only on calls admitted within a recent window (migration
 # 0002): a range scan on this index, so its cost follows throughput, not history.
 Index("ix_toolfence_calls_created", calls.c.created_at)

@@ -63,8 +63,18 @@ RETRIES = Counter(
 )
 IDEMPOTENCY = Counter(
     "toolfence_idempotency_total",
-    "Registrations that met an existing operation id.",
-    ["tool", "outcome"],  # reused | in_progress | conflict
+    "Registrations that met an existing operation id, or a call id its request already recorded.",
+    ["tool", "outcome"],  # reused | in_progress | conflict | re_enqueued
+)
+REPEATED_PROPOSALS = Counter(
+    "toolfence_repeated_proposals_total",
+    "Writes repeating an earlier one of their request or conversation, not run again.",
+    ["tool", "outcome"],  # reused | failed (answered repeated_failed_call)
+)
+BUDGET_EXCEEDED = Counter(
+    "toolfence_call_budget_exceeded_total",
+    "Calls refused because their request or conversation used its budget.",
+    ["tool", "scope", "budget"],  # scope: request | conversation; budget: max_calls, …
 )
 RECONCILER_ACTIONS = Counter(
     "toolfence_reconciler_actions_total",

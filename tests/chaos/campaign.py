@@ -405,14 +405,15 @@ class Campaign:
                 ])
                 history.add_many("db.fenced", [dict(r._mapping) for r in conn.execute(select(ledger_fenced))])
                 call_rows = [dict(r._mapping) for r in conn.execute(
-                    select(calls.c.request_id, calls.c.call_id, calls.c.position, calls.c.tool_name,
-                           calls.c.operation_id, calls.c.gate)
+                    select(calls.c.tenant, calls.c.request_id, calls.c.call_id, calls.c.position,
+                           calls.c.tool_name, calls.c.operation_id, calls.c.gate,
+                           calls.c.reused_from_call_id)
                 )]
                 history.add_many("db.calls", call_rows)
-                request_ids = sorted({r["request_id"] for r in call_rows})
+                request_ids = sorted({(r["tenant"], r["request_id"]) for r in call_rows})
                 finals = []
-                for request_id in request_ids:
-                    for status in results(conn, request_id):
+                for tenant, request_id in request_ids:
+                    for status in results(conn, tenant, request_id):
                         final: dict[str, Any] = {
                             "request_id": request_id, "call_id": status.call_id,
                             "tool_name": status.tool_name, "status": status.status,

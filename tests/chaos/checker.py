@@ -76,7 +76,10 @@ def _records(h: dict[str, list[dict[str, Any]]]) -> invariants.Records:
                                      r["recorded_at"])
             for r in h.get("db.receipts", [])
         ],
-        calls=[invariants.CallRecord(c["request_id"], c["call_id"], c.get("operation_id"))
+        # A repeated write answered from an earlier call points at that call's operation;
+        # it is not the operation's admission (the earlier call is).
+        calls=[invariants.CallRecord(c["request_id"], c["call_id"],
+                                     None if c.get("reused_from_call_id") else c.get("operation_id"))
                for c in h.get("db.calls", [])],
         effects=[
             invariants.EffectRecord(e["operation_id"], e["receipt"], e["generation"], e["at"],
@@ -113,14 +116,14 @@ def check(history_path: Path) -> dict[str, Any]:
     # An admission the client could only read back (ambiguous commit) is in the
     # calls table too; the calls table is the producer's own truth.
     for c in calls:
-        if c.get("operation_id"):
+        if c.get("operation_id") and not c.get("reused_from_call_id"):
             admitted_ops.setdefault(c["operation_id"], {
                 "request_id": c["request_id"], "call_id": c["call_id"], "tool": c["tool_name"],
                 "operation_id": c["operation_id"],
             })
     rejected = [
         invariants.RejectedCall(r["request_id"], r["call_id"],
-                                default_operation_id(r["request_id"], r["call_id"]))
+                                default_operation_id(r.get("tenant", ""), r["request_id"], r["call_id"]))
         for r in rejected_calls
     ]
     proposals = [

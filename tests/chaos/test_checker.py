@@ -36,7 +36,7 @@ def _events(tool: str = "ledger.transfer") -> list[dict[str, Any]]:
          "proposed_tool": tool, "operation_id": OP, "status": "pending"},
         {"kind": "admission", "request_id": "r1", "call_id": "c1", "tool": "ledger.get_balance",
          "proposed_tool": "ledger.get_balance", "operation_id": READ, "status": "pending"},
-        {"kind": "admission", "request_id": "r1", "call_id": "c2", "tool": "ledger.nope",
+        {"kind": "admission", "tenant": "t1", "request_id": "r1", "call_id": "c2", "tool": "ledger.nope",
          "proposed_tool": "ledger.nope", "operation_id": None, "status": "failed_terminal",
          "code": "unknown_tool"},
         {"kind": "quiet", "quiet_seconds": 1.0, "bound_seconds": 5.0},
@@ -134,7 +134,8 @@ def test_check__generation_going_back__i5(tmp_path: Path) -> None:
 
 def test_check__effect_for_a_rejected_call__unexpected_and_i7(tmp_path: Path) -> None:
     events = _events()
-    events.append({"kind": "db.effects", "receipt": "rc-x", "operation_id": default_operation_id("r1", "c2"),
+    rejected_op = default_operation_id("t1", "r1", "c2")
+    events.append({"kind": "db.effects", "receipt": "rc-x", "operation_id": rejected_op,
                    "idempotency_key": "k", "generation": 1, "at": 12.0, "effect_kind": "notice"})
     report = _check(tmp_path, events)
     assert report["counts"]["unexpected"] == 1

@@ -203,7 +203,7 @@ class Workload:
             admitted = self._enqueue(request_id, calls, context)
             if admitted is None:
                 continue
-            self._await_results(request_id, admitted)
+            self._await_results(context, admitted)
 
     def _enqueue(
         self, request_id: str, calls: list[ProposedCall], context: ServerContext
@@ -223,14 +223,14 @@ class Workload:
                 break
             except (OperationalError, DBAPIError):
                 # Did the commit land before the connection failed? Ask until we can.
-                landed = self._request_landed(request_id)
+                landed = self._request_landed(context)
                 if landed is None:
                     return None
                 if landed:
                     with self._lock:
                         self.ambiguous_enqueues += 1
                     self.history.add("enqueue_ambiguous", request_id=request_id, landed=True)
-                    admitted = self._read_back(request_id)
+                    admitted = self._read_back(context)
                     break
                 with self._lock:
                     self.enqueue_errors += 1
@@ -244,25 +244,29 @@ class Workload:
             self.request_ids.append(request_id)
         for entry in admitted:
             self.history.add(
-                "admission", request_id=request_id, proposed_tool=proposals[entry["call_id"]], **entry
+                "admission", tenant=context.tenant, request_id=request_id,
+                proposed_tool=proposals[entry["call_id"]], **entry,
             )
         return admitted
 
-    def _request_landed(self, request_id: str) -> bool | None:
+    def _request_landed(self, context: ServerContext) -> bool | None:
         while not self._abandon.is_set():
             try:
                 with self.engine.connect() as conn:
-                    return request_exists(conn, request_id)
+                    return request_exists(conn, context.tenant, context.request_id)
             except (OperationalError, DBAPIError):
                 time.sleep(0.2)
         return None
 
-    def _read_back(self, request_id: str) -> list[dict[str, Any]]:
+    def _read_back(self, context: ServerContext) -> list[dict[str, Any]]:
         while True:
             try:
                 with self.engine.connect() as conn:
                     rows = conn.execute(
-                        select(calls_table).where(calls_table.c.request_id == request_id)
+                        select(calls_table).where(
+                            calls_table.c.tenant == context.tenant,
+                            calls_table.c.request_id == context.request_id,
+                        )
                         .order_by(calls_table.c.position)
                     ).all()
                 break
@@ -280,7 +284,8 @@ class Workload:
             admitted.append(entry)
         return admitted
 
-    def _await_results(self, request_id: str, admitted: list[dict[str, Any]]) -> None:
+    def _await_results(self, context: ServerContext, admitted: list[dict[str, Any]]) -> None:
+        request_id = context.request_id
         if all(a["status"] != "pending" for a in admitted):
             return  # every call was decided at admission
         started = time.monotonic()
@@ -292,6 +297,7 @@ class Workload:
                 with self.engine.connect() as conn:
                     open_count = conn.execute(
                         select(func.count()).select_from(operations).where(
+                            operations.c.tenant == context.tenant,
                             operations.c.request_id == request_id,
                             operations.c.state.not_in(SETTLED_VALUES),
                         )
@@ -299,7 +305,7 @@ class Workload:
                 if open_count:
                     time.sleep(0.15)
                     continue
-                statuses = results(self.engine, request_id)
+                statuses = results(self.engine, context)
             except (OperationalError, DBAPIError):
                 time.sleep(0.2)
                 continue

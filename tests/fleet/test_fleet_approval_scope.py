@@ -60,9 +60,9 @@ def test_notice_batches__fifty_approved__fifty_succeed_fifty_one_waits_for_a_per
 
     # When the fleet runs them
     make_fleet(workers=1, concurrency=2, reconcile_every=None).start()
-    exact_result = wait_for_results(engine, "req-exact", timeout=60)
-    let_through = wait_for_results(engine, "req-overreach-False", timeout=60)
-    enforced = wait_for_results(engine, "req-overreach-True", timeout=60)
+    exact_result = wait_for_results(engine, "acme", "req-exact", timeout=60)
+    let_through = wait_for_results(engine, "acme", "req-overreach-False", timeout=60)
+    enforced = wait_for_results(engine, "acme", "req-overreach-True", timeout=60)
 
     # Then the exact batch succeeded: 50 notices
     assert [outcome(s) for s in exact_result] == [("succeeded", None)]

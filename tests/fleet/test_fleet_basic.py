@@ -32,7 +32,7 @@ def test_mixed_request__reads_overlap_writes_ordered__results_by_call_id(setting
     # When the producer enqueues them in its own transaction
     with engine.begin() as conn:
         enqueue(conn, calls, ctx, registry)
-    statuses = wait_for_results(engine, "req-mixed", timeout=30)
+    statuses = wait_for_results(engine, "acme", "req-mixed", timeout=30)
     # Then every call has one result, by call id, in proposal order
     assert [s.call_id for s in statuses] == ["r1", "w1", "r2", "w2", "r3"], fleet.logs()
     assert all(s.status == "succeeded" for s in statuses), (statuses, fleet.logs())

@@ -66,7 +66,7 @@ def test_concurrent_transfers_over_the_balance__never_negative__refusals_say_why
     fleet = make_fleet(
         workers=2, concurrency=2, env={"TOOLFENCE_LEDGER_LATENCY_MS": "100"}
     ).start()
-    statuses = [wait_for_results(engine, request_id, timeout=60)[0] for request_id in requests]
+    statuses = [wait_for_results(engine, "acme", request_id, timeout=60)[0] for request_id in requests]
     done.set()
     watcher.join(timeout=5)
 

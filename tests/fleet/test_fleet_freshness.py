@@ -37,7 +37,7 @@ def test_read__real_fleet__observed_at_on_database_clock_and_replay_reports_its_
         before = store.read_now(conn)
     with engine.begin() as conn:
         handle = enqueue(conn, [_balance("r1")], _context("req-fresh"), registry)
-    [first] = wait_for_results(engine, "req-fresh", timeout=30)
+    [first] = wait_for_results(engine, "acme", "req-fresh", timeout=30)
     assert isinstance(first, Succeeded), (first, fleet.logs())
     operation_id = handle.operation_ids["r1"]
     with engine.connect() as conn:

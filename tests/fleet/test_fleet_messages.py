@@ -104,7 +104,7 @@ def test_bad_messages__acknowledged_and_counted__worker_stays_alive_and_runs_goo
                       context("req-after-garbage"))
 
     # Then the same worker runs it, still alive with the same pool process
-    statuses = wait_for_results(engine, "req-after-garbage", timeout=60)
+    statuses = wait_for_results(engine, "acme", "req-after-garbage", timeout=60)
     assert [outcome(s) for s in statuses] == [("succeeded", None)]
     assert worker.alive() and children_of(worker.pid) == pool_before
     assert ledger.balance("acme-2") == 42

@@ -49,7 +49,7 @@ def test_mixed_request__reads_overlap__writes_in_order__results_by_call_id(
 
     # When the producer enqueues them in one transaction and the fleet runs them
     enqueue_committed(engine, calls, context("req-mixed-order"))
-    statuses = wait_for_results(engine, "req-mixed-order", timeout=60)
+    statuses = wait_for_results(engine, "acme", "req-mixed-order", timeout=60)
 
     # Then every call has exactly one result, in proposal order, with its own tool name
     assert [(s.call_id, s.tool_name) for s in statuses] == [(c.call_id, c.tool_name) for c in calls]
@@ -92,7 +92,7 @@ def test_write_after_failed_write__ends_predecessor_failed__never_runs(
 
     # When the fleet runs the request
     handle = enqueue_committed(engine, calls, context("req-pred-failed"))
-    statuses = wait_for_results(engine, "req-pred-failed", timeout=60)
+    statuses = wait_for_results(engine, "acme", "req-pred-failed", timeout=60)
 
     # Then w1 failed, and w2 ended predecessor_failed without running
     assert [(s.call_id, *outcome(s)) for s in statuses] == [

@@ -102,7 +102,7 @@ def test_rolled_back_producer_transaction__enqueues_nothing__nothing_runs(
     committed = enqueue_committed(
         engine, [call("ok", "ledger.credit", account_id="acme-2", amount_cents=7)], context("req-ok")
     )
-    statuses = wait_for_results(engine, "req-ok", timeout=60)
+    statuses = wait_for_results(engine, "acme", "req-ok", timeout=60)
     assert [outcome(s) for s in statuses] == [("succeeded", None)]
 
     # Then the rolled-back requests left no operation, call or outbox row

@@ -47,8 +47,8 @@ def test_permission_revoked_after_admission__permission_denied__handler_never_in
 
     # When the fleet runs both
     make_fleet(workers=1, concurrency=2, reconcile_every=None).start()
-    transferred = wait_for_results(engine, "req-transfer", timeout=60)
-    credited = wait_for_results(engine, "req-credit", timeout=60)
+    transferred = wait_for_results(engine, "acme", "req-transfer", timeout=60)
+    credited = wait_for_results(engine, "acme", "req-credit", timeout=60)
 
     # Then the transfer ends permission_denied, decided by the (fenced) owner of
     # generation 1, and its handler was never invoked: no money moved
@@ -89,8 +89,8 @@ def test_retryable_failure__backs_off_and_succeeds_later__past_budget_retry_budg
 
     # When the fleet runs them (the relay promotes due retries; no reconciler)
     make_fleet(workers=1, concurrency=2, reconcile_every=None).start()
-    recovered = wait_for_results(engine, "req-recovers", timeout=60)
-    exhausted = wait_for_results(engine, "req-never", timeout=60)
+    recovered = wait_for_results(engine, "acme", "req-recovers", timeout=60)
+    exhausted = wait_for_results(engine, "acme", "req-never", timeout=60)
 
     # Then the first succeeded on its third attempt, after two retry_wait rounds
     assert [outcome(s) for s in recovered] == [("succeeded", None)]

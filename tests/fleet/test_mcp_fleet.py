@@ -36,7 +36,7 @@ def test_mcp_tool__runs_through_fleet__result_correlated_and_untrusted(settings,
     # When the producer enqueues them
     with engine.begin() as conn:
         enqueue(conn, calls, ctx, registry)
-    statuses = wait_for_results(engine, "req-mcp", timeout=60)
+    statuses = wait_for_results(engine, "acme", "req-mcp", timeout=60)
     # Then the MCP call succeeded through the fleet, labelled untrusted, by its own call id
     by_id = {s.call_id: s for s in statuses}
     assert by_id["t1"].status == "succeeded", (statuses, fleet.logs())

@@ -191,7 +191,7 @@ def test_send_notices__fifty_approved_fifty_sent__succeeded_and_approver_saw_the
     assert json.loads(row.approved_resources or "null") == sorted(f"account:{a}" for a in FIFTY)
     assert ledger.notices_of_operation(call.operation_id) == sorted(FIFTY)
     assert len(set(receipts_of(engine, call.operation_id))) == 1
-    assert [s.status for s in results(engine, ALICE.request_id)] == ["succeeded"]
+    assert [s.status for s in results(engine, ALICE)] == ["succeeded"]
 
 
 def test_handler_changes_fifty_one_of_fifty_approved__reconciliation_pending_with_both_sets(
@@ -231,7 +231,7 @@ def test_handler_changes_fifty_one_of_fifty_approved__reconciliation_pending_wit
     )
     assert scope_exceeded_count("test.overreaching_notices") == before + 1
     # ... the caller is told a person will check it, and nothing about the sets
-    (status,) = results(engine, ALICE.request_id)
+    (status,) = results(engine, ALICE)
     assert isinstance(status, Pending) and status.state == "reconciliation_pending"
     assert status.impact is None
     # ... and the operator's commands show the cause
@@ -240,7 +240,7 @@ def test_handler_changes_fifty_one_of_fifty_approved__reconciliation_pending_wit
     assert main(["pending"]) == 0
     (pending,) = json.loads(capsys.readouterr().out)
     assert (pending["operation_id"], pending["cause"]) == (operation_id, "approval_scope_exceeded")
-    assert main(["show", operation_id]) == 0
+    assert main(["show", operation_id, "--tenant", "acme"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["cause"] == "approval_scope_exceeded"
     assert shown["error"]["outside_approved"]["ids"] == [f"account:{EXTRA}"]
@@ -265,7 +265,7 @@ def test_downstream_enforces_approved_set__refuses_the_batch__failed_terminal_no
     assert outcome.label is OutcomeLabel.FAILED_TERMINAL
     assert ledger.notices_of_operation(operation_id) == []
     assert receipts_of(engine, operation_id) == []
-    (status,) = results(engine, ALICE.request_id)
+    (status,) = results(engine, ALICE)
     assert status.status == "failed_terminal"
     assert status.error.code is ErrorCode.APPROVAL_SCOPE_EXCEEDED  # type: ignore[union-attr]
     assert [d.code for d in status.error.details] == ["outside_approved_set"]  # type: ignore[union-attr]

@@ -93,19 +93,26 @@ def test_migrate__url_with_password__idempotent_and_the_password_never_printed(
     ("args", "env", "fragments"),
     [
         pytest.param(
-            ["show", "op_x"],
+            ["show", "op_x", "--tenant", "acme"],
             {"TOOLFENCE_DATABASE_URL": "postgresql+psycopg://postgres@127.0.0.1:1/toolfence"},
             ["cannot reach the database", "port 1"], id="unreachable-postgres",
         ),
         pytest.param(
-            ["show", "op_x"],
+            ["show", "op_x", "--tenant", "acme"],
             {"TOOLFENCE_DATABASE_URL": "postgresql://postgres@127.0.0.1:5432/no_such_db_for_toolfence"},
             ["cannot reach the database", "no_such_db_for_toolfence", "does not exist"],
             id="no-such-database",
         ),
-        pytest.param(["show", "op_x"], {"TOOLFENCE_DATABASE_URL": "mysql://x"}, ["'mysql'"], id="bad-scheme"),
-        pytest.param(["show", "op_nope"], {}, ["no operation 'op_nope'"], id="unknown-operation"),
-        pytest.param(["results", "req_nope"], {}, ["no request 'req_nope'"], id="unknown-request"),
+        pytest.param(
+            ["show", "op_x", "--tenant", "acme"], {"TOOLFENCE_DATABASE_URL": "mysql://x"}, ["'mysql'"],
+            id="bad-scheme",
+        ),
+        pytest.param(
+            ["show", "op_nope", "--tenant", "acme"], {}, ["no operation 'op_nope'"], id="unknown-operation"
+        ),
+        pytest.param(
+            ["results", "req_nope", "--tenant", "acme"], {}, ["no request 'req_nope'"], id="unknown-request"
+        ),
         pytest.param(
             ["approve", "apr_nope", "--approver-principal", "bob", "--approver-tenant", "acme"], {},
             ["no approval"], id="unknown-approval",
@@ -115,7 +122,8 @@ def test_migrate__url_with_password__idempotent_and_the_password_never_printed(
             ["cannot reach the broker"], id="unreachable-broker",
         ),
         pytest.param(
-            ["show", "op_x"], {"TOOLFENCE_LEASE_SECONDS": "abc"}, ["not a number"], id="bad-setting"
+            ["show", "op_x", "--tenant", "acme"], {"TOOLFENCE_LEASE_SECONDS": "abc"}, ["not a number"],
+            id="bad-setting",
         ),
     ],
 )
@@ -250,7 +258,7 @@ def test_provider_turn__real_fleet__results_then_approval_then_the_transfer_resu
 
     toolfence("enqueue", str(tmp_path / "message.json"), *WHO, "--provider", "anthropic",
               "--request-id", "req-turn")
-    first = toolfence("results", "req-turn", "--wait", "30", "--provider", "anthropic")
+    first = toolfence("results", "req-turn", "--tenant", "acme", "--wait", "30", "--provider", "anthropic")
 
     answered = _tool_results(json.loads(first.stdout))
     codes = [(call_id, payload.get("error", {}).get("code"), err) for call_id, payload, err in answered]
@@ -267,7 +275,9 @@ def test_provider_turn__real_fleet__results_then_approval_then_the_transfer_resu
         "approve", pending["approval_id"], "--approver-principal", "bob", "--approver-tenant", "acme",
         "--approver-role", "approver",
     )
-    second = toolfence("results", "req-turn", "--wait", "30", "--provider", "anthropic")
+    second = toolfence(
+        "results", "req-turn", "--tenant", "acme", "--wait", "30", "--provider", "anthropic"
+    )
 
     read, move, bad = _tool_results(json.loads(second.stdout))
     assert (move[0], move[2]) == ("toolu_move", False)
@@ -279,6 +289,6 @@ def test_provider_turn__real_fleet__results_then_approval_then_the_transfer_resu
     assert read[1]["age_seconds"] >= answered[0][1]["age_seconds"]
     assert bad[1]["error"]["code"] == "invalid_arguments"
     assert (ledger.balance("acc-1"), ledger.balance("acc-2")) == (40_000, 60_000)
-    shown = json.loads(toolfence("show", pending["operation_id"]).stdout)
+    shown = json.loads(toolfence("show", pending["operation_id"], "--tenant", "acme").stdout)
     assert (shown["state"], shown["generation"]) == ("succeeded", 1)
     assert [r["receipt"] for r in shown["receipts"]] == [move[1]["output"]["receipt"]]

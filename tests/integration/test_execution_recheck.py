@@ -123,7 +123,7 @@ def terminal_decision(engine: Engine, operation_id: str) -> tuple[str | None, st
 
 
 def only_result(engine: Engine, request_id: str) -> Any:
-    [status] = results(engine, request_id)
+    [status] = results(engine, "acme", request_id)
     return status
 
 

@@ -158,7 +158,7 @@ def test_read__run_by_the_worker__observed_at_is_the_completing_statement_databa
     # When it runs a read whose handler gives the source's own timestamp
     operation_id = enqueue_and_run(engine, tools, runner, "req-live", [call("c1", "quotes.live")])["c1"]
     after = db_now(engine)
-    [status] = results(engine, "req-live")
+    [status] = results(engine, "acme", "req-live")
     read_at = db_now(engine)
     # Then observed_at is the database clock of the completion, not the worker's clock
     assert isinstance(status, Succeeded), status
@@ -200,7 +200,7 @@ def test_read__replayed_past_max_age__stored_result_returned_stale_with_its_age(
     # and only the one past its tool's max age is stale
     assert (live.stale, slow.stale) == (True, False)
     # The first request's results, read now, say the same
-    first_live, first_slow = results(engine, "req-first")
+    first_live, first_slow = results(engine, "acme", "req-first")
     assert isinstance(first_live, Succeeded) and isinstance(first_slow, Succeeded)
     assert (first_live.observed_at, first_live.stale) == (live.observed_at, True)
     assert first_live.age_seconds is not None and first_live.age_seconds >= live.age_seconds
@@ -212,7 +212,7 @@ def test_write__run_by_the_worker__receipt_has_observed_at_and_age_and_is_never_
 ) -> None:
     operation_id = enqueue_and_run(engine, tools, runner, "req-order", [call("o1", "orders.place")])["o1"]
 
-    [status] = results(engine, "req-order")
+    [status] = results(engine, "acme", "req-order")
 
     assert isinstance(status, Succeeded), status
     with engine.connect() as conn:
@@ -232,7 +232,7 @@ def test_read__naive_source_time__failed_terminal_invalid_result(
     outcome = runner.handle(handle.operation_ids["n1"])
 
     assert outcome.label is OutcomeLabel.FAILED_TERMINAL
-    [status] = results(engine, "req-naive")
+    [status] = results(engine, "acme", "req-naive")
     assert isinstance(status, FailedTerminal)
     assert status.error.code is ErrorCode.INVALID_RESULT
     assert "timezone-aware" in status.error.message

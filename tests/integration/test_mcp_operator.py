@@ -74,7 +74,7 @@ def test_show__mcp_tool_error__cause_and_the_servers_code_shown(
         "arguments": {"message": "no such order; token=tok_9f8e7d6c5b", "code": "not_found"},
     })
 
-    shown = toolfence(capsys, "show", operation_id)
+    shown = toolfence(capsys, "show", operation_id, "--tenant", "acme")
 
     assert (shown["state"], shown["error_code"], shown["cause"]) == (
         "failed_terminal", "execution_failed", "mcp_tool_error",
@@ -91,6 +91,6 @@ def test_show__mcp_read_timed_out__waiting_to_retry_with_cause_timeout(
         "call_id": "c1", "tool_name": "fx.slow", "arguments": {"seconds": 30},
     })
 
-    shown = toolfence(capsys, "show", operation_id)
+    shown = toolfence(capsys, "show", operation_id, "--tenant", "acme")
 
     assert (shown["state"], shown["error_code"], shown["cause"]) == ("retry_wait", "timeout", "mcp_timeout")

@@ -216,19 +216,19 @@ DUPLICATE_IDS = json.dumps(
 
 MISTAKES = {
     "bad-database-url-scheme": Mistake(
-        ["show", "op_x"], ["unsupported database URL scheme", "'mysql'"],
+        ["show", "op_x", "--tenant", "acme"], ["unsupported database URL scheme", "'mysql'"],
         env={"TOOLFENCE_DATABASE_URL": "mysql://x"},
     ),
     "unreachable-postgres": Mistake(
-        ["show", "op_x"], ["cannot reach the database", "port 1"],
+        ["show", "op_x", "--tenant", "acme"], ["cannot reach the database", "port 1"],
         env={"TOOLFENCE_DATABASE_URL": "postgresql+psycopg://postgres@127.0.0.1:1/toolfence"},
     ),
     "not-a-database-file": Mistake(
-        ["show", "op_x"], ["database error", "not a database"],
+        ["show", "op_x", "--tenant", "acme"], ["database error", "not a database"],
         env={"TOOLFENCE_DATABASE_URL": "sqlite:///{home}/notes.db"}, files={"notes.db": b"x" * 200},
     ),
     "missing-migration": Mistake(
-        ["show", "op_x"], ["no database at", "fresh.db", "run `toolfence migrate`"],
+        ["show", "op_x", "--tenant", "acme"], ["no database at", "fresh.db", "run `toolfence migrate`"],
         env={"TOOLFENCE_DATABASE_URL": "sqlite:///{home}/fresh.db"},
     ),
     "missing-migration-empty-file": Mistake(
@@ -239,7 +239,7 @@ MISTAKES = {
         ["migrate"], ["/proc/no-such-dir"], env={"TOOLFENCE_HOME": "/proc/no-such-dir"},
     ),
     "non-numeric-setting": Mistake(
-        ["show", "op_x"], ["TOOLFENCE_LEASE_SECONDS='abc' is not a number"],
+        ["show", "op_x", "--tenant", "acme"], ["TOOLFENCE_LEASE_SECONDS='abc' is not a number"],
         env={"TOOLFENCE_LEASE_SECONDS": "abc"},
     ),
     "unloadable-tools-module": Mistake(
@@ -250,8 +250,8 @@ MISTAKES = {
         ["reconcile"], ["TOOLFENCE_TOOLS='ledger.tools:credit'", "not a toolfence Registry"],
         env={"TOOLFENCE_TOOLS": "ledger.tools:credit"},
     ),
-    "unknown-operation-id": Mistake(["show", "op_nope"], ["no operation 'op_nope'"]),
-    "unknown-request-id": Mistake(["results", "req_nope"], ["no request 'req_nope'"]),
+    "unknown-operation-id": Mistake(["show", "op_nope", "--tenant", "acme"], ["no operation 'op_nope'"]),
+    "unknown-request-id": Mistake(["results", "req_nope", "--tenant", "acme"], ["no request 'req_nope'"]),
     "unknown-approval-id-approve": Mistake(
         ["approve", "apr_nope", *BOB], ["no approval 'apr_nope'"]
     ),
@@ -293,7 +293,8 @@ MISTAKES = {
         files={"calls.json": b"{}"},
     ),
     "unknown-provider-surface-results": Mistake(
-        ["results", "req_x", "--provider", "claude"], ["unknown provider surface 'claude'", "anthropic"]
+        ["results", "req_x", "--tenant", "acme", "--provider", "claude"],
+        ["unknown provider surface 'claude'", "anthropic"],
     ),
     "provider-envelope-malformed": Mistake(
         ["enqueue", "msg.json", *WHO, "--provider", "anthropic"],
@@ -347,7 +348,7 @@ def test_user_mistake__rejected_batch__writes_nothing(
     with store_engine.get_engine(Settings.from_env().database_url).connect() as conn:
         assert conn.execute(select(func.count()).select_from(schema.calls)).scalar_one() == 0
         assert conn.execute(select(func.count()).select_from(schema.operations)).scalar_one() == 0
-    assert_one_line_error(cli("results", "req-dup"), "no request 'req-dup'")
+    assert_one_line_error(cli("results", "req-dup", "--tenant", "acme"), "no request 'req-dup'")
 
 
 def test_user_mistake__approving_twice__second_is_one_line(
@@ -373,7 +374,7 @@ def test_user_mistake__resolve_operation_not_reconciliation_pending__one_line(
     run = cli("resolve", operation_id, "failed", "--actor", "ops")
 
     assert_one_line_error(run, operation_id, "is not reconciliation_pending")
-    assert cli("show", operation_id).json()["state"] == "queued"
+    assert cli("show", operation_id, "--tenant", "acme").json()["state"] == "queued"
 
 
 def test_user_mistake__verbose__adds_the_traceback_for_a_bug_report(
@@ -409,7 +410,7 @@ def test_migrate__fresh_home__prints_revision_and_is_idempotent(
     fresh = home / "fresh-home"
     monkeypatch.setenv("TOOLFENCE_HOME", str(fresh))
     url = f"sqlite:///{fresh / 'toolfence.db'}"
-    assert_one_line_error(cli("show", "op_x"), "run `toolfence migrate`")
+    assert_one_line_error(cli("show", "op_x", "--tenant", "acme"), "run `toolfence migrate`")
     assert not fresh.exists()  # asking created nothing
 
     first, second = cli("migrate"), cli("migrate")
@@ -417,7 +418,7 @@ def test_migrate__fresh_home__prints_revision_and_is_idempotent(
     expected = f"schema at revision {head_revision(url)} ({url})\n"
     assert (first.code, first.out, first.err) == (0, expected, "")
     assert (second.code, second.out, second.err) == (0, expected, "")
-    assert_one_line_error(cli("show", "op_x"), "no operation 'op_x'")
+    assert_one_line_error(cli("show", "op_x", "--tenant", "acme"), "no operation 'op_x'")
 
 
 def test_enqueue__neutral_file__handle_with_operation_ids_and_pending_results(
@@ -442,12 +443,45 @@ def test_enqueue__neutral_file__handle_with_operation_ids_and_pending_results(
     assert rejected["status"] == "failed_terminal"
     assert rejected["error"]["code"] == "invalid_arguments_json"
 
-    results = cli("results", "req-1").json()
+    results = cli("results", "req-1", "--tenant", "acme").json()
 
     assert [(r["call_id"], r["tool_name"], r["status"]) for r in results] == [
         ("c1", BALANCE, "pending"), ("c2", CREDIT, "pending"), ("c3", BALANCE, "failed_terminal"),
     ]
     assert [r["operation_id"] for r in results[:2]] == [first["operation_id"], second["operation_id"]]
+
+
+def test_enqueue__same_file_twice__same_answers_and_nothing_new(
+    home: Path, ledger: Ledger, cli: Callable[..., Run]
+) -> None:
+    calls = [
+        neutral("c1", CREDIT, {"account_id": "acc-2", "amount_cents": 700}),
+        neutral("c2", BALANCE, "{not json"),
+    ]
+    first = enqueue_neutral(cli, home, "req-twice", calls)
+
+    second = enqueue_neutral(cli, home, "req-twice", calls)
+    changed = enqueue_neutral(
+        cli, home, "req-twice", [neutral("c1", CREDIT, {"account_id": "acc-2", "amount_cents": 9})]
+    )
+
+    assert second == first
+    assert changed["calls"][0]["error"]["code"] == "idempotency_conflict"
+    engine = store_engine.get_engine(Settings.from_env().database_url)
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(schema.operations)).scalar_one() == 1
+        assert conn.execute(select(func.count()).select_from(schema.calls)).scalar_one() == 2
+
+
+def test_results__another_tenant__does_not_see_the_request(
+    home: Path, ledger: Ledger, cli: Callable[..., Run]
+) -> None:
+    handle = enqueue_neutral(cli, home, "req-own", [neutral("c1", BALANCE, {"account_id": "acc-1"})])
+
+    assert_one_line_error(cli("results", "req-own", "--tenant", "globex"), "no request 'req-own'")
+    assert_one_line_error(
+        cli("show", handle["calls"][0]["operation_id"], "--tenant", "globex"), "no operation"
+    )
 
 
 def test_enqueue__from_stdin__same_as_a_file(
@@ -489,8 +523,8 @@ def test_approvals__big_transfer__listed_with_impact_then_approved_once_and_anot
     assert (approved.code, approved.out) == (0, f"approved {listed[0]['approval_id']}\n")
     assert (denied.code, denied.out) == (0, f"denied {listed[1]['approval_id']}\n")
     assert cli("approvals").json() == []
-    [big_result] = cli("results", "req-big").json()
-    [other_result] = cli("results", "req-other").json()
+    [big_result] = cli("results", "req-big", "--tenant", "acme").json()
+    [other_result] = cli("results", "req-other", "--tenant", "acme").json()
     assert (big_result["status"], big_result["state"]) == ("pending", "queued")
     assert other_result["status"] == "failed_terminal"
     assert other_result["error"]["code"] == "approval_denied"
@@ -520,7 +554,7 @@ def test_approve_or_deny__approver_not_allowed__one_line_audited_and_still_pendi
     # and the attempt is in the audit trail with who tried
     assert_one_line_error(run, "approver_not_allowed", reason, "stays pending")
     assert [a["approval_id"] for a in cli("approvals").json()] == [approval_id]
-    shown = cli("show", operation_id).json()
+    shown = cli("show", operation_id, "--tenant", "acme").json()
     assert shown["state"] == "pending_approval"
     assert [(e["from"], e["to"], e["decision"], e["actor"]) for e in shown["audit"]][-1] == (
         "pending_approval", "pending_approval", "approver_not_allowed", who[1],
@@ -528,7 +562,7 @@ def test_approve_or_deny__approver_not_allowed__one_line_audited_and_still_pendi
     # ... and an allowed approver still can, afterwards, and the transfer runs
     assert cli("approve", approval_id, *BOB).code == 0
     execute_everything()
-    [result] = cli("results", "req-big").json()
+    [result] = cli("results", "req-big", "--tenant", "acme").json()
     assert result["status"] == "succeeded"
     assert (ledger.balance("acc-1"), ledger.balance("acc-2")) == (40_000, 60_000)
 
@@ -541,7 +575,7 @@ def test_deny__requester_withdraws_her_own_call__denied(
     run = cli("deny", handle["calls"][0]["approval_id"], *approver("alice", "acme", "member"))
 
     assert run.code == 0, run.err
-    [result] = cli("results", "req-big").json()
+    [result] = cli("results", "req-big", "--tenant", "acme").json()
     assert (result["status"], result["error"]["code"]) == ("failed_terminal", "approval_denied")
 
 
@@ -576,7 +610,7 @@ def test_approve__approver_as_json_context__approved_and_recorded_as_decided_by(
     run = cli("approve", approval_id, "--approver-context", context)
 
     assert run.code == 0, run.err
-    audit = cli("show", operation_id).json()["audit"]
+    audit = cli("show", operation_id, "--tenant", "acme").json()["audit"]
     assert (audit[-1]["to"], audit[-1]["actor"]) == ("queued", "dana")
 
 
@@ -587,7 +621,7 @@ def test_show__approved_operation__state_generation_and_audit_trail(
     operation_id, approval_id = handle["calls"][0]["operation_id"], handle["calls"][0]["approval_id"]
     cli("approve", approval_id, *BOB)
 
-    shown = cli("show", operation_id).json()
+    shown = cli("show", operation_id, "--tenant", "acme").json()
 
     assert shown["operation_id"] == operation_id
     assert (shown["request_id"], shown["call_id"], shown["tool"]) == ("req-big", "t1", TRANSFER)
@@ -607,7 +641,7 @@ def test_show__executed_write__succeeded_with_its_receipt_and_generation(
     operation_id = handle["calls"][0]["operation_id"]
     execute_everything()
 
-    shown = cli("show", operation_id).json()
+    shown = cli("show", operation_id, "--tenant", "acme").json()
 
     assert (shown["state"], shown["generation"], shown["error_code"]) == ("succeeded", 1, None)
     assert shown["receipt"] and shown["receipts"] == [
@@ -648,7 +682,7 @@ def test_pending_and_resolve__unknown_outcome_of_unsafe_write__listed_then_resol
     assert swept.code == 0, swept.err
     assert [(p["operation_id"], p["tool"], p["call_id"]) for p in listed] == [(operation_id, NOTICE, "n1")]
     assert (resolved.code, resolved.out) == (0, f"resolved {operation_id} as succeeded\n")
-    shown = cli("show", operation_id).json()
+    shown = cli("show", operation_id, "--tenant", "acme").json()
     assert (shown["state"], shown["receipt"]) == ("succeeded", "ntc_manual")
     assert shown["audit"][-1]["actor"] == "ops"
     assert cli("pending").json() == []
@@ -881,7 +915,7 @@ def test_enqueue__anthropic_response_cut_at_max_tokens__refused_whole_in_one_lin
     )
     # Then nothing is admitted: one line names the stable code
     assert_one_line_error(run, "truncated_response")
-    assert_one_line_error(cli("results", "req-cut"), "no request 'req-cut'")
+    assert_one_line_error(cli("results", "req-cut", "--tenant", "acme"), "no request 'req-cut'")
 
 
 @pytest.mark.parametrize("surface_name", list(CASES))
@@ -915,7 +949,7 @@ def test_provider_round_trip__enqueue_execute_results__one_sdk_valid_result_per_
     assert [c["tool_name"] for c in handle["calls"]] == [BALANCE, CREDIT, BALANCE]
     assert [c["status"] for c in handle["calls"]] == ["pending", "pending", "failed_terminal"]
     published = execute_everything()
-    written = cli("results", request_id, "--provider", surface_name)
+    written = cli("results", request_id, "--tenant", "acme", "--provider", surface_name)
 
     assert written.code == 0, written.err
     assert sorted(published) == sorted(c["operation_id"] for c in handle["calls"][:2])
@@ -956,7 +990,7 @@ def test_provider_results__before_execution__pending_calls_answered_with_why(
     cli("enqueue", write_json(home / "msg.json", response), *WHO, "--provider", "anthropic",
         "--request-id", "req-wait")
 
-    written = cli("results", "req-wait", "--provider", "anthropic")
+    written = cli("results", "req-wait", "--tenant", "acme", "--provider", "anthropic")
 
     assert written.code == 0, written.err
     back = anthropic_back(response, written.json())

@@ -41,6 +41,7 @@ class Figures:
     pending_tools: Counter[str] = field(default_factory=Counter)
     gates: Counter[str] = field(default_factory=Counter)
     gate_codes: dict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
+    reused: int = 0  # repeated writes answered from the earlier call's operation
     writes: int = 0
     ledger_effects: Counter[int] = field(default_factory=Counter)  # effects per write → ops
     receipt_effects: Counter[int] = field(default_factory=Counter)
@@ -89,6 +90,8 @@ def gather(engine: Engine, requests: Sequence[DemoRequest], metrics_dir: Path | 
         if op.state == State.RECONCILIATION_PENDING.value:
             figures.pending_tools[op.tool_name] += 1
     for row in call_rows:
+        if row.reused_from_call_id is not None and row.result is None:
+            figures.reused += 1
         if row.result is not None:
             gate = row.gate or "?"
             figures.gates[gate] += 1
@@ -148,7 +151,7 @@ def gather(engine: Engine, requests: Sequence[DemoRequest], metrics_dir: Path | 
     # ---- I4: no admitted proposal lost; no operation that was not admitted
     rejected = [
         invariants.RejectedCall(
-            row.request_id, row.call_id, default_operation_id(row.request_id, row.call_id)
+            row.request_id, row.call_id, default_operation_id(row.tenant, row.request_id, row.call_id)
         )
         for row in call_rows if row.operation_id is None
     ]
@@ -157,7 +160,7 @@ def gather(engine: Engine, requests: Sequence[DemoRequest], metrics_dir: Path | 
         proposals=proposals, admitted=(), calls=rules.calls, operations=rules.operations,
         effects=rules.effects, rejected=rejected, every_request_answered=True,
     )
-    admitted = [row for row in call_rows if row.operation_id is not None]
+    admitted = [row for row in call_rows if row.operation_id is not None and row.reused_from_call_id is None]
     figures.checks.append(Check(
         "I4", "no proposal lost or invented", not admission.violations,
         f"{len(proposals)} proposals recorded; {len(admitted)} admitted = {len(ops)} operations"
@@ -183,7 +186,7 @@ def gather(engine: Engine, requests: Sequence[DemoRequest], metrics_dir: Path | 
             getattr(status, "state", None),
         )
         for request in requests
-        for status in results(engine, request.request_id)
+        for status in results(engine, request.context)
     ]
     wrong = [v.subject for v in invariants.i6_one_result_per_call(proposals, answers, quiet=True)]
     figures.checks.append(Check(
@@ -231,7 +234,14 @@ def _records(
             )
             for r in receipt_rows
         ],
-        calls=[invariants.CallRecord(c.request_id, c.call_id, c.operation_id) for c in call_rows],
+        # A repeat answered from an earlier call points at that call's operation; the
+        # operation was admitted by the earlier call, so the repeat is no admission.
+        calls=[
+            invariants.CallRecord(
+                c.request_id, c.call_id, None if c.reused_from_call_id is not None else c.operation_id
+            )
+            for c in call_rows
+        ],
         effects=[
             invariants.EffectRecord(
                 e.operation_id, e.receipt, int(e.generation), float(e.at), e.kind,
@@ -278,7 +288,7 @@ def model_view(engine: Engine, request: DemoRequest) -> Table:
     table = Table(title=f"What the model gets back for {request.request_id}", title_justify="left")
     for header in ("call id", "tool", "result", "detail"):
         table.add_column(header, overflow="fold")
-    for proposal, status in zip(request.calls, results(engine, request.request_id), strict=False):
+    for proposal, status in zip(request.calls, results(engine, request.context), strict=False):
         outcome = final(status)
         if isinstance(outcome, Succeeded):
             detail = json.dumps(outcome.output, separators=(", ", ": "))
@@ -335,6 +345,11 @@ def render(
     for gate in Gate:
         if figures.gates.get(gate):
             table.add_row(f"  {gate}", str(figures.gates[gate]), _counts(figures.gate_codes[gate]))
+    if figures.reused:
+        table.add_row(
+            "  repeated writes reused", str(figures.reused),
+            "same intent as an earlier write of the request: its result, not a second run",
+        )
 
     table.add_section()
     table.add_row(

@@ -111,7 +111,17 @@ def _scenario_requests() -> list[tuple[str, str, _Calls]]:
         "ledger.credit", {"account_id": "acme-payroll", "amount_cents": -500, "override": True}
     )
     mistakes.notice("acme-payroll", "Payroll adjusted")  # ordering: an earlier write was refused
-    return [("approval", "acme", approved), ("approval", "globex", denied), ("mistakes", "acme", mistakes)]
+    repeated = _Calls()
+    repeated.credit("acme-payroll", 12_000, "bonus")
+    repeated.credit("acme-payroll", 12_000, "bonus")  # the same write again: reused, not run twice
+    repeated.balance("acme-payroll")
+    looping = _Calls()  # a model in a loop: the ninth read of one tool is over the request's budget
+    for _ in range(10):
+        looping.balance("globex-main")
+    return [
+        ("approval", "acme", approved), ("approval", "globex", denied), ("mistakes", "acme", mistakes),
+        ("repeated", "acme", repeated), ("budget", "globex", looping),
+    ]
 
 
 def _random_request(rng: random.Random, tenant: str) -> tuple[str, _Calls]:
