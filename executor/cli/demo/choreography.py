@@ -15,12 +15,12 @@ from typing import Any
 
 from rich.console import Console
 from rich.progress import Progress
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, func, or_, select
 
 from executor import store
 from executor.cli.demo.constants import APPROVER, DENIER, POLL_SECONDS, RECONCILE_EVERY_SECONDS, STEADY_QUEUED
 from executor.cli.demo.place import Place
-from executor.cli.demo.workload import TENANTS, DemoRequest
+from executor.cli.demo.workload import PETTY_CASH, TENANTS, DemoRequest
 from executor.cli.fleet import Fleet, Member, children_of
 from executor.core.states import SETTLED, ApprovalState, State
 from executor.store.engine import make_engine, read_only
@@ -30,12 +30,8 @@ from executor.store.schema import approvals, calls, operations
 
 @dataclass(frozen=True)
 class Snapshot:
-    states: Mapping[str, int]
-    rejected_calls: int
-
-    @property
-    def settled_calls(self) -> int:
-        return self.rejected_calls + sum(self.states.get(s.value, 0) for s in SETTLED)
+    states: Mapping[str, int]  # operations per state
+    settled_calls: int  # calls with a stored result, or whose operation has settled
 
     @property
     def busy(self) -> int:
@@ -64,10 +60,21 @@ def snapshot(reader: Engine) -> Snapshot:
                 select(operations.c.state, func.count()).group_by(operations.c.state)
             ).all()
         }
-        rejected = conn.execute(
-            select(func.count()).select_from(calls).where(calls.c.result.is_not(None))
+        # Counted by call, not by operation: a repeated write's call row points at the
+        # earlier call's operation, and is settled when that one is.
+        settled = conn.execute(
+            select(func.count())
+            .select_from(
+                calls.outerjoin(operations, operations.c.operation_id == calls.c.operation_id)
+            )
+            .where(
+                or_(
+                    calls.c.result.is_not(None),
+                    operations.c.state.in_([s.value for s in SETTLED]),
+                )
+            )
         ).scalar_one()
-    return Snapshot(states, int(rejected))
+    return Snapshot(states, int(settled))
 
 
 @dataclass(frozen=True)
@@ -258,6 +265,8 @@ class DemoRun:
         for tenant, accounts in TENANTS.items():
             for account_id, cents in accounts.items():
                 ledger.open_account(account_id, tenant, cents)
+        account_id, tenant, cents = PETTY_CASH
+        ledger.open_account(account_id, tenant, cents)
         ledger.engine.dispose()
 
     def enqueue(self, wave: Sequence[DemoRequest]) -> None:

@@ -26,6 +26,10 @@ from executor.store.schema import audit_events, calls, operations, receipts
 # The ledger's effects that refuse a stale fencing token (`transfer`, effect `fenced`).
 FENCED_EFFECT_KINDS = frozenset({"transfer"})
 
+# The audit decision suffix of a refusal by the worker's re-check (executor/worker/runner.py).
+AT_EXECUTION = "_at_execution"
+
+
 @dataclass(frozen=True)
 class Check:
     code: str
@@ -42,6 +46,8 @@ class Figures:
     gates: Counter[str] = field(default_factory=Counter)
     gate_codes: dict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
     reused: int = 0  # repeated writes answered from the earlier call's operation
+    # Refused by the worker's re-check just before running (audit `<code>_at_execution`).
+    refused_at_execution: Counter[str] = field(default_factory=Counter)
     writes: int = 0
     ledger_effects: Counter[int] = field(default_factory=Counter)  # effects per write → ops
     receipt_effects: Counter[int] = field(default_factory=Counter)
@@ -112,6 +118,9 @@ def gather(engine: Engine, requests: Sequence[DemoRequest], metrics_dir: Path | 
     figures.takeovers_by_worker = decisions["lease_takeover"]
     figures.requeued_by_reconciler = decisions["requeued_stale"]
     figures.lookups_resolved = decisions["lookup_done"]
+    for decision, count in decisions.items():
+        if decision.endswith(AT_EXECUTION):
+            figures.refused_at_execution[decision.removesuffix(AT_EXECUTION)] += count
     figures.stale_counters = _stale_counters(metrics_dir)
 
     proposals = [
@@ -350,6 +359,12 @@ def render(
             "  repeated writes reused", str(figures.reused),
             "same intent as an earlier write of the request: its result, not a second run",
         )
+    refused = sum(figures.refused_at_execution.values())
+    table.add_row(
+        Text("Refused at execution (re-check)", style="bold"), str(refused),
+        "admitted, then refused by the worker against current state, before any downstream call"
+        + (f": {_counts(figures.refused_at_execution)}" if refused else ""),
+    )
 
     table.add_section()
     table.add_row(

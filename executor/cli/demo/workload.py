@@ -27,6 +27,9 @@ TENANTS: dict[str, dict[str, int]] = {
         "globex-vendors": 0,
     },
 }
+# Opened beside TENANTS' accounts but never used by the random requests, so the one
+# scenario that spends it knows its balance: 400.00.
+PETTY_CASH = ("acme-petty", "acme", 40_000)
 PRINCIPALS = {"acme": "alice@acme", "globex": "bob@globex"}
 
 
@@ -118,9 +121,15 @@ def _scenario_requests() -> list[tuple[str, str, _Calls]]:
     looping = _Calls()  # a model in a loop: the ninth read of one tool is over the request's budget
     for _ in range(10):
         looping.balance("globex-main")
+    # Two transfers from 400.00 of petty cash: at admission each fits the balance, so
+    # both are admitted; they run in order, and the worker's re-check of the second
+    # finds 100.00 left: refused at execution, no downstream call.
+    stale = _Calls()
+    stale.transfer(PETTY_CASH[0], "acme-reserve", 30_000)
+    stale.transfer(PETTY_CASH[0], "acme-reserve", 25_000)
     return [
         ("approval", "acme", approved), ("approval", "globex", denied), ("mistakes", "acme", mistakes),
-        ("repeated", "acme", repeated), ("budget", "globex", looping),
+        ("repeated", "acme", repeated), ("budget", "globex", looping), ("stale_facts", "acme", stale),
     ]
 
 
