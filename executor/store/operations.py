@@ -433,11 +433,16 @@ def mark_unknown(
     *,
     owner_token: str,
     reason: str,
+    details: Sequence[Mapping[str, Any]] = (),
     clock: Clock = DATABASE_CLOCK,
 ) -> bool:
-    """started → reconciliation_pending, by the owner: the outcome of its write is not known."""
+    """started → reconciliation_pending, by the owner: the outcome of its write is not known.
+
+    `details` are the failure's safe details (an MCP call's cause), kept in the
+    operation's error for the person who decides it."""
     return _unknown_outcome(
-        conn, operation_id, _owner_holds(generation, owner_token), reason, clock, actor=None
+        conn, operation_id, _owner_holds(generation, owner_token), reason, clock, actor=None,
+        details=details,
     )
 
 
@@ -465,6 +470,7 @@ def _unknown_outcome(
     clock: Clock,
     *,
     actor: str | None,
+    details: Sequence[Mapping[str, Any]] = (),
 ) -> bool:
     """What `mark_unknown` and `mark_unknown_expired` write; they differ only in the fence."""
     # The audit keeps stable codes: a free-text reason (a sentence, an exception's
@@ -477,7 +483,10 @@ def _unknown_outcome(
         conn, operation_id, State.STARTED, State.RECONCILIATION_PENDING, fence,
         values={
             "error_code": ErrorCode.RECONCILIATION_PENDING.value,
-            "error": dumps({"message": reason}),
+            "error": dumps(
+                {"message": reason, "details": [dict(d) for d in details]}
+                if details else {"message": reason}
+            ),
         },
         decision=decision, clock=clock, actor=actor,
     )

@@ -64,6 +64,7 @@ class RetryBudgetExhausted(_Decision):
 
     code: ErrorCode
     attempts: int
+    details: tuple[dict[str, Any], ...] = ()
 
     @property
     def message(self) -> str:
@@ -76,6 +77,9 @@ class UnknownOutcome(_Decision):
     downstream; without one (or when it cannot answer) `reconciliation_pending`."""
 
     ask_lookup: bool
+    # The failure's own safe details (an MCP call's cause, `mcp_timeout`), kept on the
+    # operation for the person who decides it.
+    details: tuple[dict[str, Any], ...] = ()
 
 
 FailureDecision = Retry | Terminal | RetryBudgetExhausted | UnknownOutcome
@@ -91,7 +95,7 @@ def retry_within_budget(
 ) -> Retry | RetryBudgetExhausted:
     """A retryable failure: `Retry` while attempts remain, else `RetryBudgetExhausted`."""
     if attempts >= max_attempts:
-        return RetryBudgetExhausted(code, attempts, unexpected=unexpected)
+        return RetryBudgetExhausted(code, attempts, details, unexpected=unexpected)
     return Retry(code, message, details, unexpected=unexpected)
 
 
@@ -125,14 +129,19 @@ def classify_failure(
             code, message, details, attempts=attempts, max_attempts=tool.retry.max_attempts
         )
 
+    may_have_acted = tool.mode is Mode.WRITE and not tool.takeover_allowed
     if isinstance(exc, ToolFailure):
-        if exc.outcome_unknown and tool.mode is Mode.WRITE and not tool.takeover_allowed:
-            return _unknown_outcome(tool)
         details = tuple(detail.model_dump() for detail in exc.details)
+        if exc.outcome_unknown and may_have_acted:
+            return _unknown_outcome(tool, details)
         if exc.retryable:
             return retry(exc.code, exc.message, details)
         return Terminal(exc.code, exc.message, details)
     if isinstance(exc, TimeoutError):
+        if may_have_acted:
+            # Timed out after the request may have left: for an `unsafe` or `lookup`
+            # write that is an unknown outcome, never a reason to send it again.
+            return _unknown_outcome(tool, ({"path": "", "code": "timeout", "expected": None},))
         return retry(ErrorCode.TIMEOUT, "the tool timed out")
     if tool.retryable_exceptions and isinstance(exc, tool.retryable_exceptions):
         return retry(ErrorCode.UPSTREAM_UNAVAILABLE, "the downstream is unavailable")
@@ -146,6 +155,8 @@ def classify_failure(
     return _unknown_outcome(tool, unexpected=True)
 
 
-def _unknown_outcome(tool: Tool[Any], *, unexpected: bool = False) -> UnknownOutcome:
+def _unknown_outcome(
+    tool: Tool[Any], details: tuple[dict[str, Any], ...] = (), *, unexpected: bool = False
+) -> UnknownOutcome:
     can_answer = Effect.LOOKUP in tool.effects and tool.lookup is not None
-    return UnknownOutcome(ask_lookup=can_answer, unexpected=unexpected)
+    return UnknownOutcome(ask_lookup=can_answer, details=details, unexpected=unexpected)

@@ -609,7 +609,7 @@ class OperationRunner:
         if isinstance(decision, RetryBudgetExhausted):
             return self._finish(
                 row, reservation, succeeded=False, error_code=ErrorCode.RETRY_BUDGET_EXHAUSTED,
-                error={"message": decision.message},
+                error={"message": decision.message, "details": list(decision.details)},
             )
         return self._release_to_retry(row, tool, reservation, decision)
 
@@ -662,6 +662,7 @@ class OperationRunner:
                 return store.mark_unknown(
                     conn, row.operation_id, reservation.generation,
                     owner_token=reservation.owner_token, reason="outcome_unknown",
+                    details=decision.details,
                 )
 
         won = self._with_ambiguity(

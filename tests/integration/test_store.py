@@ -547,6 +547,19 @@ def test_mark_unknown__by_owner__reconciliation_pending(s: Store) -> None:
     )
 
 
+def test_mark_unknown__with_the_failures_details__kept_for_the_operator(s: Store) -> None:
+    # Given a started write whose MCP call timed out after its request left
+    r = s.started()
+    cause = {"path": "", "code": "mcp_timeout", "expected": None}
+    # When its owner marks the outcome unknown with the failure's details
+    assert s.mark_unknown(r.operation_id, r.generation, owner_token=r.owner_token,
+                          reason="outcome_unknown", details=[cause])
+    # Then the operation's error keeps them: `toolfence pending` shows the cause
+    assert json.loads(s.row(r.operation_id)["error"]) == {
+        "message": "outcome_unknown", "details": [cause],
+    }
+
+
 def test_mark_unknown_expired__lease_live__loses(s: Store) -> None:
     r = s.started()
 

@@ -90,6 +90,10 @@ READ_FLAKY = tool(Mode.READ, retryable=(FlakyUpstream,))
 DETAIL = ErrorDetail(path="amount_cents", code="too_large", expected="<= 100")
 
 
+TIMEOUT_CAUSE = {"path": "", "code": "timeout", "expected": None}
+DETAIL_DUMP = DETAIL.model_dump()
+
+
 def retryable(code: ErrorCode = ErrorCode.UPSTREAM_UNAVAILABLE) -> ToolFailure:
     return ToolFailure(code, "the ledger is busy", retryable=True, details=(DETAIL,))
 
@@ -148,12 +152,16 @@ ROWS = [
                  id="outcome_unknown__idempotent_and_lookup_write__retry_without_asking"),
     pytest.param(READ, outcome_unknown(retryable=True), WITHIN, Retry(ErrorCode.TIMEOUT, "sent, no reply"),
                  id="outcome_unknown__read__retry_a_read_has_no_effect"),
-    # TimeoutError: retryable whatever the mode, pinned as it behaves today (even for an
-    # `unsafe` write; a tool that may have sent its request says so with outcome_unknown)
+    # TimeoutError: retryable for a read and for a write a repeat cannot double; for an
+    # `unsafe` or `lookup` write the request may have left: an unknown outcome
     pytest.param(READ, TimeoutError(), WITHIN, TIMED_OUT, id="timeout__read__retry_as_timeout"),
     pytest.param(FENCED, TimeoutError(), WITHIN, TIMED_OUT, id="timeout__fenced_write__retry_as_timeout"),
-    pytest.param(UNSAFE, TimeoutError(), WITHIN, TIMED_OUT,
-                 id="timeout__unsafe_write__retry_as_timeout"),
+    pytest.param(UNSAFE, TimeoutError(), WITHIN,
+                 UnknownOutcome(ask_lookup=False, details=(TIMEOUT_CAUSE,)),
+                 id="timeout__unsafe_write__unknown_outcome_never_resent"),
+    pytest.param(LOOKUP, TimeoutError(), WITHIN,
+                 UnknownOutcome(ask_lookup=True, details=(TIMEOUT_CAUSE,)),
+                 id="timeout__lookup_write__unknown_outcome_ask_the_downstream"),
     # the tool's own retryable_exceptions
     pytest.param(READ_FLAKY, FlakyUpstream(), WITHIN, UNAVAILABLE,
                  id="declared_retryable_exception__read__retry_as_upstream_unavailable"),
@@ -186,9 +194,11 @@ ROWS = [
     pytest.param(UNSAFE, ValueError("bug"), WITHIN, UnknownOutcome(ask_lookup=False, unexpected=True),
                  id="unexpected__unsafe_write__unknown_outcome_for_a_person"),
     # the retry budget: a retryable failure on its last attempt gives up with its code
-    pytest.param(READ, retryable(), LAST, RetryBudgetExhausted(ErrorCode.UPSTREAM_UNAVAILABLE, LAST),
-                 id="tool_failure_retryable__budget_spent__retry_budget_exhausted"),
-    pytest.param(READ, retryable(), LAST + 1, RetryBudgetExhausted(ErrorCode.UPSTREAM_UNAVAILABLE, LAST + 1),
+    pytest.param(READ, retryable(), LAST,
+                 RetryBudgetExhausted(ErrorCode.UPSTREAM_UNAVAILABLE, LAST, (DETAIL_DUMP,)),
+                 id="tool_failure_retryable__budget_spent__retry_budget_exhausted_keeps_details"),
+    pytest.param(READ, retryable(), LAST + 1,
+                 RetryBudgetExhausted(ErrorCode.UPSTREAM_UNAVAILABLE, LAST + 1, (DETAIL_DUMP,)),
                  id="tool_failure_retryable__past_the_budget__retry_budget_exhausted"),
     pytest.param(READ, TimeoutError(), LAST, RetryBudgetExhausted(ErrorCode.TIMEOUT, LAST),
                  id="timeout__budget_spent__retry_budget_exhausted_naming_timeout"),
