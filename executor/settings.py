@@ -34,7 +34,7 @@ class SettingsError(ValueError):
     pass
 
 
-def _budgets() -> Budgets:
+def budgets_from_env() -> Budgets:
     """TOOLFENCE_BUDGET_<SCOPE>_<LIMIT> (e.g. TOOLFENCE_BUDGET_REQUEST_MAX_CALLS), and
     TOOLFENCE_BUDGET_TENANTS: JSON {tenant: {"request_max_calls": 10, ...}}, each
     tenant's limits being these with the keys it names replaced."""
@@ -120,5 +120,5 @@ class Settings:
             metrics_dir=os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None,
             tools_module=os.environ.get("TOOLFENCE_TOOLS", "ledger.tools:registry"),
             fault_points=frozenset(p for p in faults.split(",") if p),
-            budgets=_budgets(),
+            budgets=budgets_from_env(),
         )

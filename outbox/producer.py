@@ -36,6 +36,7 @@ from executor.core.types import (
     Succeeded,
     ToolError,
 )
+from executor.settings import budgets_from_env
 from executor.store.engine import read_only
 from executor.store.schema import approvals
 from executor.store.schema import calls as calls_table
@@ -136,7 +137,8 @@ def enqueue(
     _check_batch(calls)
     conn = _connection(session)
     limits = limits or Limits()
-    budgets = (budgets or Budgets()).for_tenant(context.tenant)
+    # The TOOLFENCE_BUDGET_* settings unless the caller passes its own.
+    budgets = (budgets or budgets_from_env()).for_tenant(context.tenant)
     store.lock_scopes(conn, context.tenant, context.request_id, context.conversation_id)
     existing = store.calls_of_request(conn, context.tenant, context.request_id)
     next_position = max((row.position for row in existing.values()), default=-1) + 1
