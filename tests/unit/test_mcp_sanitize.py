@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import pytest
 
+from executor.core.sanitize import AWS_KEY_ID, GITHUB_TOKEN, STRIPE_KEYS
 from executor.mcp.sanitize import REDACTED, redact, redact_json, sanitize_text
 
 # ---------------------------------------------------------------- the reference
@@ -57,6 +58,10 @@ REFERENCE: tuple[tuple[re.Pattern[str], str], ...] = (
         ),
         REDACTED,
     ),
+    # The shapes added after these (detect-secrets' and Stripe-style keys) are
+    # already of the simple form: they are their own reference.
+    (re.compile(rf"\b(?:{AWS_KEY_ID}|{GITHUB_TOKEN}|{'|'.join(STRIPE_KEYS)})"), REDACTED),
+    (re.compile(r"\b[rsp]k\\?_(?:live|test)\\?_(?:[0-9a-zA-Z]|\\_){8,}"), REDACTED),
 )
 
 
