@@ -45,7 +45,8 @@ _SHORT_NUMBER_RE = re.compile(r"^\d{1,5}$")
 _VALUE_END = r"[\s\"'&,;}\]]"
 # A value runs to a delimiter; a backslash before a quote is that quote's escape
 # (JSON quoted inside a string), kept with it.
-_VALUE = r"(?:[^\s\"'&,;}\]\\]|\\(?![\"']))++"
+# A value already redacted is left alone, so sanitising twice changes nothing.
+_VALUE = r"(?!\[REDACTED\])(?:[^\s\"'&,;}\]\\]|\\(?![\"']))++"
 _SEPARATOR = r"(?P<sep>\\?[\"']?\s*[:=]\s*\\?[\"']?)"
 # A name starts where a run of name characters starts: not after one, and not at
 # the underscore of an escaped `\\_` (that is inside the run).
@@ -253,3 +254,13 @@ class _Sealer:
             return kept
         self.remaining -= len(str(value)) + 1
         return value
+
+
+def seal_error(error: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored error (`{"message", "details", …}`) with its tool-written text sanitised."""
+    sealed = dict(error)
+    if "message" in sealed:
+        sealed["message"] = sanitize_error_text(str(sealed["message"]), ERROR_MESSAGE_MAX_CHARS)
+    if "details" in sealed:
+        sealed["details"] = sanitize_json(sealed["details"], 4 * ERROR_MESSAGE_MAX_CHARS)
+    return sealed

@@ -30,6 +30,9 @@ _PASSWORD = (
 )
 _TOKEN = r"(?:token|session[_-]?id)"
 _SEP = r"(?P<sep>[\"']?\s*[:=]\s*[\"']?)"
+# A value some earlier pattern already redacted is left alone (sanitising twice
+# changes nothing).
+_KEPT = r"(?!\[REDACTED\])"
 REFERENCE: tuple[tuple[re.Pattern[str], str], ...] = (
     (
         re.compile(
@@ -40,13 +43,15 @@ REFERENCE: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"(?i)\b(Bearer|Basic|Token)\s+[A-Za-z0-9\-._~+/]{6,}=*"), rf"\1 {REDACTED}"),
     (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s:@]+:[^/\s@]+@"), rf"\1{REDACTED}@"),
     (
-        re.compile(rf"(?i)\b(?P<key>{_NAME}{_PASSWORD}(?![A-Za-z0-9])){_SEP}(?P<value>[^\s\"'&,;}}\]]+)"),
+        re.compile(
+            rf"(?i)\b(?P<key>{_NAME}{_PASSWORD}(?![A-Za-z0-9])){_SEP}(?P<value>{_KEPT}[^\s\"'&,;}}\]]+)"
+        ),
         rf"\g<key>\g<sep>{REDACTED}",
     ),
     (
         re.compile(
             rf"(?i)\b(?P<key>{_NAME}{_TOKEN}(?![A-Za-z0-9])){_SEP}"
-            rf"(?P<value>(?!\d{{1,5}}(?:[\s\"'&,;}}\]]|$))[^\s\"'&,;}}\]]+)"
+            rf"(?P<value>{_KEPT}(?!\d{{1,5}}(?:[\s\"'&,;}}\]]|$))[^\s\"'&,;}}\]]+)"
         ),
         rf"\g<key>\g<sep>{REDACTED}",
     ),
