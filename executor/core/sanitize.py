@@ -28,9 +28,9 @@ TRUNCATION_MARK = "…[truncated]"
 # the name must end with the secret word, so `max_tokens` or `tokenizer` are not.
 # After a token-like name a short run of digits is a count or a generation
 # number (`fencingToken: 3`), not a credential; after a password it is a PIN.
-# A name character, or a markdown-escaped underscore (`\\_`).
-_NAME_CHAR = r"(?:[\w.-]|\\_)"
-_NAME_PREFIX = rf"{_NAME_CHAR}*?"
+# Name characters include the backslash of a markdown-escaped underscore (`\\_`):
+# one character class, not an alternation, so the lazy scan stays cheap.
+_NAME_PREFIX = r"[\w.\\-]*?"
 _NAME_END = r"(?![A-Za-z0-9])"
 # `_` or `-` between the words of a name, maybe escaped: `api_key`, `api\\_key`.
 _JOIN = r"(?:\\?[_-])"
@@ -48,16 +48,16 @@ _VALUE_END = r"[\s\"'&,;}\]]"
 # A value already redacted is left alone, so sanitising twice changes nothing.
 _VALUE = r"(?!\[REDACTED\])(?:[^\s\"'&,;}\]\\]|\\(?![\"']))++"
 _SEPARATOR = r"(?P<sep>\\?[\"']?\s*[:=]\s*\\?[\"']?)"
-# A name starts where a run of name characters starts: not after one, and not at
-# the underscore of an escaped `\\_` (that is inside the run).
-_NAME_START = r"(?<![\w.-])(?!(?<=\\)_)"
+# A name starts where a run of name characters starts, and ends where the run
+# does (a backslash that escapes a quote is not part of it).
+_NAME_START = r"(?<![\w.\\-])"
 _NAME_STOP = r"(?![\w.-]|\\_)"
 
 # Key shapes, as detect-secrets' plugins write them (aws.AWSKeyDetector,
 # stripe.StripeDetector, github_token.GitHubTokenDetector): each is a literal
 # prefix and a bounded run, linear from every start.
 AWS_KEY_ID = r"(?:A3T[A-Z0-9]|ABIA|ACCA|AKIA|ASIA)[0-9A-Z]{16}"
-STRIPE_KEYS = (r"(?:r|s)k_live_[0-9a-zA-Z]{24}", r"pk_live_[0-9a-zA-Z]{24}")
+STRIPE_KEYS = (r"(?:r|s)k_live_[0-9a-zA-Z]{24}",)
 GITHUB_TOKEN = r"(ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9_]{36}"
 
 # Every pattern runs in time linear in its input. A regex that may start at
@@ -124,7 +124,7 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     # After the shapes above, so what they redacted before stays exactly as it was.
     (re.compile(rf"\b(?:{AWS_KEY_ID}|{GITHUB_TOKEN}|{'|'.join(STRIPE_KEYS)})"), REDACTED),
     # Stripe-style keys of any length (sk_live_, rk_test_, …), also markdown-escaped.
-    (re.compile(r"\b[rsp]k\\?_(?:live|test)\\?_(?:[0-9a-zA-Z]|\\_){8,}"), REDACTED),
+    (re.compile(r"\b[rs]k\\?_(?:live|test)\\?_[0-9a-zA-Z]{8,}"), REDACTED),
 )
 
 # C0/C1 controls except tab and newline: escape sequences can rewrite what a
@@ -232,10 +232,10 @@ class _Sealer:
             items = list(value.items())
             for index, (key, item) in enumerate(items):
                 name = sanitize_text(str(key), 256)[0]
-                if self.remaining <= len(name) + 3:
+                if self.remaining <= len(name) + 6:
                     sealed[TRUNCATION_MARK] = len(items) - index
                     break
-                self.remaining -= len(name) + 3
+                self.remaining -= len(name) + 6  # quotes, ": " and ", "
                 if _is_secret_member(str(key), item):
                     self.remaining -= len(REDACTED) + 2
                     sealed[name] = REDACTED
@@ -250,7 +250,7 @@ class _Sealer:
                     kept.append(TRUNCATION_MARK)
                     break
                 kept.append(self.seal(item, depth - 1))
-                self.remaining -= 1
+                self.remaining -= 2  # ", "
             return kept
         self.remaining -= len(str(value)) + 1
         return value

@@ -66,7 +66,7 @@ REFERENCE: tuple[tuple[re.Pattern[str], str], ...] = (
     # The shapes added after these (detect-secrets' and Stripe-style keys) are
     # already of the simple form: they are their own reference.
     (re.compile(rf"\b(?:{AWS_KEY_ID}|{GITHUB_TOKEN}|{'|'.join(STRIPE_KEYS)})"), REDACTED),
-    (re.compile(r"\b[rsp]k\\?_(?:live|test)\\?_(?:[0-9a-zA-Z]|\\_){8,}"), REDACTED),
+    (re.compile(r"\b[rs]k\\?_(?:live|test)\\?_[0-9a-zA-Z]{8,}"), REDACTED),
 )
 
 
