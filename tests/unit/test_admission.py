@@ -761,7 +761,7 @@ def declare(**overrides: Any) -> Tool[Any]:
 MISSING = object()
 
 
-@pytest.mark.parametrize("field", ["access", "approval", "effect"])
+@pytest.mark.parametrize("field", ["access", "approval", "effect", "untrusted_output"])
 def test_tool__safety_field_missing__declaration_error_names_tool_and_field(field: str) -> None:
     with pytest.raises(ToolDeclarationError) as info:
         declare(**{field: MISSING})
