@@ -25,6 +25,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from executor.core.canonical import NotCanonicalizable, canonical_json, intent_hash
+from executor.core.sanitize import ERROR_MESSAGE_MAX_CHARS, sanitize_error_text
 from executor.core.scope import MAX_DECLARED_RESOURCES, InvalidResourceSet, declared_resources
 from executor.core.tools import Registry, Tool, ToolFailure
 from executor.core.types import ErrorCode, ErrorDetail, FailedTerminal, ProposedCall, ServerContext
@@ -444,7 +445,12 @@ def business_rule_refusal(
     try:
         tool.check(args, ctx)
     except ToolFailure as failure:
-        return Refusal(ErrorCode.BUSINESS_RULE_VIOLATION, failure.message, failure.details)
+        # The rule's text reaches the model: the same sanitiser as every output.
+        return Refusal(
+            ErrorCode.BUSINESS_RULE_VIOLATION,
+            sanitize_error_text(failure.message, ERROR_MESSAGE_MAX_CHARS),
+            failure.details,
+        )
     except reraise:
         raise
     except Exception:

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 
 from executor.core.approvers import ApproverPolicy
 from executor.core.budgets import ToolBudget
+from executor.core.sanitize import ERROR_MESSAGE_MAX_CHARS, sanitize_error_text, sanitize_json
 from executor.core.types import ErrorCode, ErrorDetail, ServerContext
 
 ArgsT = TypeVar("ArgsT", bound=BaseModel)
@@ -55,14 +56,30 @@ class ToolFailure(Exception):
         retryable: bool,
         details: tuple[ErrorDetail, ...] = (),
     ) -> None:
+        # A tool's message is shown to the model and stored: it is sanitised here,
+        # whoever raised it (a tool, its downstream client, a `check` hook).
+        message = sanitize_error_text(str(message), ERROR_MESSAGE_MAX_CHARS)
         super().__init__(message)
         self.code = code
         self.message = message
         self.retryable = retryable
-        self.details = details
+        self.details = tuple(_sealed_detail(detail) for detail in details)
         # True when the request may have reached the downstream and acted (a timeout
         # after sending): a write that is not takeover-safe must then be reconciled.
         self.outcome_unknown = False
+
+
+def _sealed_detail(detail: ErrorDetail) -> ErrorDetail:
+    """A detail whose text a tool wrote, sanitised like its message."""
+    if not isinstance(detail, ErrorDetail):
+        return detail
+    return detail.model_copy(
+        update={
+            name: sanitize_error_text(text, ERROR_MESSAGE_MAX_CHARS)
+            for name, text in detail.model_dump().items()
+            if isinstance(text, str)
+        }
+    )
 
 
 class RetryableError(ToolFailure):
@@ -264,10 +281,11 @@ class Tool(Generic[ArgsT]):
         check: Callable[[ArgsT, ServerContext], None] | None = None,
         impact: Callable[[ArgsT, ServerContext], Mapping[str, Any]] | None = None,
         lookup: Callable[[ArgsT, RunContext], LookupResult] | None = None,
-        project: Callable[[Any], Any] | None = None,
+        model_view: Callable[[Any], Any] | None = None,
+        render_view: Callable[[Any], Any] | None = None,
         resource_ids: Callable[[ArgsT, ServerContext], Iterable[str]] | None = None,
         resources: Callable[[ArgsT, ServerContext], Iterable[str]] | None = None,
-        untrusted_output: bool = False,
+        untrusted_output: bool = _MISSING,
         retry: RetryPolicy = RetryPolicy(),
         retryable_exceptions: tuple[type[BaseException], ...] = (),
         timeout_seconds: float = 30.0,
@@ -279,7 +297,9 @@ class Tool(Generic[ArgsT]):
             raise ToolDeclarationError("a tool needs a non-empty name")
         missing = [
             label
-            for label, value in (("access", access), ("approval", approval))
+            for label, value in (
+                ("access", access), ("approval", approval), ("untrusted_output", untrusted_output)
+            )
             if value is _MISSING
         ]
         if mode is Mode.WRITE and effect is _MISSING:
@@ -338,6 +358,14 @@ class Tool(Generic[ArgsT]):
             raise ToolDeclarationError(f"tool {name!r}: max_age_seconds is for reads only")
         if max_age_seconds is not None and not max_age_seconds > 0:
             raise ToolDeclarationError(f"tool {name!r}: max_age_seconds must be > 0")
+        if not isinstance(untrusted_output, bool):
+            raise ToolDeclarationError(f"tool {name!r}: untrusted_output must be True or False")
+        if render_view is not None and model_view is None:
+            # Without its own model view, the model would be shown the full output,
+            # which is what a render view exists to keep from it.
+            raise ToolDeclarationError(
+                f"tool {name!r} declares a render view and must declare a model view"
+            )
         if budget is not None and not isinstance(budget, ToolBudget):
             raise ToolDeclarationError(f"tool {name!r}: budget must be a ToolBudget")
         self.name = name
@@ -354,7 +382,8 @@ class Tool(Generic[ArgsT]):
         self.check = check
         self.impact = impact
         self.lookup = lookup
-        self.project = project
+        self.model_view = model_view
+        self.render_view = render_view
         self.resource_ids = resource_ids
         self.resources = resources
         self.untrusted_output = untrusted_output
@@ -370,8 +399,10 @@ class Tool(Generic[ArgsT]):
     def stored_result(self, value: Any) -> dict[str, Any]:
         """What is stored for a successful call, whoever saw it succeed (worker or
         reconciler): the output validated against the output model, the model's
-        view of it (the tool's projection), and whether it is untrusted data; for a
-        read, also the source's timestamp (`Observed`) and the tool's max age.
+        view of it (the tool's `model_view`, sanitised), whether it is untrusted
+        data, the tool's `render_view` if it declares one (for people; no
+        model-facing reader returns it); for a read, also the source's timestamp
+        (`Observed`) and the tool's max age.
         """
         freshness: dict[str, float] = {}
         if isinstance(value, Observed) and self.mode is Mode.READ:
@@ -391,13 +422,27 @@ class Tool(Generic[ArgsT]):
                 "the tool returned a result that does not match its output model"
             ) from None
         full = output.model_dump(mode="json")
-        view = full
-        if self.project is not None:
+        view: Any = full
+        if self.model_view is not None:
             try:
-                view = self.project(output)
+                view = self.model_view(output)
             except Exception:
-                raise InvalidResult("the output projection failed") from None
-        return {"output": full, "model_view": view, "untrusted": self.untrusted_output, **freshness}
+                raise InvalidResult("the output's model view failed") from None
+        # Sealed: what a model can be shown is sanitised here, once, where the result
+        # is produced, so every reader (results(), final(), the five surfaces, the
+        # CLI) gets the same safe value. `output` stays whole, for operators.
+        stored = {
+            "output": full,
+            "model_view": sanitize_json(view),
+            "untrusted": self.untrusted_output,
+            **freshness,
+        }
+        if self.render_view is not None:
+            try:
+                stored["render_view"] = self.render_view(output)
+            except Exception:
+                raise InvalidResult("the output's render view failed") from None
+        return stored
 
     @property
     def takeover_allowed(self) -> bool:

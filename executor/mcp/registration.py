@@ -319,7 +319,7 @@ def _build_tool(
         check=policy.check,
         impact=policy.impact,
         lookup=policy.lookup,
-        project=model_view,
+        model_view=model_view,
         resource_ids=policy.resource_ids,
         untrusted_output=True,
         retry=policy.retry,

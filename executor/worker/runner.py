@@ -33,6 +33,7 @@ from executor.core.admission import (
     recheck_access,
     recheck_before_run,
 )
+from executor.core.sanitize import seal_error
 from executor.core.scope import check_scope
 from executor.core.states import TERMINAL, ApprovalState, State
 from executor.core.tools import (
@@ -265,6 +266,8 @@ class OperationRunner:
     ) -> Outcome:
         """complete (CAS). A stale owner's completion changes nothing and is counted."""
         side_effects: list[int] = []
+        if error is not None:
+            error = seal_error(error)  # a tool wrote its text: the model will read it
 
         def attempt() -> bool:
             with self.engine.begin() as conn:
@@ -617,7 +620,7 @@ class OperationRunner:
         self, row: store.OperationRow, tool: Tool[Any], reservation: store.Reservation,
         decision: Retry,
     ) -> Outcome:
-        error = {"message": decision.message, "details": list(decision.details)}
+        error = seal_error({"message": decision.message, "details": list(decision.details)})
         delay = _backoff(tool, reservation.attempts)
 
         def attempt() -> bool:

@@ -81,6 +81,7 @@ def _silent(args: ledger_tools.NoticesArgs, ctx: RunContext) -> Written:
 def _notices_tool(name: str, input_model: Any, run: Callable[..., Written]) -> Tool[Any]:
     return Tool(
         name=name, description="notices", mode=Mode.WRITE, input_model=input_model,
+        untrusted_output=False,
         output_model=ledger_tools.NoticeBatchReceipt, run=run,
         access=Access.for_roles("member"), approval=Approval.never(),
         effect=[Effect.IDEMPOTENT], resources=ledger_tools._resources_notices,
@@ -109,6 +110,7 @@ REGISTRY_UNDER_TEST = Registry([
     _notices_tool("test.silent_notices", ledger_tools.NoticesArgs, _silent),
     Tool(
         name="test.looked_up_notices", description="notices settled by lookup", mode=Mode.WRITE,
+        untrusted_output=False,
         input_model=OverreachingArgs, output_model=ledger_tools.NoticeBatchReceipt,
         run=_never_runs, access=Access.for_roles("member"), approval=Approval.never(),
         effect=[Effect.LOOKUP], lookup=_lookup_reports, resources=ledger_tools._resources_notices,

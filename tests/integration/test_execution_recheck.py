@@ -74,6 +74,7 @@ class Bank:
 def pay_tool(bank: Bank, approval: Approval) -> Tool[PayArgs]:
     return Tool(
         name="bank.pay", description="pay from an account", mode=Mode.WRITE,
+        untrusted_output=False,
         input_model=PayArgs, output_model=Paid, run=bank.run,
         access=Access.for_roles("member"), approval=approval,
         approvers=ApproverPolicy.for_roles("approver"), effect=[Effect.FENCED],

@@ -81,7 +81,7 @@ class Handlers:
 def registry(handlers: Handlers) -> Registry:
     common: dict[str, Any] = {
         "input_model": QuoteArgs, "output_model": Quote,
-        "access": Access.public_tool(), "approval": Approval.never(),
+        "access": Access.public_tool(), "approval": Approval.never(), "untrusted_output": False,
     }
     return Registry([
         Tool(name="quotes.live", description="a live quote", mode=Mode.READ, run=handlers.quote,

@@ -113,7 +113,7 @@ def test_runner__reserve_recovered_after_slow_reads__tool_loses_ownership_before
 
     tool = Tool(
         name="probe.read", description="waits until it no longer owns its operation",
-        mode=Mode.READ, input_model=NoArgs, output_model=NoOutput, run=run,
+        mode=Mode.READ, untrusted_output=False, input_model=NoArgs, output_model=NoOutput, run=run,
         access=Access.public_tool(), approval=Approval.never(),
     )
     operation_id = register_read(engine, tool.name)

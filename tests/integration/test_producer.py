@@ -53,7 +53,7 @@ def _write(args: NoteArgs, ctx: RunContext) -> Written:
 def _tool(name: str, mode: Mode, **extra: Any) -> Tool[NoteArgs]:
     return Tool(
         name=name, description=name, mode=mode, input_model=NoteArgs, output_model=Out,
-        run=_write if mode is Mode.WRITE else _read, access=Access.public_tool(),
+        run=_write if mode is Mode.WRITE else _read, access=Access.public_tool(), untrusted_output=False,
         approval=Approval.never(), **({"effect": [Effect.IDEMPOTENT]} if mode is Mode.WRITE else {}),
         **extra,
     )

@@ -81,7 +81,8 @@ def _tool(name: str, mode: Mode, effects: list[Effect] | None, downstream: Downs
         extra["lookup"] = downstream.lookup
     return Tool(
         name=name, description=name, mode=mode, input_model=Args, output_model=Out,
-        run=_never_run, access=Access.public_tool(), approval=Approval.never(), **extra,
+        run=_never_run, access=Access.public_tool(), approval=Approval.never(),
+        untrusted_output=False, **extra,
     )
 
 

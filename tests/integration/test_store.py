@@ -53,6 +53,7 @@ def refund_tool(approvers: ApproverPolicy) -> Tool[RefundArgs]:
     """The declaration of the operations below: who may decide their approvals."""
     return Tool(
         name="refund_order", description="", mode=Mode.WRITE, input_model=RefundArgs,
+        untrusted_output=False,
         output_model=RefundArgs, run=lambda args, ctx: None, access=Access.for_roles("support"),
         approval=Approval.always(), approvers=approvers, effect=[Effect.IDEMPOTENT],
     )

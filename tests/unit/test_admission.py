@@ -145,6 +145,7 @@ def refund_tool(schema_version: int = 1) -> Tool[RefundArgs]:
         name="refund_order",
         description="Refund part of an order",
         mode=Mode.WRITE,
+        untrusted_output=False,
         input_model=RefundArgs,
         output_model=Output,
         run=run_refund,
@@ -164,6 +165,7 @@ def profile_tool() -> Tool[ProfileArgs]:
         name="update_profile",
         description="Update the caller's profile",
         mode=Mode.WRITE,
+        untrusted_output=False,
         input_model=ProfileArgs,
         output_model=Output,
         run=run_profile,
@@ -265,6 +267,7 @@ def test_admit__approval_predicate_true__admitted_pending_with_server_impact() -
 def test_admit__approval_always_without_impact_hook__impact_shows_tool_and_arguments() -> None:
     tool = Tool(
         name="close_account", description="", mode=Mode.WRITE, input_model=RefundArgs,
+        untrusted_output=False,
         output_model=Output, run=run_refund, access=Access.for_roles("support"),
         approval=Approval.always(), approvers=ApproverPolicy.for_roles("supervisor"),
         effect=[Effect.FENCED],
@@ -375,6 +378,7 @@ def test_admit__access_rule_raises__permission_denied_without_its_text() -> None
 
     tool = Tool(
         name="refund_order", description="", mode=Mode.WRITE, input_model=RefundArgs,
+        untrusted_output=False,
         output_model=Output, run=run_refund,
         access=Access.for_roles("support", rule=broken_rule), approval=Approval.never(),
         effect=[Effect.IDEMPOTENT],
@@ -390,6 +394,7 @@ def test_admit__check_raises_unexpected_error__business_rule_violation_without_i
 
     tool = Tool(
         name="refund_order", description="", mode=Mode.WRITE, input_model=RefundArgs,
+        untrusted_output=False,
         output_model=Output, run=run_refund, access=Access.for_roles("support"),
         approval=Approval.never(), effect=[Effect.IDEMPOTENT], check=broken_check,
     )
@@ -404,6 +409,7 @@ def test_admit__approval_predicate_raises__asks_a_person() -> None:
 
     tool = Tool(
         name="refund_order", description="", mode=Mode.WRITE, input_model=RefundArgs,
+        untrusted_output=False,
         output_model=Output, run=run_refund, access=Access.for_roles("support"),
         approval=Approval.when(broken_predicate), approvers=ApproverPolicy.for_roles("supervisor"),
         effect=[Effect.IDEMPOTENT],
@@ -746,6 +752,7 @@ def declare(**overrides: Any) -> Tool[Any]:
         "access": Access.for_roles("support"),
         "approval": Approval.never(),
         "effect": [Effect.UNSAFE],
+        "untrusted_output": False,
     }
     fields.update(overrides)
     return Tool(**{k: v for k, v in fields.items() if v is not MISSING})
@@ -754,7 +761,7 @@ def declare(**overrides: Any) -> Tool[Any]:
 MISSING = object()
 
 
-@pytest.mark.parametrize("field", ["access", "approval", "effect"])
+@pytest.mark.parametrize("field", ["access", "approval", "effect", "untrusted_output"])
 def test_tool__safety_field_missing__declaration_error_names_tool_and_field(field: str) -> None:
     with pytest.raises(ToolDeclarationError) as info:
         declare(**{field: MISSING})

@@ -35,7 +35,7 @@ def declare(approval: Approval, **fields: object) -> Tool[Args]:
     return Tool(
         name="pay", description="", mode=Mode.WRITE, input_model=Args, output_model=Args,
         run=lambda args, ctx: None, access=Access.for_roles("member"), approval=approval,
-        effect=[Effect.IDEMPOTENT], **fields,  # type: ignore[arg-type]
+        effect=[Effect.IDEMPOTENT], untrusted_output=False, **fields,  # type: ignore[arg-type]
     )
 
 

@@ -102,6 +102,7 @@ class Args(BaseModel):
 
 TOOL = Tool(
     name="t", description="t", mode=Mode.READ, input_model=Args, output_model=Args,
+    untrusted_output=False,
     run=lambda args, ctx: args, access=Access.public_tool(), approval=Approval.never(),
 )
 REGISTRY = Registry([TOOL])
@@ -147,6 +148,7 @@ def test_tool__budget_must_be_a_tool_budget() -> None:
     with pytest.raises(ToolDeclarationError, match="ToolBudget"):
         Tool(
             name="t", description="t", mode=Mode.READ, input_model=Args, output_model=Args,
+            untrusted_output=False,
             run=lambda args, ctx: args, access=Access.public_tool(), approval=Approval.never(),
             budget=3,  # type: ignore[arg-type]
         )

@@ -71,7 +71,7 @@ def tool(mode: Mode, *effects: Effect, retryable: tuple[type[BaseException], ...
         name=f"probe.{mode.value}.{'+'.join(sorted(effects)) or 'none'}",
         description="a declaration to classify against", mode=mode,
         input_model=NoArgs, output_model=NoOutput, run=lambda args, ctx: NoOutput(),
-        access=Access.public_tool(), approval=Approval.never(),
+        access=Access.public_tool(), approval=Approval.never(), untrusted_output=False,
         **({"effect": effects} if mode is Mode.WRITE else {}),
         lookup=_not_done if Effect.LOOKUP in effects else None,
         retry=RetryPolicy(max_attempts=BUDGET), retryable_exceptions=retryable,

@@ -48,7 +48,7 @@ def read_tool(**fields: Any) -> Tool[NoArgs]:
     return Tool(
         name="quotes.get", description="a price", mode=Mode.READ, input_model=NoArgs,
         output_model=Quote, run=_unused, access=Access.public_tool(), approval=Approval.never(),
-        **fields,
+        untrusted_output=False, **fields,
     )
 
 
@@ -71,6 +71,7 @@ def test_tool__max_age_on_a_write__refused_at_declaration() -> None:
     with pytest.raises(ToolDeclarationError, match="max_age_seconds is for reads only"):
         Tool(
             name="quotes.set", description="", mode=Mode.WRITE, input_model=NoArgs,
+            untrusted_output=False,
             output_model=Quote, run=_unused, access=Access.public_tool(),
             approval=Approval.never(), effect=[Effect.IDEMPOTENT], max_age_seconds=60,
         )
@@ -113,6 +114,7 @@ def test_stored_result__write_output_wrapped_in_observed__invalid_result() -> No
     # Only reads observe: a write's result is its receipt's output, nothing else.
     write = Tool(
         name="quotes.set", description="", mode=Mode.WRITE, input_model=NoArgs,
+        untrusted_output=False,
         output_model=Quote, run=_unused, access=Access.public_tool(),
         approval=Approval.never(), effect=[Effect.IDEMPOTENT],
     )

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import pytest
 
+from executor.core.sanitize import AWS_KEY_ID, GITHUB_TOKEN, STRIPE_KEYS
 from executor.mcp.sanitize import REDACTED, redact, redact_json, sanitize_text
 
 # ---------------------------------------------------------------- the reference
@@ -29,6 +30,9 @@ _PASSWORD = (
 )
 _TOKEN = r"(?:token|session[_-]?id)"
 _SEP = r"(?P<sep>[\"']?\s*[:=]\s*[\"']?)"
+# A value some earlier pattern already redacted is left alone (sanitising twice
+# changes nothing).
+_KEPT = r"(?!\[REDACTED\])"
 REFERENCE: tuple[tuple[re.Pattern[str], str], ...] = (
     (
         re.compile(
@@ -39,13 +43,15 @@ REFERENCE: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"(?i)\b(Bearer|Basic|Token)\s+[A-Za-z0-9\-._~+/]{6,}=*"), rf"\1 {REDACTED}"),
     (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s:@]+:[^/\s@]+@"), rf"\1{REDACTED}@"),
     (
-        re.compile(rf"(?i)\b(?P<key>{_NAME}{_PASSWORD}(?![A-Za-z0-9])){_SEP}(?P<value>[^\s\"'&,;}}\]]+)"),
+        re.compile(
+            rf"(?i)\b(?P<key>{_NAME}{_PASSWORD}(?![A-Za-z0-9])){_SEP}(?P<value>{_KEPT}[^\s\"'&,;}}\]]+)"
+        ),
         rf"\g<key>\g<sep>{REDACTED}",
     ),
     (
         re.compile(
             rf"(?i)\b(?P<key>{_NAME}{_TOKEN}(?![A-Za-z0-9])){_SEP}"
-            rf"(?P<value>(?!\d{{1,5}}(?:[\s\"'&,;}}\]]|$))[^\s\"'&,;}}\]]+)"
+            rf"(?P<value>{_KEPT}(?!\d{{1,5}}(?:[\s\"'&,;}}\]]|$))[^\s\"'&,;}}\]]+)"
         ),
         rf"\g<key>\g<sep>{REDACTED}",
     ),
@@ -57,6 +63,10 @@ REFERENCE: tuple[tuple[re.Pattern[str], str], ...] = (
         ),
         REDACTED,
     ),
+    # The shapes added after these (detect-secrets' and Stripe-style keys) are
+    # already of the simple form: they are their own reference.
+    (re.compile(rf"\b(?:{AWS_KEY_ID}|{GITHUB_TOKEN}|{'|'.join(STRIPE_KEYS)})"), REDACTED),
+    (re.compile(r"\b[rs]k\\?_(?:live|test)\\?_[0-9a-zA-Z]{8,}"), REDACTED),
 )
 
 

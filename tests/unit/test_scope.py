@@ -65,6 +65,7 @@ def batch_tool(
 ) -> Tool[BatchArgs]:
     return Tool(
         name="batch", description="a batch write", mode=Mode.WRITE, input_model=BatchArgs,
+        untrusted_output=False,
         output_model=Output, run=_run, access=Access.for_roles("member"), approval=approval,
         approvers=ApproverPolicy.for_roles("approver"),
         effect=[Effect.IDEMPOTENT], resources=resources, impact=impact,
@@ -140,6 +141,7 @@ def test_read_declaring_resources__declaration_error() -> None:
     with pytest.raises(ToolDeclarationError, match="only a write"):
         Tool(
             name="r", description="", mode=Mode.READ, input_model=BatchArgs, output_model=Output,
+            untrusted_output=False,
             run=_run, access=Access.public_tool(), approval=Approval.never(),
             resources=lambda args, ctx: [],
         )

@@ -87,22 +87,26 @@ def make_registry() -> Registry:
         [
             Tool(
                 name="get_weather", description="Current weather for a city.", mode=Mode.READ,
+                untrusted_output=False,
                 input_model=WeatherArgs, output_model=WeatherOut, run=_unused,
                 access=public, approval=never,
             ),
             Tool(
                 name="mcp.time/get", description="Current time in a timezone (MCP).",
                 mode=Mode.READ, input_model=TimeArgs, output_model=TimeOut, run=_unused,
+                untrusted_output=False,
                 access=public, approval=never,
             ),
             Tool(
                 name="refund", description="Refund part of an order.", mode=Mode.WRITE,
+                untrusted_output=False,
                 input_model=RefundArgs, output_model=RefundOut, run=_unused,
                 access=public, approval=never, effect=[Effect.IDEMPOTENT],
             ),
             Tool(
                 name=LONG_TOOL_NAME, description="A tool whose name no provider accepts as is.",
                 mode=Mode.READ, input_model=EmptyArgs, output_model=TimeOut, run=_unused,
+                untrusted_output=False,
                 access=public, approval=never,
             ),
         ]

@@ -348,6 +348,7 @@ class _Chain(BaseModel):
 def _tool(model: type[BaseModel]) -> Tool[Any]:
     return Tool(
         name="t", description="d", mode=Mode.READ, input_model=model, output_model=model,
+        untrusted_output=False,
         run=lambda args, ctx: None, access=Access.public_tool(), approval=Approval.never(),
     )
 

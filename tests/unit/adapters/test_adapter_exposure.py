@@ -102,7 +102,7 @@ def make_registry() -> Registry:
         tools.append(
             Tool(
                 name=name, description=f"{name} tool", input_model=AccountArgs, output_model=Out,
-                run=_unused, access=access, approval=Approval.never(),
+                run=_unused, access=access, approval=Approval.never(), untrusted_output=False,
                 mode=Mode.WRITE if write else Mode.READ,
                 **({"effect": [Effect.IDEMPOTENT]} if write else {}),
             )

@@ -1,0 +1,266 @@
+"""The one sanitiser for everything a model (or a stored result) is shown.
+
+A tool's output and its error messages can carry credentials it read from its
+environment or from a web page, terminal escape sequences, or text written to
+steer the model. Every model-facing output passes through here, whoever wrote
+it (a tool, an MCP server, a business rule): control characters are dropped,
+anything shaped like a secret is redacted, and the text is capped. Redaction
+runs on successful outputs too, not only on errors: a leaked token is just as
+leaked in a result.
+
+Markdown converters (mcp-server-fetch) escape underscores, so `api\\_key=…`
+and `AWS\\_SECRET\\_ACCESS\\_KEY=…` are matched like their plain forms. The
+shapes of AWS key ids, Stripe and GitHub tokens are detect-secrets' own
+(`detect_secrets.plugins.*` denylists; tests/unit/test_core_sanitize.py keeps
+them in step); its JWT pattern is not used: it is quadratic on a run of "eyJ".
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+REDACTED = "[REDACTED]"
+TRUNCATION_MARK = "…[truncated]"
+
+# Names that mark the value after them as a credential (`token=…`, `"api_key": "…"`):
+# the name must end with the secret word, so `max_tokens` or `tokenizer` are not.
+# After a token-like name a short run of digits is a count or a generation
+# number (`fencingToken: 3`), not a credential; after a password it is a PIN.
+# Name characters include the backslash of a markdown-escaped underscore (`\\_`):
+# one character class, not an alternation, so the lazy scan stays cheap.
+_NAME_PREFIX = r"[\w.\\-]*?"
+_NAME_END = r"(?![A-Za-z0-9])"
+# `_` or `-` between the words of a name, maybe escaped: `api_key`, `api\\_key`.
+_JOIN = r"(?:\\?[_-])"
+_PASSWORD_WORDS = (
+    rf"(?:api{_JOIN}?key|apikey|(?:secret|private|signing|access){_JOIN}?key|secret|"
+    r"passw(?:or)?d|pwd|passphrase|credentials?|auth(?:orization)?|cookie)"
+)
+_TOKEN_WORDS = rf"(?:token|session{_JOIN}?id)"
+_PASSWORD_NAME_RE = re.compile(rf"^{_NAME_PREFIX}{_PASSWORD_WORDS}{_NAME_END}$", re.IGNORECASE)
+_TOKEN_NAME_RE = re.compile(rf"^{_NAME_PREFIX}{_TOKEN_WORDS}{_NAME_END}$", re.IGNORECASE)
+_SHORT_NUMBER_RE = re.compile(r"^\d{1,5}$")
+_VALUE_END = r"[\s\"'&,;}\]]"
+# A value runs to a delimiter; a backslash before a quote is that quote's escape
+# (JSON quoted inside a string), kept with it.
+# A value already redacted is left alone, so sanitising twice changes nothing.
+_VALUE = r"(?!\[REDACTED\])(?:[^\s\"'&,;}\]\\]|\\(?![\"']))++"
+_SEPARATOR = r"(?P<sep>\\?[\"']?\s*[:=]\s*\\?[\"']?)"
+# A name starts where a run of name characters starts, and ends where the run
+# does (a backslash that escapes a quote is not part of it).
+_NAME_START = r"(?<![\w.\\-])"
+_NAME_STOP = r"(?![\w.-]|\\_)"
+
+# Key shapes, as detect-secrets' plugins write them (aws.AWSKeyDetector,
+# stripe.StripeDetector, github_token.GitHubTokenDetector): each is a literal
+# prefix and a bounded run, linear from every start.
+AWS_KEY_ID = r"(?:A3T[A-Z0-9]|ABIA|ACCA|AKIA|ASIA)[0-9A-Z]{16}"
+STRIPE_KEYS = (r"(?:r|s)k_live_[0-9a-zA-Z]{24}",)
+GITHUB_TOKEN = r"(ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9_]{36}"
+
+# Every pattern runs in time linear in its input. A regex that may start at
+# every position and then scan a long run before failing (`\b[\w.-]*?token`
+# from each boundary of "a.a.a.…") is quadratic, and a hostile server's 16,000
+# characters then hold the GIL for seconds. So each pattern starts only where a
+# run of the characters it scans begins (a negative lookbehind), scans that run
+# once (possessive or atomic), and keeps what it skipped of the run (`lead`):
+# it redacts exactly what the boundary-anchored form would, from fewer starts.
+_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+    # PEM blocks first: their body spans lines the other patterns would only nibble at.
+    (
+        re.compile(
+            r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?(?:-----END [A-Z ]*PRIVATE KEY-----|\Z)",
+            re.DOTALL,
+        ),
+        REDACTED,
+    ),
+    (re.compile(r"(?i)\b(Bearer|Basic|Token)\s+[A-Za-z0-9\-._~+/]{6,}=*"), rf"\1 {REDACTED}"),
+    # user:password@host in URLs. The scheme starts at a letter after a boundary;
+    # every such start in one run of scheme characters ends at the same "://",
+    # so the run is matched whole, from its first character, and kept.
+    (
+        re.compile(
+            r"(?i)(?<![a-z0-9+.-])(?P<scheme>(?>(?<!\w)[a-z]|[a-z0-9+.-]*?[+.-][a-z])[a-z0-9+.-]*+://)"
+            r"[^/\s:@]++:[^/\s@]++@"
+        ),
+        rf"\g<scheme>{REDACTED}@",
+    ),
+    # key=value, key: value, "key": "value" (the value stops at a delimiter).
+    # The separator cannot start inside a name, so a name is a whole run of
+    # name characters ending in the secret word.
+    (
+        re.compile(
+            rf"(?i){_NAME_START}(?P<key>{_NAME_PREFIX}{_PASSWORD_WORDS}){_NAME_STOP}{_SEPARATOR}"
+            rf"(?P<value>{_VALUE})"
+        ),
+        rf"\g<key>\g<sep>{REDACTED}",
+    ),
+    (
+        re.compile(
+            rf"(?i){_NAME_START}(?P<key>{_NAME_PREFIX}{_TOKEN_WORDS}){_NAME_STOP}{_SEPARATOR}"
+            rf"(?P<value>(?!\d{{1,5}}(?:{_VALUE_END}|$)){_VALUE})"
+        ),
+        rf"\g<key>\g<sep>{REDACTED}",
+    ),
+    # Well-known token shapes that appear without a name in front of them.
+    (
+        re.compile(
+            r"\b(?:sk-(?:[A-Za-z0-9_-]|\\_){16,}|gh[pousr]_[A-Za-z0-9]{20,}|"
+            r"xox[abprs]-[A-Za-z0-9-]{10,}|AKIA[0-9A-Z]{16})"
+        ),
+        REDACTED,
+    ),
+    # JWTs: every "eyJ" in one run of base64url characters reaches the same ".",
+    # so only the run's first one is tried (atomic), and the run's lead is kept.
+    (
+        re.compile(
+            r"(?<![A-Za-z0-9_-])(?P<lead>(?>[A-Za-z0-9_-]*?\b(?=eyJ)))"
+            r"eyJ[A-Za-z0-9_-]{8,}+\.[A-Za-z0-9_-]{8,}+\.[A-Za-z0-9_-]{8,}+"
+        ),
+        rf"\g<lead>{REDACTED}",
+    ),
+    # After the shapes above, so what they redacted before stays exactly as it was.
+    (re.compile(rf"\b(?:{AWS_KEY_ID}|{GITHUB_TOKEN}|{'|'.join(STRIPE_KEYS)})"), REDACTED),
+    # Stripe-style keys of any length (sk_live_, rk_test_, …), also markdown-escaped.
+    (re.compile(r"\b[rs]k\\?_(?:live|test)\\?_[0-9a-zA-Z]{8,}"), REDACTED),
+)
+
+# C0/C1 controls except tab and newline: escape sequences can rewrite what a
+# person reviewing the text in a terminal sees.
+_CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def redact(text: str) -> str:
+    """Replace anything shaped like a credential with `[REDACTED]`."""
+    for pattern, replacement in _PATTERNS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def cap(text: str, limit: int) -> tuple[str, bool]:
+    """`text` cut to at most `limit` characters (mark included); and whether it was cut."""
+    if len(text) <= limit:
+        return text, False
+    keep = max(0, limit - len(TRUNCATION_MARK))
+    return text[:keep] + TRUNCATION_MARK, True
+
+
+def sanitize_text(text: str, limit: int) -> tuple[str, bool]:
+    """Controls dropped, secrets redacted, length capped; returns (text, truncated).
+
+    The raw text is pre-cut before the regexes run so a hostile multi-megabyte
+    answer costs bounded time; a secret split by that cut loses its tail,
+    which is dropped anyway.
+    """
+    pre_cut = len(text) > 4 * limit + 256
+    if pre_cut:
+        text = text[: 4 * limit + 256]
+    text = redact(_CONTROL_RE.sub("", text))
+    text, cut = cap(text, limit)
+    return text, cut or pre_cut
+
+
+def sanitize_error_text(text: str, limit: int = 500) -> str:
+    return sanitize_text(text, limit)[0]
+
+
+def redact_json(value: Any, *, max_depth: int = 64) -> Any:
+    """A JSON value with secret-named members and secret-shaped strings redacted."""
+    if max_depth <= 0:
+        return REDACTED
+    if isinstance(value, str):
+        return redact(_CONTROL_RE.sub("", value))
+    if isinstance(value, Mapping):
+        return {
+            str(key): (
+                REDACTED
+                if _is_secret_member(str(key), item)
+                else redact_json(item, max_depth=max_depth - 1)
+            )
+            for key, item in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [redact_json(item, max_depth=max_depth - 1) for item in value]
+    return value
+
+
+def _is_secret_member(name: str, item: Any) -> bool:
+    if not isinstance(item, str | int | float) or isinstance(item, bool):
+        return False
+    if _PASSWORD_NAME_RE.match(name):
+        return True
+    return bool(_TOKEN_NAME_RE.match(name)) and not _SHORT_NUMBER_RE.match(str(item))
+
+
+# What a model is shown of one result at most (the MCP default cap, too).
+MODEL_VIEW_MAX_CHARS = 16_000
+# What a model is shown of one tool-written error message at most.
+ERROR_MESSAGE_MAX_CHARS = 500
+
+
+def sanitize_json(value: Any, limit: int = MODEL_VIEW_MAX_CHARS) -> Any:
+    """A JSON value made safe to show a model, its structure kept.
+
+    Strings are sanitised (controls, secrets) and secret-named members redacted,
+    as `redact_json` does; the whole is capped at about `limit` characters of
+    JSON text: a string that crosses the budget is cut with `TRUNCATION_MARK`,
+    list items past it are replaced by one `TRUNCATION_MARK` item, and mapping
+    members past it by one member named `TRUNCATION_MARK` (the count dropped).
+    Each string is pre-cut to what the remaining budget can keep before the
+    regexes run, so the cost is linear in what is kept, not in what was sent.
+    """
+    return _Sealer(limit).seal(value, 64)
+
+
+class _Sealer:
+    def __init__(self, limit: int) -> None:
+        self.remaining = limit
+
+    def seal(self, value: Any, depth: int) -> Any:
+        if depth <= 0:
+            self.remaining -= len(REDACTED) + 2
+            return REDACTED
+        if isinstance(value, str):
+            text, _ = sanitize_text(value, max(self.remaining - 2, 0))
+            self.remaining -= len(text) + 2
+            return text
+        if isinstance(value, Mapping):
+            sealed: dict[str, Any] = {}
+            self.remaining -= 2
+            items = list(value.items())
+            for index, (key, item) in enumerate(items):
+                name = sanitize_text(str(key), 256)[0]
+                if self.remaining <= len(name) + 6:
+                    sealed[TRUNCATION_MARK] = len(items) - index
+                    break
+                self.remaining -= len(name) + 6  # quotes, ": " and ", "
+                if _is_secret_member(str(key), item):
+                    self.remaining -= len(REDACTED) + 2
+                    sealed[name] = REDACTED
+                else:
+                    sealed[name] = self.seal(item, depth - 1)
+            return sealed
+        if isinstance(value, list | tuple):
+            kept: list[Any] = []
+            self.remaining -= 2
+            for item in value:
+                if self.remaining <= 0:
+                    kept.append(TRUNCATION_MARK)
+                    break
+                kept.append(self.seal(item, depth - 1))
+                self.remaining -= 2  # ", "
+            return kept
+        self.remaining -= len(str(value)) + 1
+        return value
+
+
+def seal_error(error: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored error (`{"message", "details", …}`) with its tool-written text sanitised."""
+    sealed = dict(error)
+    if "message" in sealed:
+        sealed["message"] = sanitize_error_text(str(sealed["message"]), ERROR_MESSAGE_MAX_CHARS)
+    if "details" in sealed:
+        sealed["details"] = sanitize_json(sealed["details"], 4 * ERROR_MESSAGE_MAX_CHARS)
+    return sealed
