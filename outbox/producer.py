@@ -22,6 +22,7 @@ from executor.core.admission import Admitted, Gate, Limits, Rejected, admit, pro
 from executor.core.budgets import Budgets, Exceeded, Scope
 from executor.core.budgets import exceeded as budget_exceeded
 from executor.core.budgets import refusal as budget_refusal
+from executor.core.sanitize import sanitize_json
 from executor.core.states import State
 from executor.core.tools import Mode, Registry
 from executor.core.types import (
@@ -432,6 +433,15 @@ def _register(
 # ------------------------------------------------------------------ results
 
 
+def _model_view(stored: Any) -> Any:
+    """What the model may see of a stored success. Results stored since results are
+    sealed carry their sanitised `model_view`; older rows and an operator's
+    resolution carry none, so theirs is sanitised here, on the way out."""
+    if isinstance(stored, dict) and "model_view" in stored:
+        return stored["model_view"]
+    return sanitize_json(stored.get("output") if isinstance(stored, dict) else stored)
+
+
 def operation_status(
     call_id: str, tool_name: str, row: Any, *, now: float | None = None
 ) -> CallStatus:
@@ -445,7 +455,7 @@ def operation_status(
         stored = json.loads(row.result) if row.result else {}
         return Succeeded(
             call_id=call_id, tool_name=tool_name, operation_id=row.operation_id,
-            output=stored.get("model_view", stored.get("output")) if isinstance(stored, dict) else stored,
+            output=_model_view(stored),
             untrusted=bool(stored.get("untrusted")) if isinstance(stored, dict) else False,
             **_freshness(row, stored if isinstance(stored, dict) else {}, now),
         )
