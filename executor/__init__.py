@@ -20,7 +20,8 @@ module does not pull in SQLAlchemy, Celery or an SDK through this file.
   `get_engine`, `migrate`.
 - Provider surfaces: `SURFACES`, `Surface`, `AdapterError`,
   `encode_tool_name`, `decode_tool_name`; provider-run calls: `HostedPolicy`,
-  `HostedServer`, `NO_HOSTED_TOOLS`, `HostedCall`, `hosted_violations`;
+  `HostedServer`, `NO_HOSTED_TOOLS`, `HostedCall`, `hosted_violations`, and
+  `HostedCalls` (to record them with `enqueue(..., hosted=...)`);
   MCP: `register_mcp_server`, `ToolPolicy`.
 """
 
@@ -112,6 +113,7 @@ if TYPE_CHECKING:
     from outbox.producer import (
         CallHandle,
         EnqueueHandle,
+        HostedCalls,
         InvalidBatch,
         default_operation_id,
         enqueue,
@@ -170,6 +172,7 @@ _EXPORTS: dict[str, str] = {
     "migrate": "executor.store.migrate",
     "CallHandle": "outbox.producer",
     "EnqueueHandle": "outbox.producer",
+    "HostedCalls": "outbox.producer",
     "InvalidBatch": "outbox.producer",
     "default_operation_id": "outbox.producer",
     "enqueue": "outbox.producer",
@@ -211,6 +214,7 @@ __all__ = [
     "FailedRetryable",
     "FailedTerminal",
     "HostedCall",
+    "HostedCalls",
     "HostedPolicy",
     "HostedServer",
     "InvalidBatch",

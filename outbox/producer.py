@@ -37,6 +37,7 @@ from executor.core.types import (
     Succeeded,
     ToolError,
 )
+from executor.providers.hosted import HostedCall, HostedPolicy, hosted_violations
 from executor.settings import budgets_from_env
 from executor.store.engine import read_only
 from executor.store.schema import approvals
@@ -52,6 +53,16 @@ class InvalidBatch(ValueError):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+@dataclass(frozen=True)
+class HostedCalls:
+    """The provider-run calls of the response whose proposals are being enqueued
+    (`surface.read_hosted_calls(response)`), and the hosted-tool policy the request
+    declared (the one `export_mcp_tools` / `export_mcp_servers` put into it)."""
+
+    calls: Sequence[HostedCall]
+    policy: HostedPolicy
 
 
 @dataclass(frozen=True)
@@ -120,6 +131,7 @@ def enqueue(
     operation_ids: Mapping[str, str] | None = None,
     limits: Limits | None = None,
     budgets: Budgets | None = None,
+    hosted: HostedCalls | None = None,
 ) -> EnqueueHandle:
     """Admit `calls` and write operations + outbox rows in the caller's transaction.
 
@@ -134,6 +146,14 @@ def enqueue(
     one failed, `repeated_failed_call`. Enqueueing a request again is idempotent:
     a call id already recorded returns its stored status when the call is the
     same, `idempotency_conflict` when it is not, and writes nothing.
+
+    `hosted`: the calls the provider ran itself, recorded in the same transaction
+    (`toolfence_hosted_calls`, never their arguments or output) and counted. One
+    the policy does not allow is also a call of the request, after its proposals:
+    `failed_terminal` `hosted_call_not_allowed`, call id the provider's item id
+    (prefixed `hosted:` when a call of the request already uses that id), so
+    `results()` and every surface's `write_results` report it. Its handle is in
+    the returned handle's `calls`.
     """
     _check_batch(calls)
     conn = _connection(session)
@@ -210,10 +230,109 @@ def enqueue(
         if is_write and not ok:
             order.write_blocked = True
 
+    if hosted is not None:
+        handles.extend(_record_hosted(conn, context, hosted, next_position))
+
     if conn.dialect.name == "postgresql":
         # Delivered at commit, and only if the caller commits: wakes the relay early.
         conn.execute(text(f"NOTIFY {NOTIFY_CHANNEL}"))
     return EnqueueHandle(context.request_id, tuple(handles))
+
+
+# ------------------------------------------------------------------ hosted calls
+
+HOSTED_TOOL_PREFIX = "hosted."
+"""A reported hosted call's tool name is this and its item kind (`hosted.mcp_call`):
+bounded, and never the provider's own label or tool name (those stay in the table)."""
+_MAX_KEY_CHARS = 160
+
+
+def _hosted_keys(calls: Sequence[HostedCall]) -> list[str]:
+    """Each hosted call's key in its request, the same every time one response is read:
+    the provider's item id (a result item's with `/result`: it names the call it
+    answers), `<surface>:<kind>:<index>` without one, a digest of an overlong one,
+    and `#n` on the nth repeat of a key within the response."""
+    keys: list[str] = []
+    seen: set[str] = set()
+    for index, call in enumerate(calls):
+        if not call.item_id:
+            key = f"{call.surface}:{call.kind[:64]}:{index}"
+        elif len(call.item_id) > _MAX_KEY_CHARS:
+            key = "h_" + hashlib.sha256(call.item_id.encode()).hexdigest()[:32]
+        else:
+            key = call.item_id
+        if call.is_result:
+            key += "/result"
+        candidate, n = key, 1
+        while candidate in seen:
+            n += 1
+            candidate = f"{key}#{n}"
+        seen.add(candidate)
+        keys.append(candidate)
+    return keys
+
+
+def _free_call_id(key: str, taken: set[str]) -> str:
+    """The item's key as call id, unless a call of the request already has it (a
+    proposal the model named alike): then `hosted:<key>`, never overwriting it."""
+    if key not in taken:
+        return key
+    candidate, n = f"hosted:{key}", 1
+    while candidate in taken:
+        n += 1
+        candidate = f"hosted:{key}#{n}"
+    return candidate
+
+
+def _record_hosted(
+    conn: Connection, context: ServerContext, hosted: HostedCalls, next_position: int
+) -> list[CallHandle]:
+    """Record each hosted call (once per request); report each one outside the policy
+    as a `failed_terminal` call row of the request. Returns those rows' handles."""
+    recorded = store.hosted_calls_of_request(conn, context.tenant, context.request_id)
+    call_rows = store.calls_of_request(conn, context.tenant, context.request_id)
+    taken = set(call_rows)
+    handles: list[CallHandle] = []
+    for key, call in zip(_hosted_keys(hosted.calls), hosted.calls, strict=True):
+        known = recorded.get(key)
+        if known is not None:
+            # The same response recorded again: its answer stands, nothing is written.
+            if known.call_id is not None and known.call_id in call_rows:
+                row = call_rows[known.call_id]
+                handles.append(
+                    CallHandle(row.call_id, row.tool_name, None, _parse_status(json.loads(row.result)))
+                )
+            continue
+        violations = [] if call.is_result else hosted_violations([call], hosted.policy)
+        call_id: str | None = None
+        if violations:
+            [violation] = violations
+            call_id = _free_call_id(key, taken)
+            taken.add(call_id)
+            tool_name = HOSTED_TOOL_PREFIX + call.kind[:64]
+            result = FailedTerminal(call_id=call_id, tool_name=tool_name, error=violation.error)
+            store.record_call(
+                conn, tenant=context.tenant, request_id=context.request_id,
+                conversation_id=context.conversation_id, call_id=call_id, position=next_position,
+                tool_name=tool_name, operation_id=None, gate=Gate.HOSTED,
+                result=result.model_dump(mode="json"),
+                # Never equal to a proposal's fingerprint: a later proposal reusing
+                # this call id is an idempotency_conflict, not this answer.
+                proposal_hash=hashlib.sha256(f"hosted\0{key}".encode()).hexdigest(),
+            )
+            next_position += 1
+            handles.append(CallHandle(call_id, tool_name, None, result))
+        store.record_hosted_call(
+            conn, tenant=context.tenant, request_id=context.request_id, hosted_call_id=key,
+            surface=call.surface, kind=call.kind, server_label=call.server_label,
+            tool_name=call.tool_name, item_id=call.item_id, status=call.status,
+            output_digest=call.output_digest, allowed=None if call.is_result else not violations,
+            code=ErrorCode.HOSTED_CALL_NOT_ALLOWED.value if violations else None, call_id=call_id,
+        )
+        if not call.is_result:
+            outcome = "not_allowed" if violations else "allowed"
+            metrics.HOSTED_CALLS.labels(call.surface, call.kind, outcome).inc()
+    return handles
 
 
 def _tool_label(call: ProposedCall, registry: Registry) -> str:
@@ -627,6 +746,7 @@ def request_exists(conn: Connection, tenant: str, request_id: str) -> bool:
 __all__ = [
     "CallHandle",
     "EnqueueHandle",
+    "HostedCalls",
     "InvalidBatch",
     "default_operation_id",
     "enqueue",

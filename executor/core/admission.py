@@ -37,8 +37,9 @@ DEFAULT_MAX_ARGUMENT_DEPTH = 32
 class Gate(StrEnum):
     """Where a proposed call was decided: the call budget, the admission gates in
     their order, then proposal order, repeated writes and registration, which the
-    producer applies. The values are what `toolfence_calls.gate` stores and the
-    proposals counter's `gate` label says."""
+    producer applies; and `hosted`, a provider-run call reported on the request.
+    The values are what `toolfence_calls.gate` stores and the proposals counter's
+    `gate` label says."""
 
     BUDGET = "budget"
     ALLOWLIST = "allowlist"
@@ -50,6 +51,8 @@ class Gate(StrEnum):
     ORDERING = "ordering"
     REPEAT = "repeat"
     REGISTRATION = "registration"
+    # A provider-run call outside the hosted-tool policy, reported after the proposals.
+    HOSTED = "hosted"
 
 
 @dataclass(frozen=True)

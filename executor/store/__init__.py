@@ -9,7 +9,7 @@ One home per concern, one import for callers (`from executor import store`):
   record_lookup_result, resolve), each one named CAS;
 - `ordering`: proposal order, and the one "runnable" predicate (`runnable_queued`)
   the store and the exporter share;
-- `approvals`, `receipts`, `intake` (call and outbox rows), `reads`, `audit`;
+- `approvals`, `receipts`, `intake` (call, outbox and hosted-call rows), `reads`, `audit`;
 - `schema` (tables), `engine`, `clock`, `migrate` and `migrations/`.
 """
 
@@ -30,8 +30,10 @@ from executor.store.audit import (
 from executor.store.clock import DATABASE_CLOCK, Clock, ManualClock, read_now
 from executor.store.intake import (
     add_outbox_row,
+    hosted_calls_of_request,
     lock_scopes,
     record_call,
+    record_hosted_call,
 )
 from executor.store.operations import (
     complete,
@@ -107,6 +109,7 @@ __all__ = [
     "StaleOperation",
     "StoreError",
     "add_outbox_row",
+    "hosted_calls_of_request",
     "approval_for_operation",
     "approve",
     "audit_trail",
@@ -132,6 +135,7 @@ __all__ = [
     "promote_due_retry",
     "read_now",
     "record_call",
+    "record_hosted_call",
     "record_lookup_result",
     "record_receipt",
     "refuse_approver",

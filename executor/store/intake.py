@@ -8,14 +8,16 @@ from typing import Any
 
 from sqlalchemy import (
     Connection,
+    Row,
     insert,
+    select,
     text,
 )
 
 from executor.core.admission import Gate
 from executor.store.audit import dumps
 from executor.store.clock import DATABASE_CLOCK, Clock
-from executor.store.schema import calls, outbox
+from executor.store.schema import calls, hosted_calls, outbox
 
 
 def add_outbox_row(
@@ -88,3 +90,58 @@ def record_call(
             created_at=clock.now(),
         )
     )
+
+
+def _clip(value: str | None, limit: int) -> str | None:
+    # Provider-written text sized to its column: PostgreSQL refuses a longer value.
+    return None if value is None else value[:limit]
+
+
+def record_hosted_call(
+    conn: Connection,
+    *,
+    tenant: str,
+    request_id: str,
+    hosted_call_id: str,
+    surface: str,
+    kind: str,
+    server_label: str | None,
+    tool_name: str | None,
+    item_id: str | None,
+    status: str | None,
+    output_digest: str | None,
+    allowed: bool | None,
+    code: str | None,
+    call_id: str | None,
+    clock: Clock = DATABASE_CLOCK,
+) -> None:
+    """One append-only row per provider-run call read from a response, on the database
+    clock. `allowed` is None for an item that only reports a run (the call it answers
+    is the one checked); `call_id` names the call row answering a call the policy did
+    not allow. Arguments and output text are never stored, only the output's digest."""
+    conn.execute(
+        insert(hosted_calls).values(
+            tenant=tenant,
+            request_id=request_id,
+            hosted_call_id=hosted_call_id,
+            surface=_clip(surface, 32),
+            kind=_clip(kind, 64),
+            server_label=_clip(server_label, 200),
+            tool_name=_clip(tool_name, 200),
+            item_id=_clip(item_id, 200),
+            status=_clip(status, 32),
+            output_digest=output_digest,
+            allowed=allowed,
+            code=code,
+            call_id=call_id,
+            recorded_at=clock.now(),
+        )
+    )
+
+
+def hosted_calls_of_request(conn: Connection, tenant: str, request_id: str) -> dict[str, Row[Any]]:
+    """hosted_call_id → the hosted-call row already recorded for this request."""
+    rows = conn.execute(
+        select(hosted_calls).where(hosted_calls.c.tenant == tenant, hosted_calls.c.request_id == request_id)
+    ).all()
+    return {row.hosted_call_id: row for row in rows}

@@ -79,7 +79,9 @@ def scope_usage(
         calls.c.request_id == request_id if conversation_id is None
         else calls.c.conversation_id == conversation_id
     )
-    counted = or_(calls.c.gate.is_(None), calls.c.gate != Gate.BUDGET.value)
+    # Refused by a budget, or a provider-run call reported on the request: not a
+    # call toolfence was asked to run, so not one the budget counts.
+    counted = or_(calls.c.gate.is_(None), calls.c.gate.not_in([Gate.BUDGET.value, Gate.HOSTED.value]))
     writes = list(write_tools)
 
     def total(condition: ColumnElement[bool]) -> ColumnElement[Any]:

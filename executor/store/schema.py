@@ -164,6 +164,38 @@ Index(
     sqlite_where=outbox.c.published_at.is_(None),
 )
 
+# One append-only row per provider-run (hosted) call read from a response (migration
+# 0005): what ran, whether the hosted-tool policy allowed it (NULL for an item that
+# only reports a run), and for one it did not, `call_id`, the call row of the
+# request answering it `hosted_call_not_allowed`. Never arguments or output text.
+hosted_calls = Table(
+    "toolfence_hosted_calls",
+    metadata,
+    Column("hosted_call_row_id", Id, primary_key=True, autoincrement=True),
+    Column("tenant", String(200), nullable=False),
+    Column("request_id", String(200), nullable=False),
+    Column("hosted_call_id", String(200), nullable=False),
+    Column("surface", String(32), nullable=False),
+    Column("kind", String(64), nullable=False),
+    Column("server_label", String(200)),
+    Column("tool_name", String(200)),
+    Column("item_id", String(200)),
+    Column("status", String(32)),
+    Column("output_digest", String(64)),
+    Column("allowed", Boolean),
+    Column("code", String(64)),
+    Column("call_id", String(200)),
+    Column("recorded_at", Float, nullable=False),
+)
+Index(
+    "ux_toolfence_hosted_calls_key",
+    hosted_calls.c.tenant,
+    hosted_calls.c.request_id,
+    hosted_calls.c.hosted_call_id,
+    unique=True,
+)
+Index("ix_toolfence_hosted_calls_recorded", hosted_calls.c.recorded_at)
+
 audit_events = Table(
     "toolfence_audit_events",
     metadata,

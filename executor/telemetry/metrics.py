@@ -119,6 +119,12 @@ APPROVAL_SCOPE_EXCEEDED = Counter(
     ["tool"],
 )
 
+HOSTED_CALLS = Counter(
+    "toolfence_hosted_calls_total",
+    "Provider-run (hosted) calls read from responses, by whether the hosted-tool policy allowed them.",
+    ["surface", "kind", "outcome"],  # outcome: allowed | not_allowed
+)
+
 
 def count_approval_decision(decision: Decision, verb: ApprovalDecision) -> None:
     """Count what `store.approve`/`store.deny` did (every caller of them calls this)."""
