@@ -83,6 +83,9 @@ class Settings:
     max_argument_depth: int = 32
     metrics_dir: str | None = None
     tools_module: str = "ledger.tools:registry"
+    # `module:attribute` naming the application's HostedPolicy; None: no hosted tool
+    # may run (NO_HOSTED_TOOLS), so every provider-run call is reported.
+    hosted_policy: str | None = None
     fault_points: frozenset[str] = field(default_factory=frozenset)
     budgets: Budgets = field(default_factory=Budgets)
 
@@ -119,6 +122,7 @@ class Settings:
             max_argument_depth=_int("TOOLFENCE_MAX_ARGUMENT_DEPTH", 32),
             metrics_dir=os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None,
             tools_module=os.environ.get("TOOLFENCE_TOOLS", "ledger.tools:registry"),
+            hosted_policy=os.environ.get("TOOLFENCE_HOSTED_POLICY") or None,
             fault_points=frozenset(p for p in faults.split(",") if p),
             budgets=budgets_from_env(),
         )

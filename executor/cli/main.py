@@ -7,6 +7,7 @@ clear line on stderr and a non-zero exit, never a traceback.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
@@ -34,6 +35,7 @@ from executor.store.schema import approvals, operations, receipts
 
 if TYPE_CHECKING:
     from executor.providers import Surface
+    from executor.providers.hosted import HostedPolicy
 
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
@@ -81,6 +83,26 @@ def _registry(settings: Settings) -> Registry:
             f"cannot load tools from TOOLFENCE_TOOLS={settings.tools_module!r}: "
             f"{type(exc).__name__}: {_first_line(exc)}"
         ) from exc
+
+
+def _hosted_policy(settings: Settings) -> HostedPolicy:
+    """The HostedPolicy named by TOOLFENCE_HOSTED_POLICY (`module:attribute`); unset,
+    NO_HOSTED_TOOLS: every provider-run call is reported."""
+    from executor.providers.hosted import NO_HOSTED_TOOLS, HostedPolicy
+
+    if settings.hosted_policy is None:
+        return NO_HOSTED_TOOLS
+    refused = f"cannot load the hosted-tool policy TOOLFENCE_HOSTED_POLICY={settings.hosted_policy!r}"
+    module_name, _, attribute = settings.hosted_policy.partition(":")
+    if not module_name or not attribute:
+        raise UserError(f"{refused}: expected module:attribute")
+    try:
+        policy = getattr(importlib.import_module(module_name), attribute)
+    except Exception as exc:
+        raise UserError(f"{refused}: {type(exc).__name__}: {_first_line(exc)}") from exc
+    if not isinstance(policy, HostedPolicy):
+        raise UserError(f"{refused}: {type(policy).__name__}, not a HostedPolicy")
+    return policy
 
 
 def _surface(name: str) -> Surface:
@@ -181,10 +203,11 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     settings = _settings()
     surface = _surface(args.provider) if args.provider else None
     engine = _engine(settings)
-    from outbox.producer import InvalidBatch, enqueue
+    from outbox.producer import HostedCalls, InvalidBatch, enqueue
 
     payload = _read_json_file(args.file)
     registry = _registry(settings)
+    hosted: HostedCalls | None = None
     if surface is not None:
         from executor.providers import AdapterError, AdapterErrorCode
 
@@ -196,6 +219,9 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
             )
         try:
             calls = surface.read_proposals(payload, known_names=registry.names())
+            # What the provider ran itself is recorded too, against the application's
+            # hosted-tool policy: one outside it is reported, never silent.
+            hosted = HostedCalls(surface.read_hosted_calls(payload), _hosted_policy(settings))
         except AdapterError as exc:
             raise UserError(f"{refused}: {exc.code.value}: {exc.message}") from None
     else:
@@ -212,7 +238,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         # Enqueueing the same request again is idempotent: same calls → their stored
         # statuses, a call id reused for another call → idempotency_conflict.
         with engine.begin() as conn:
-            handle = enqueue(conn, calls, context, registry, budgets=settings.budgets)
+            handle = enqueue(conn, calls, context, registry, budgets=settings.budgets, hosted=hosted)
     except InvalidBatch as exc:
         raise UserError(f"{exc.code}: {exc}") from None
     _print_json(

@@ -998,3 +998,110 @@ def test_provider_results__before_execution__pending_calls_answered_with_why(
         ("toolu_read", "operation_in_progress", True),
         ("toolu_big", "approval_required", True),
     ]
+
+
+# ---------------------------------------------------------------- hosted calls: never silent
+
+
+def responses_with_mcp_call(mcp_tool: str, wire_balance: str) -> dict[str, Any]:
+    """An OpenAI Responses output: one function call, and an `mcp_call` the provider ran."""
+    return openai_responses_types.Response.model_validate({
+        "id": "resp_h", "object": "response", "created_at": 1_700_000_000, "model": "gpt-test",
+        "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "status": "completed",
+        "output": [
+            {"type": "mcp_call", "id": f"mcp_{mcp_tool}", "server_label": "crm", "name": mcp_tool,
+             "arguments": '{"scope": "all"}', "output": "ssn 078-05-1120", "status": "completed"},
+            {"type": "function_call", "id": "fc_0", "call_id": "call_bal", "name": wire_balance,
+             "arguments": '{"account_id": "acc-1"}', "status": "completed"},
+        ],
+    }).to_dict()
+
+
+def hosted_counter(outcome: str) -> float:
+    from prometheus_client import REGISTRY as METRICS
+
+    labels = {"surface": "openai-responses", "kind": "mcp_call", "outcome": outcome}
+    return METRICS.get_sample_value("toolfence_hosted_calls_total", labels) or 0.0
+
+
+def hosted_table(home: Path) -> list[Any]:
+    engine = store_engine.get_engine(f"sqlite:///{home / 'toolfence.db'}")
+    with engine.connect() as conn:
+        return list(conn.execute(select(schema.hosted_calls)).all())
+
+
+def test_enqueue_provider__mcp_call_the_policy_does_not_allow__results_report_it_failed_terminal(
+    home: Path, ledger: Ledger, cli: Callable[..., Run]
+) -> None:
+    # Given no TOOLFENCE_HOSTED_POLICY (no hosted tool may run) and a response whose
+    # provider ran delete_all on an MCP server
+    wire_balance = encode_tool_name(BALANCE, SURFACES["openai-responses"].name_rule)
+    response = responses_with_mcp_call("delete_all", wire_balance)
+    before = hosted_counter("not_allowed")
+    # When enqueued
+    enqueued = cli("enqueue", write_json(home / "resp.json", response), *WHO,
+                   "--provider", "openai-responses", "--request-id", "req-hosted")
+    # Then the request answers the item, after the proposal, never `[]`
+    assert enqueued.code == 0, enqueued.err
+    assert [(c["call_id"], c["status"]) for c in enqueued.json()["calls"]] == [
+        ("call_bal", "pending"), ("mcp_delete_all", "failed_terminal"),
+    ]
+    shown = cli("results", "req-hosted", "--tenant", "acme")
+    assert shown.code == 0, shown.err
+    reported = shown.json()[1]
+    assert (reported["call_id"], reported["status"], reported["error"]["code"]) == (
+        "mcp_delete_all", "failed_terminal", "hosted_call_not_allowed",
+    )
+    assert "crm" not in json.dumps(reported["error"]) and "delete_all" not in json.dumps(reported["error"])
+    # ... every surface's results writer answers it too, SDK-valid
+    written = cli("results", "req-hosted", "--tenant", "acme", "--provider", "openai-responses")
+    assert written.code == 0, written.err
+    back = responses_back(response, written.json())
+    assert back[1].call_id == "mcp_delete_all"
+    assert back[1].payload["error"]["code"] == "hosted_call_not_allowed"
+    # ... and the table row exists, without the output; the counter moved
+    [row] = hosted_table(home)
+    assert (row.tool_name, row.allowed, row.code, row.call_id) == (
+        "delete_all", False, "hosted_call_not_allowed", "mcp_delete_all",
+    )
+    assert "078-05-1120" not in repr(tuple(row))
+    assert hosted_counter("not_allowed") == before + 1
+
+
+def test_enqueue_provider__mcp_call_the_configured_policy_allows__recorded_allowed_no_result(
+    home: Path, ledger: Ledger, cli: Callable[..., Run], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given TOOLFENCE_HOSTED_POLICY naming a policy that allows crm's lookup_customer
+    (home / "hosted_policy_for_cli.py").write_text(
+        "from executor import HostedPolicy, HostedServer\n"
+        "POLICY = HostedPolicy(servers=(HostedServer(label='crm', url='https://crm.example/mcp',"
+        " allowed_tools=frozenset({'lookup_customer'}), approval_required=frozenset()),),"
+        " builtin_tools=frozenset())\n",
+        encoding="utf-8",
+    )
+    monkeypatch.syspath_prepend(str(home))
+    monkeypatch.setenv("TOOLFENCE_HOSTED_POLICY", "hosted_policy_for_cli:POLICY")
+    wire_balance = encode_tool_name(BALANCE, SURFACES["openai-responses"].name_rule)
+    before = hosted_counter("allowed")
+
+    response = responses_with_mcp_call("lookup_customer", wire_balance)
+    enqueued = cli("enqueue", write_json(home / "resp.json", response), *WHO,
+                   "--provider", "openai-responses", "--request-id", "req-allowed")
+
+    assert enqueued.code == 0, enqueued.err
+    assert [c["call_id"] for c in cli("results", "req-allowed", "--tenant", "acme").json()] == ["call_bal"]
+    [row] = hosted_table(home)
+    assert (row.tool_name, row.allowed, row.call_id) == ("lookup_customer", True, None)
+    assert hosted_counter("allowed") == before + 1
+
+
+def test_enqueue_provider__hosted_policy_setting_not_a_policy__one_line(
+    home: Path, cli: Callable[..., Run], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TOOLFENCE_HOSTED_POLICY", "executor.settings:Settings")
+    response = responses_with_mcp_call("delete_all", "x")
+
+    run = cli("enqueue", write_json(home / "resp.json", response), *WHO, "--provider", "openai-responses")
+
+    assert_one_line_error(run, "TOOLFENCE_HOSTED_POLICY", "not a HostedPolicy")
+    assert hosted_table(home) == []
