@@ -21,7 +21,8 @@ module does not pull in SQLAlchemy, Celery or an SDK through this file.
 - Provider surfaces: `SURFACES`, `Surface`, `AdapterError`,
   `encode_tool_name`, `decode_tool_name`; provider-run calls: `HostedPolicy`,
   `HostedServer`, `NO_HOSTED_TOOLS`, `HostedCall`, `hosted_violations`, and
-  `HostedCalls` (to record them with `enqueue(..., hosted=...)`);
+  `HostedCalls` (to record them with `enqueue(..., hosted=...)`), and the policy's
+  exports `export_mcp_tools` (OpenAI Responses), `export_mcp_servers` (Anthropic);
   MCP: `register_mcp_server`, `ToolPolicy`.
 """
 
@@ -92,12 +93,18 @@ if TYPE_CHECKING:
         decode_tool_name,
         encode_tool_name,
     )
+    from executor.providers.anthropic_messages import (
+        export_mcp_servers,
+    )
     from executor.providers.hosted import (
         NO_HOSTED_TOOLS,
         HostedCall,
         HostedPolicy,
         HostedServer,
         hosted_violations,
+    )
+    from executor.providers.openai_responses import (
+        export_mcp_tools,
     )
     from executor.settings import (
         Settings,
@@ -186,6 +193,8 @@ _EXPORTS: dict[str, str] = {
     "HostedServer": "executor.providers.hosted",
     "NO_HOSTED_TOOLS": "executor.providers.hosted",
     "hosted_violations": "executor.providers.hosted",
+    "export_mcp_tools": "executor.providers.openai_responses",
+    "export_mcp_servers": "executor.providers.anthropic_messages",
     "AdapterError": "executor.providers",
     "Surface": "executor.providers",
     "decode_tool_name": "executor.providers",
@@ -252,6 +261,8 @@ __all__ = [
     "default_operation_id",
     "encode_tool_name",
     "enqueue",
+    "export_mcp_servers",
+    "export_mcp_tools",
     "final",
     "get_engine",
     "hosted_violations",
