@@ -257,8 +257,10 @@ def _hosted_keys(calls: Sequence[HostedCall]) -> list[str]:
     for index, call in enumerate(calls):
         if not call.item_id:
             key = f"{call.surface}:{call.kind[:64]}:{index}"
-        elif len(call.item_id) > _MAX_KEY_CHARS:
-            key = "h_" + hashlib.sha256(call.item_id.encode()).hexdigest()[:32]
+        elif len(call.item_id) > _MAX_KEY_CHARS or not _storable(call.item_id):
+            # Overlong, or text a database cannot hold (NUL, a lone surrogate, control
+            # characters): a digest stands for it, so the producer's transaction holds.
+            key = "h_" + hashlib.sha256(call.item_id.encode("utf-8", "surrogatepass")).hexdigest()[:32]
         else:
             key = call.item_id
         if call.is_result:
@@ -270,6 +272,17 @@ def _hosted_keys(calls: Sequence[HostedCall]) -> list[str]:
         seen.add(candidate)
         keys.append(candidate)
     return keys
+
+
+def _storable(text: str) -> bool:
+    """Printable text with no lone surrogate: what a call id may be."""
+    if not text.isprintable():
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _free_call_id(key: str, taken: set[str]) -> str:

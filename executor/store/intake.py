@@ -93,8 +93,13 @@ def record_call(
 
 
 def _clip(value: str | None, limit: int) -> str | None:
-    # Provider-written text sized to its column: PostgreSQL refuses a longer value.
-    return None if value is None else value[:limit]
+    # Provider-written text, made storable: sized to its column, NUL and lone
+    # surrogates replaced (PostgreSQL refuses all three, and the error would roll
+    # back the producer's whole transaction).
+    if value is None:
+        return None
+    storable = value.encode("utf-8", "replace").decode("utf-8").replace("\x00", "\ufffd")
+    return storable[:limit]
 
 
 def record_hosted_call(

@@ -229,3 +229,23 @@ def test_reported_hosted_calls__do_not_use_the_request_call_budget(engine: Engin
     # Then it is admitted: hosted calls are not calls toolfence was asked to run
     [admitted] = handle.calls
     assert isinstance(admitted.status, Pending)
+
+
+def test_hosted_call__hostile_item_id_and_names__recorded_under_a_digest_producer_rows_survive(
+    engine: Engine,
+) -> None:
+    # Given a provider item whose id and names hold a NUL and a lone surrogate
+    hostile = HostedCall(
+        surface="openai-responses", kind="mcp_call", server_label="crm\x00\ud800",
+        tool_name="delete\x00all\udfff", arguments=SECRET_ARGUMENTS, item_id="mcp_\x00\ud800",
+        status="completed\x00", output_digest=SECRET_DIGEST, is_result=False,
+    )
+    # When it is enqueued with a proposal, in the producer's own transaction
+    handle = run(engine, [note("c1")], "req-hostile", [hostile])
+    # Then nothing raised: the proposal is admitted and the hosted call answered under
+    # a digest key, its names stored without the characters the database refuses
+    assert [c.call_id for c in handle.calls][0] == "c1"
+    [reported] = [s for s in results(engine, "acme", "req-hostile") if s.call_id != "c1"]
+    assert reported.call_id.startswith("h_") and reported.status == "failed_terminal"
+    [row] = hosted_rows(engine, "req-hostile")
+    assert "\x00" not in (row.server_label + row.tool_name + row.status)
