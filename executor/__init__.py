@@ -21,7 +21,9 @@ module does not pull in SQLAlchemy, Celery or an SDK through this file.
 - Provider surfaces: `SURFACES`, `Surface`, `AdapterError`,
   `encode_tool_name`, `decode_tool_name`; provider-run calls: `HostedPolicy`,
   `HostedServer`, `NO_HOSTED_TOOLS`, `HostedCall`, `hosted_violations`, and
-  `HostedCalls` (to record them with `enqueue(..., hosted=...)`), and the policy's
+  `HostedCalls` (to record them with `enqueue(..., hosted=...)`),
+  `hosted_approval_responses` and `NoApprovalResponse` (answering the
+  `mcp_approval_request`s toolfence decided), and the policy's
   exports `export_mcp_tools` (OpenAI Responses), `export_mcp_servers` (Anthropic);
   MCP: `register_mcp_server`, `ToolPolicy`.
 """
@@ -122,9 +124,11 @@ if TYPE_CHECKING:
         EnqueueHandle,
         HostedCalls,
         InvalidBatch,
+        NoApprovalResponse,
         default_operation_id,
         enqueue,
         final,
+        hosted_approval_responses,
         results,
         settled,
         wait_for_results,
@@ -181,6 +185,8 @@ _EXPORTS: dict[str, str] = {
     "EnqueueHandle": "outbox.producer",
     "HostedCalls": "outbox.producer",
     "InvalidBatch": "outbox.producer",
+    "NoApprovalResponse": "outbox.producer",
+    "hosted_approval_responses": "outbox.producer",
     "default_operation_id": "outbox.producer",
     "enqueue": "outbox.producer",
     "final": "outbox.producer",
@@ -233,6 +239,7 @@ __all__ = [
     "LostOwnership",
     "Mode",
     "NO_HOSTED_TOOLS",
+    "NoApprovalResponse",
     "Observed",
     "Pending",
     "ProposedCall",
@@ -265,6 +272,7 @@ __all__ = [
     "export_mcp_tools",
     "final",
     "get_engine",
+    "hosted_approval_responses",
     "hosted_violations",
     "load_registry",
     "make_engine",

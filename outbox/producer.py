@@ -22,8 +22,8 @@ from executor.core.admission import Admitted, Gate, Limits, Rejected, admit, pro
 from executor.core.budgets import Budgets, Exceeded, Scope
 from executor.core.budgets import exceeded as budget_exceeded
 from executor.core.budgets import refusal as budget_refusal
-from executor.core.sanitize import sanitize_json
-from executor.core.states import State
+from executor.core.sanitize import sanitize_error_text, sanitize_json
+from executor.core.states import ApprovalState, State
 from executor.core.tools import Mode, Registry
 from executor.core.types import (
     CallStatus,
@@ -37,7 +37,13 @@ from executor.core.types import (
     Succeeded,
     ToolError,
 )
-from executor.providers.hosted import HostedCall, HostedPolicy, hosted_violations
+from executor.providers.hosted import (
+    GrantedApprovals,
+    HostedCall,
+    HostedPolicy,
+    hosted_intent_hash,
+    hosted_violations,
+)
 from executor.settings import budgets_from_env
 from executor.store.engine import read_only
 from executor.store.schema import approvals
@@ -59,10 +65,15 @@ class InvalidBatch(ValueError):
 class HostedCalls:
     """The provider-run calls of the response whose proposals are being enqueued
     (`surface.read_hosted_calls(response)`), and the hosted-tool policy the request
-    declared (the one `export_mcp_tools` / `export_mcp_servers` put into it)."""
+    declared (the one `export_mcp_tools` / `export_mcp_servers` put into it).
+
+    `approval_ttl_seconds`: how long an `mcp_approval_request` recorded from these
+    calls waits for a decision before the reconciler expires it (answered: denied).
+    """
 
     calls: Sequence[HostedCall]
     policy: HostedPolicy
+    approval_ttl_seconds: float = 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -305,6 +316,14 @@ def _record_hosted(
     recorded = store.hosted_calls_of_request(conn, context.tenant, context.request_id)
     call_rows = store.calls_of_request(conn, context.tenant, context.request_id)
     taken = set(call_rows)
+    # An mcp_call citing an approval passes only if toolfence granted it, for its intent.
+    granted = GrantedApprovals(
+        context.tenant,
+        store.granted_hosted_intents(
+            conn, context.tenant,
+            (c.approval_request_id for c in hosted.calls if c.approval_request_id and not c.is_result),
+        ),
+    )
     handles: list[CallHandle] = []
     for key, call in zip(_hosted_keys(hosted.calls), hosted.calls, strict=True):
         known = recorded.get(key)
@@ -316,7 +335,9 @@ def _record_hosted(
                     CallHandle(row.call_id, row.tool_name, None, _parse_status(json.loads(row.result)))
                 )
             continue
-        violations = [] if call.is_result else hosted_violations([call], hosted.policy)
+        violations = [] if call.is_result else hosted_violations([call], hosted.policy, granted)
+        if not violations and call.kind == "mcp_approval_request":
+            _request_hosted_approval(conn, context, call, hosted.approval_ttl_seconds)
         call_id: str | None = None
         if violations:
             [violation] = violations
@@ -346,6 +367,86 @@ def _record_hosted(
             outcome = "not_allowed" if violations else "allowed"
             metrics.HOSTED_CALLS.labels(call.surface, call.kind, outcome).inc()
     return handles
+
+
+_IMPACT_MAX_CHARS = 2_000
+
+
+def _hosted_impact(call: HostedCall) -> dict[str, Any]:
+    """What an approver of a hosted call is shown: server, tool, and the arguments
+    redacted (secrets, controls) and capped. The provider's text is never stored."""
+    arguments: Any = None
+    if call.arguments is not None:
+        try:
+            arguments = sanitize_json(json.loads(call.arguments), _IMPACT_MAX_CHARS)
+        except ValueError:
+            arguments = {"unparsed": sanitize_error_text(call.arguments, _IMPACT_MAX_CHARS)}
+    return {
+        "server_label": sanitize_error_text(call.server_label or "", 200),
+        "tool": sanitize_error_text(call.tool_name or "", 200),
+        "arguments": arguments,
+    }
+
+
+def _request_hosted_approval(
+    conn: Connection, context: ServerContext, call: HostedCall, ttl_seconds: float
+) -> None:
+    """A pending hosted approval for an `mcp_approval_request` within the policy. One
+    without an id, server or tool cannot be answered, so nothing is requested for it."""
+    if not call.item_id or not call.server_label or not call.tool_name:
+        return
+    store.record_hosted_approval(
+        conn, tenant=context.tenant, request_id=context.request_id,
+        approval_request_id=call.item_id, surface=call.surface, server_label=call.server_label,
+        tool_name=call.tool_name,
+        intent_hash=hosted_intent_hash(context.tenant, call.server_label, call.tool_name, call.arguments),
+        impact=_hosted_impact(call), requester=context, ttl_seconds=ttl_seconds,
+    )
+
+
+class NoApprovalResponse(ValueError):
+    """The surface cannot answer an MCP approval request (Anthropic's MCP connector,
+    the chat surfaces): there is nothing to send, so nothing is returned."""
+
+    code = "approval_response_unsupported"
+
+
+_DECIDED = frozenset({ApprovalState.APPROVED, ApprovalState.DENIED, ApprovalState.EXPIRED})
+
+
+def hosted_approval_responses(
+    session: Session | Connection, tenant: str, request_id: str, surface: str
+) -> list[dict[str, Any]]:
+    """The surface's answer to each decided hosted approval of the request, in request
+    order: for OpenAI Responses an `mcp_approval_response` input item (approve=true
+    only for one toolfence approved; denied and expired ones approve=false). Pending
+    approvals are not answered yet. The same decision always yields the same item,
+    and a later `mcp_call` citing it passes `enqueue(hosted=...)` only if approved.
+    """
+    from executor.providers import openai_responses
+
+    if surface != openai_responses.SURFACE:
+        raise NoApprovalResponse(
+            f"surface {surface[:40]!r} has no MCP approval response (only "
+            f"{openai_responses.SURFACE} pauses a hosted MCP call for approval)"
+        )
+    conn = _connection(session)
+    items: list[dict[str, Any]] = []
+    for approval in store.hosted_approvals_of_request(conn, tenant, request_id):
+        if approval.state not in _DECIDED or approval.surface != surface:
+            continue
+        approved = approval.state is ApprovalState.APPROVED
+        reason = None
+        if approval.state is ApprovalState.EXPIRED:
+            reason = "approval expired"
+        elif not approved and approval.reason:
+            reason = sanitize_error_text(approval.reason, 500)
+        items.append(
+            openai_responses.write_approval_response(
+                approval.approval_request_id, approve=approved, reason=reason
+            )
+        )
+    return items
 
 
 def _tool_label(call: ProposedCall, registry: Registry) -> str:
@@ -761,9 +862,11 @@ __all__ = [
     "EnqueueHandle",
     "HostedCalls",
     "InvalidBatch",
+    "NoApprovalResponse",
     "default_operation_id",
     "enqueue",
     "final",
+    "hosted_approval_responses",
     "operation_status",
     "request_exists",
     "results",

@@ -12,7 +12,8 @@ It resolves what a dead worker, a lost message or a silent approver left behind:
 - `queued` operations waiting longer than a threshold are republished through
   the outbox (a broker restart without persistence loses queued messages).
 - `retry_wait` operations whose backoff passed are requeued.
-- approvals past their expiry are expired (the call ends `approval_denied`).
+- approvals past their expiry are expired (the call ends `approval_denied`; a hosted
+  MCP approval is answered approve=false).
 
 Every change is one of the store's CAS statements on the generation it observed
 and an expired lease, so two reconcilers (or a reconciler and a worker) never
@@ -282,6 +283,15 @@ class Reconciler:
             "approval_expired",
             store.expired_approvals,
             lambda conn, approval_id: store.expire_approval(
+                conn, approval_id, approver="reconciler", reason="expired"
+            ),
+        )
+        # Hosted MCP approvals (no operation): expired, they are answered approve=false.
+        self._drain(
+            report,
+            "hosted_approval_expired",
+            store.expired_hosted_approvals,
+            lambda conn, approval_id: store.expire_hosted_approval(
                 conn, approval_id, approver="reconciler", reason="expired"
             ),
         )

@@ -34,6 +34,8 @@ from executor.store.migrate import SchemaNotReady, migrate, require_schema
 from executor.store.schema import approvals, operations, receipts
 
 if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
     from executor.providers import Surface
     from executor.providers.hosted import HostedPolicy
 
@@ -369,6 +371,7 @@ def cmd_approvals(args: argparse.Namespace) -> int:
             .where(approvals.c.state == ApprovalState.PENDING.value)
             .order_by(approvals.c.requested_at)
         ).all()
+        hosted = store.pending_hosted_approvals(conn)
     _print_json(
         [
             {
@@ -380,6 +383,20 @@ def cmd_approvals(args: argparse.Namespace) -> int:
                 "expires_at": r.expires_at,
             }
             for r in rows
+        ]
+        # Hosted MCP approvals (`hapr_…`): no operation; the impact is the redacted
+        # server, tool and arguments of the provider's mcp_approval_request.
+        + [
+            {
+                "approval_id": h.approval_id,
+                "request_id": h.request_id,
+                "surface": h.surface,
+                "tool": store.HOSTED_APPROVAL_TOOL,
+                "impact": h.impact,
+                "intent_hash": h.intent_hash,
+                "expires_at": h.expires_at,
+            }
+            for h in hosted
         ]
     )
     return 0
@@ -419,15 +436,18 @@ def _decide_approval(args: argparse.Namespace, verb: ApprovalDecision) -> store.
     engine = _engine(settings)
     registry = _registry(settings)
     approver = _approver(args)
-    with engine.begin() as conn:
-        if store.get_approval(conn, args.approval_id) is None:
-            raise UserError(f"no approval {args.approval_id!r}")
-        if verb is ApprovalDecision.APPROVE:
-            decision = store.approve(conn, args.approval_id, approver=approver, registry=registry)
-        else:
-            decision = store.deny(
-                conn, args.approval_id, approver=approver, registry=registry, reason=args.reason
-            )
+    if args.approval_id.startswith(store.HOSTED_APPROVAL_PREFIX):
+        decision = _decide_hosted_approval(args, verb, engine, registry, approver, settings)
+    else:
+        with engine.begin() as conn:
+            if store.get_approval(conn, args.approval_id) is None:
+                raise UserError(f"no approval {args.approval_id!r}")
+            if verb is ApprovalDecision.APPROVE:
+                decision = store.approve(conn, args.approval_id, approver=approver, registry=registry)
+            else:
+                decision = store.deny(
+                    conn, args.approval_id, approver=approver, registry=registry, reason=args.reason
+                )
     metrics.count_approval_decision(decision, verb)
     if decision.outcome is store.DecisionOutcome.APPROVER_NOT_ALLOWED:
         reason = decision.refusal.value if decision.refusal else "refused"
@@ -438,6 +458,31 @@ def _decide_approval(args: argparse.Namespace, verb: ApprovalDecision) -> store.
     if decision.outcome is store.DecisionOutcome.NOT_PENDING:
         raise UserError(f"approval {args.approval_id} is no longer pending (decided or expired)")
     return decision
+
+
+def _decide_hosted_approval(
+    args: argparse.Namespace,
+    verb: ApprovalDecision,
+    engine: Engine,
+    registry: Registry,
+    approver: ServerContext,
+    settings: Settings,
+) -> store.Decision:
+    """A hosted MCP approval (`hapr_…`): decided against the server's ApproverPolicy in
+    TOOLFENCE_HOSTED_POLICY, by the same approver check as a tool's."""
+    approvers_for = _hosted_policy(settings).approvers_for
+    with engine.begin() as conn:
+        if store.get_hosted_approval(conn, args.approval_id) is None:
+            raise UserError(f"no approval {args.approval_id!r}")
+        if verb is ApprovalDecision.APPROVE:
+            return store.approve_hosted(
+                conn, args.approval_id, approver=approver, approvers_for=approvers_for,
+                registry=registry,
+            )
+        return store.deny_hosted(
+            conn, args.approval_id, approver=approver, approvers_for=approvers_for,
+            registry=registry, reason=args.reason,
+        )
 
 
 def cmd_approve(args: argparse.Namespace) -> int:

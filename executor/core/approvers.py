@@ -28,7 +28,13 @@ class ApprovalDecision(StrEnum):
 
 @dataclass(frozen=True)
 class ApprovalSubject:
-    """What an approver decides on: the operation as the store holds it."""
+    """What an approver decides on: the operation as the store holds it.
+
+    For a hosted MCP call (an `mcp_approval_request`), `server_label` names its
+    server, `operation_id` is the hosted approval's id (`hapr_…`: no operation
+    exists), and `arguments` is the same redacted summary as `impact` (the
+    provider's arguments are never stored).
+    """
 
     operation_id: str
     tool_name: str
@@ -36,6 +42,7 @@ class ApprovalSubject:
     arguments: Mapping[str, Any]
     impact: Mapping[str, Any]
     decision: ApprovalDecision = ApprovalDecision.APPROVE
+    server_label: str | None = None
 
 
 class ApproverRefusal(StrEnum):

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from executor.core.approvers import ApproverPolicy
 from executor.core.canonical import NotCanonicalizable, canonical_json
 from executor.core.types import ErrorCode, ErrorDetail, ToolError
 
@@ -93,12 +94,16 @@ class HostedServer:
     those of them that may run only after toolfence's approval flow said yes
     (a subset of `allowed_tools`). A tool the server offers and neither names
     never runs. No defaults: an empty set is a decision, not an omission.
+    `approvers`: who may decide this server's approval requests, checked by the
+    same `approver_refusal` as a tool's; required as soon as `approval_required`
+    names a tool (as `Tool` requires it when its approval can be needed).
     """
 
     label: str
     url: str
     allowed_tools: frozenset[str]
     approval_required: frozenset[str]
+    approvers: ApproverPolicy | None = None
 
     def __post_init__(self) -> None:
         if not self.label:
@@ -107,6 +112,16 @@ class HostedServer:
             raise ValueError(
                 f"server {self.label!r}: approval_required names tools not in allowed_tools"
             )
+        if self.approvers is None:
+            if self.approval_required:
+                raise ValueError(
+                    f"server {self.label!r} routes tools to approval and must declare approvers "
+                    "explicitly (an ApproverPolicy)"
+                )
+        elif not isinstance(self.approvers, ApproverPolicy):
+            raise ValueError(f"server {self.label!r}: approvers must be an ApproverPolicy")
+        elif not self.approvers.roles and self.approvers.rule is None:
+            raise ValueError(f"server {self.label!r}: approvers names no role and no rule")
 
 
 @dataclass(frozen=True)
@@ -129,9 +144,56 @@ class HostedPolicy:
     def server(self, label: str | None) -> HostedServer | None:
         return next((s for s in self.servers if s.label == label), None)
 
+    def approvers_for(self, server_label: str, tool_name: str) -> ApproverPolicy | None:
+        """Who decides an approval of `tool_name` on `server_label` under this policy now:
+        None when the server is gone or no longer routes the tool to approval (the
+        approver is then refused `no_approver_policy`, as for a removed tool)."""
+        server = self.server(server_label)
+        if server is None or tool_name not in server.approval_required:
+            return None
+        return server.approvers
+
 
 NO_HOSTED_TOOLS = HostedPolicy(servers=(), builtin_tools=frozenset())
 """Nothing provider-run may happen: every hosted call is a violation."""
+
+
+# ---------------------------------------------------------------- approvals
+
+
+def hosted_intent_hash(
+    tenant: str, server_label: str, tool_name: str, arguments: str | None
+) -> str:
+    """What a hosted approval is bound to: SHA-256 of the canonical JSON of (tenant,
+    server label, tool, canonical arguments). Arguments are the provider's JSON
+    text, parsed and canonicalised so the same object spelt differently hashes
+    alike; text that is not JSON (or has no canonical form) is bound as written."""
+    parsed: Any = None
+    if arguments is not None:
+        try:
+            parsed = json.loads(arguments)
+            canonical_json(parsed)
+        except (ValueError, NotCanonicalizable):
+            parsed = {"unparsed": arguments}
+    document = {
+        "tenant": tenant,
+        "server_label": server_label,
+        "tool": tool_name,
+        "arguments": parsed,
+    }
+    return hashlib.sha256(canonical_json(document)).hexdigest()
+
+
+@dataclass(frozen=True)
+class GrantedApprovals:
+    """The approvals toolfence's flow granted, for checking `mcp_call`s that cite one.
+
+    `intents`: provider approval_request_id → the intent hash it was granted for
+    (`hosted_intent_hash`), only for approvals in state `approved`.
+    """
+
+    tenant: str
+    intents: Mapping[str, str]
 
 
 # ---------------------------------------------------------------- the check
@@ -163,7 +225,9 @@ def _violation(call: HostedCall, message: str, path: str, code: str, expected: s
     )
 
 
-def _check(call: HostedCall, policy: HostedPolicy) -> HostedViolation | None:
+def _check(
+    call: HostedCall, policy: HostedPolicy, granted: GrantedApprovals | None
+) -> HostedViolation | None:
     if call.server_label is None:
         if call.tool_name in policy.builtin_tools:
             return None
@@ -201,24 +265,54 @@ def _check(call: HostedCall, policy: HostedPolicy) -> HostedViolation | None:
             call, "the provider ran an MCP tool that needs approval without one",
             "approval_request_id", "approval_missing", "the id of a granted approval request",
         )
+    if needs_approval and granted is not None and call.approval_request_id:
+        return _check_granted(call, call.server_label, call.approval_request_id, granted)
+    return None
+
+
+def _check_granted(
+    call: HostedCall, server_label: str, approval_request_id: str, granted: GrantedApprovals
+) -> HostedViolation | None:
+    granted_intent = granted.intents.get(approval_request_id)
+    if granted_intent is None:
+        # Never asked of toolfence, still pending, denied or expired: the provider (or
+        # whoever answered it) approved it, not toolfence.
+        return _violation(
+            call, "the provider ran an MCP tool under an approval toolfence did not grant",
+            "approval_request_id", "approval_not_granted", "the id of an approval toolfence granted",
+        )
+    intent = hosted_intent_hash(
+        granted.tenant, server_label, call.tool_name or "", call.arguments
+    )
+    if intent != granted_intent:
+        return _violation(
+            call, "the provider ran an MCP call other than the one toolfence approved",
+            "approval_request_id", "approval_intent_mismatch",
+            "the server, tool and arguments the approval was granted for",
+        )
     return None
 
 
 def hosted_violations(
-    calls: Iterable[HostedCall], policy: HostedPolicy
+    calls: Iterable[HostedCall],
+    policy: HostedPolicy,
+    granted: GrantedApprovals | None = None,
 ) -> list[HostedViolation]:
     """Every hosted call outside `policy`, in response order, code `hosted_call_not_allowed`.
 
     Results (`is_result`) are not checked: the call they answer is. An
     `mcp_call` for a tool in `approval_required` passes only when it carries an
-    `approval_request_id`; whether that approval was granted is for the
-    approval flow, which issued it, to confirm.
+    `approval_request_id`, and, given `granted` (what the approval store holds;
+    `enqueue(hosted=...)` always passes it), only when toolfence granted that
+    approval for the same server, tool and canonical arguments
+    (`approval_not_granted`, `approval_intent_mismatch`). Without `granted` the
+    check is the id's presence only: a pure reader cannot see the store.
     """
     found: list[HostedViolation] = []
     for call in calls:
         if call.is_result:
             continue
-        violation = _check(call, policy)
+        violation = _check(call, policy, granted)
         if violation is not None:
             found.append(violation)
     return found

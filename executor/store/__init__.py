@@ -9,19 +9,34 @@ One home per concern, one import for callers (`from executor import store`):
   record_lookup_result, resolve), each one named CAS;
 - `ordering`: proposal order, and the one "runnable" predicate (`runnable_queued`)
   the store and the exporter share;
-- `approvals`, `receipts`, `intake` (call, outbox and hosted-call rows), `reads`, `audit`;
+- `approvals` (operation and hosted approvals), `receipts`, `intake` (call, outbox and
+  hosted-call rows), `reads`, `audit`;
 - `schema` (tables), `engine`, `clock`, `migrate` and `migrations/`.
 """
 
 from __future__ import annotations
 
 from executor.store.approvals import (
+    HOSTED_APPROVAL_PREFIX,
+    HOSTED_APPROVAL_TOOL,
+    HostedApproversFor,
     approval_for_operation,
     approve,
+    approve_hosted,
     deny,
+    deny_hosted,
     expire_approval,
+    expire_hosted_approval,
     expired_approvals,
+    expired_hosted_approvals,
     get_approval,
+    get_hosted_approval,
+    granted_hosted_intents,
+    hosted_approval_id,
+    hosted_approval_trail,
+    hosted_approvals_of_request,
+    pending_hosted_approvals,
+    record_hosted_approval,
     refuse_approver,
 )
 from executor.store.audit import (
@@ -81,6 +96,7 @@ from executor.store.records import (
     Created,
     Decision,
     DecisionOutcome,
+    HostedApprovalRecord,
     InProgress,
     NewOperation,
     OperationRow,
@@ -93,6 +109,21 @@ from executor.store.records import (
 
 __all__ = [
     "DATABASE_CLOCK",
+    "HOSTED_APPROVAL_PREFIX",
+    "HOSTED_APPROVAL_TOOL",
+    "HostedApprovalRecord",
+    "HostedApproversFor",
+    "approve_hosted",
+    "deny_hosted",
+    "expire_hosted_approval",
+    "expired_hosted_approvals",
+    "get_hosted_approval",
+    "granted_hosted_intents",
+    "hosted_approval_id",
+    "hosted_approval_trail",
+    "hosted_approvals_of_request",
+    "pending_hosted_approvals",
+    "record_hosted_approval",
     "Clock",
     "ManualClock",
     "ApprovalRecord",

@@ -8,13 +8,16 @@ this check. A refused approver changes nothing but the audit trail.
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from sqlalchemy import (
     ColumnElement,
     Connection,
     Row,
+    insert,
     select,
     update,
 )
@@ -22,6 +25,7 @@ from sqlalchemy import (
 from executor.core.approvers import (
     ApprovalDecision,
     ApprovalSubject,
+    ApproverPolicy,
     ApproverRefusal,
     approver_refusal,
 )
@@ -31,8 +35,14 @@ from executor.core.types import ErrorCode, ServerContext
 from executor.store.audit import dumps
 from executor.store.clock import DATABASE_CLOCK, Clock
 from executor.store.operations import _transition
-from executor.store.records import ApprovalRecord, Decision, DecisionOutcome, StoreError
-from executor.store.schema import approvals, operations
+from executor.store.records import (
+    ApprovalRecord,
+    Decision,
+    DecisionOutcome,
+    HostedApprovalRecord,
+    StoreError,
+)
+from executor.store.schema import approvals, hosted_approval_events, hosted_approvals, operations
 
 
 def get_approval(conn: Connection, approval_id: str) -> ApprovalRecord | None:
@@ -255,4 +265,303 @@ def expired_approvals(conn: Connection, limit: int, clock: Clock = DATABASE_CLOC
             .where(approvals.c.state == ApprovalState.PENDING.value, approvals.c.expires_at <= clock.now())
             .limit(limit)
         ).scalars()
+    )
+
+
+# ------------------------------------------------------------------ hosted approvals
+#
+# An `mcp_approval_request` is a call the provider will run itself once answered:
+# there is no operation, so the approval row is the whole state, and its audit trail
+# is `toolfence_hosted_approval_events`. The approver check is the same
+# `approver_refusal`, with the hosted server's ApproverPolicy.
+
+HOSTED_APPROVAL_PREFIX = "hapr_"
+HOSTED_APPROVAL_TOOL = "hosted.mcp_approval_request"
+"""The tool name a hosted approval's `Decision` (and its metric label) carries: bounded,
+never the provider's label or tool name."""
+
+HostedApproversFor = Callable[[str, str], ApproverPolicy | None]
+"""(server label, tool) → the ApproverPolicy deciding it now, None when the current
+hosted-tool policy no longer routes that tool to approval (`HostedPolicy.approvers_for`)."""
+
+
+def hosted_approval_id(tenant: str, approval_request_id: str) -> str:
+    """Deterministic per (tenant, provider approval request): recording the same request
+    again finds the same row."""
+    digest = hashlib.sha256(f"{tenant}\0{approval_request_id}".encode()).hexdigest()
+    return f"{HOSTED_APPROVAL_PREFIX}{digest[:32]}"
+
+
+def _hosted_record(row: Row[Any]) -> HostedApprovalRecord:
+    return HostedApprovalRecord(
+        row.approval_id, row.tenant, row.request_id, row.approval_request_id, row.surface,
+        row.server_label, row.tool_name, row.intent_hash, json.loads(row.impact),
+        json.loads(row.context), ApprovalState(row.state), row.requested_at, row.expires_at,
+        row.decided_at, row.decided_by, row.reason,
+    )
+
+
+def _hosted_event(
+    conn: Connection,
+    approval_id: str,
+    from_state: ApprovalState | None,
+    to_state: ApprovalState,
+    decision_code: str,
+    actor: str | None,
+    clock: Clock,
+) -> None:
+    conn.execute(
+        insert(hosted_approval_events).values(
+            approval_id=approval_id, from_state=None if from_state is None else from_state.value,
+            to_state=to_state.value, decision_code=decision_code, actor=actor, at=clock.now(),
+        )
+    )
+
+
+def record_hosted_approval(
+    conn: Connection,
+    *,
+    tenant: str,
+    request_id: str,
+    approval_request_id: str,
+    surface: str,
+    server_label: str,
+    tool_name: str,
+    intent_hash: str,
+    impact: Mapping[str, Any],
+    requester: ServerContext,
+    ttl_seconds: float,
+    clock: Clock = DATABASE_CLOCK,
+) -> str:
+    """A new pending hosted approval (audited `requested`), or the id of the one already
+    recorded for this tenant's `approval_request_id` (unchanged: a provider request is
+    decided once, whichever response re-reports it)."""
+    approval_id = hosted_approval_id(tenant, approval_request_id)
+    exists = conn.execute(
+        select(hosted_approvals.c.approval_id).where(hosted_approvals.c.approval_id == approval_id)
+    ).scalar_one_or_none()
+    if exists is not None:
+        return approval_id
+    now = clock.now()
+    conn.execute(
+        insert(hosted_approvals).values(
+            approval_id=approval_id, tenant=tenant, request_id=request_id,
+            approval_request_id=approval_request_id, surface=surface, server_label=server_label,
+            tool_name=tool_name, intent_hash=intent_hash, impact=dumps(dict(impact)),
+            context=dumps(requester.to_json()), state=ApprovalState.PENDING.value,
+            requested_at=now, expires_at=now + ttl_seconds,
+        )
+    )
+    _hosted_event(conn, approval_id, None, ApprovalState.PENDING, "requested", requester.principal, clock)
+    return approval_id
+
+
+def get_hosted_approval(conn: Connection, approval_id: str) -> HostedApprovalRecord | None:
+    row = conn.execute(
+        select(hosted_approvals).where(hosted_approvals.c.approval_id == approval_id)
+    ).one_or_none()
+    return None if row is None else _hosted_record(row)
+
+
+def hosted_approvals_of_request(
+    conn: Connection, tenant: str, request_id: str
+) -> list[HostedApprovalRecord]:
+    rows = conn.execute(
+        select(hosted_approvals)
+        .where(hosted_approvals.c.tenant == tenant, hosted_approvals.c.request_id == request_id)
+        .order_by(hosted_approvals.c.requested_at, hosted_approvals.c.approval_id)
+    ).all()
+    return [_hosted_record(row) for row in rows]
+
+
+def pending_hosted_approvals(conn: Connection) -> list[HostedApprovalRecord]:
+    rows = conn.execute(
+        select(hosted_approvals)
+        .where(hosted_approvals.c.state == ApprovalState.PENDING.value)
+        .order_by(hosted_approvals.c.requested_at, hosted_approvals.c.approval_id)
+    ).all()
+    return [_hosted_record(row) for row in rows]
+
+
+def granted_hosted_intents(
+    conn: Connection, tenant: str, approval_request_ids: Iterable[str]
+) -> dict[str, str]:
+    """approval_request_id → intent hash, for this tenant's approved hosted approvals
+    among `approval_request_ids` (what `hosted_violations` checks an mcp_call against)."""
+    wanted = sorted(set(approval_request_ids))
+    if not wanted:
+        return {}
+    rows = conn.execute(
+        select(hosted_approvals.c.approval_request_id, hosted_approvals.c.intent_hash).where(
+            hosted_approvals.c.tenant == tenant,
+            hosted_approvals.c.approval_request_id.in_(wanted),
+            hosted_approvals.c.state == ApprovalState.APPROVED.value,
+        )
+    ).all()
+    return {row.approval_request_id: row.intent_hash for row in rows}
+
+
+def _decide_hosted(
+    conn: Connection,
+    approval_id: str,
+    *fence: ColumnElement[bool],
+    decision: ApprovalState,
+    decision_code: str,
+    actor: str,
+    reason: str | None,
+    clock: Clock,
+) -> bool:
+    """The hosted approval's CAS: `pending` → `decision`, once; audited when it won."""
+    won = conn.execute(
+        update(hosted_approvals)
+        .where(
+            hosted_approvals.c.approval_id == approval_id,
+            hosted_approvals.c.state == ApprovalState.PENDING.value,
+            *fence,
+        )
+        .values(state=decision.value, decided_at=clock.now(), decided_by=actor, reason=reason)
+        .returning(hosted_approvals.c.approval_id)
+    ).one_or_none()
+    if won is None:
+        return False
+    _hosted_event(conn, approval_id, ApprovalState.PENDING, decision, decision_code, actor, clock)
+    return True
+
+
+def _check_hosted_approver(
+    conn: Connection,
+    approval_id: str,
+    approver: ServerContext,
+    approvers_for: HostedApproversFor,
+    registry: Registry | None,
+    decision: ApprovalDecision,
+    clock: Clock,
+) -> Decision | None:
+    """As `_check_approver`, for a hosted approval: None when `approver` may decide it.
+    A refusal appends `approver_not_allowed` to the hosted audit trail; still pending."""
+    fence = [
+        hosted_approvals.c.approval_id == approval_id,
+        hosted_approvals.c.state == ApprovalState.PENDING.value,
+    ]
+    if decision is ApprovalDecision.APPROVE:
+        fence.append(hosted_approvals.c.expires_at > clock.now())
+    row = conn.execute(select(hosted_approvals).where(*fence)).one_or_none()
+    if row is None:
+        return Decision(DecisionOutcome.NOT_PENDING)
+    impact = json.loads(row.impact)
+    subject = ApprovalSubject(
+        operation_id=row.approval_id,
+        tool_name=row.tool_name,
+        requester=ServerContext.from_json(json.loads(row.context)),
+        arguments=impact,
+        impact=impact,
+        decision=decision,
+        server_label=row.server_label,
+    )
+    refusal: ApproverRefusal | None
+    try:
+        current = approver if registry is None else registry.current_context(approver)
+    except RoleResolutionFailed:
+        refusal = ApproverRefusal.POLICY_FAILED
+    else:
+        try:
+            policy = approvers_for(row.server_label, row.tool_name)
+        except Exception:
+            policy = None
+        refusal = approver_refusal(policy, current, subject)
+    if refusal is None:
+        return None
+    _hosted_event(
+        conn, approval_id, ApprovalState.PENDING, ApprovalState.PENDING,
+        ErrorCode.APPROVER_NOT_ALLOWED.value, approver.principal, clock,
+    )
+    return Decision(DecisionOutcome.APPROVER_NOT_ALLOWED, HOSTED_APPROVAL_TOOL, refusal)
+
+
+def approve_hosted(
+    conn: Connection,
+    approval_id: str,
+    *,
+    approver: ServerContext,
+    approvers_for: HostedApproversFor,
+    registry: Registry | None = None,
+    clock: Clock = DATABASE_CLOCK,
+) -> Decision:
+    """pending → approved for a hosted approval, when the server's ApproverPolicy allows
+    `approver` (`approver_refusal`, roles resolved through `registry` when given).
+    Single use; bound to the intent hash recorded with the request."""
+    refused = _check_hosted_approver(
+        conn, approval_id, approver, approvers_for, registry, ApprovalDecision.APPROVE, clock
+    )
+    if refused is not None:
+        return refused
+    if not _decide_hosted(
+        conn, approval_id, hosted_approvals.c.expires_at > clock.now(),
+        decision=ApprovalState.APPROVED, decision_code="approved", actor=approver.principal,
+        reason=None, clock=clock,
+    ):
+        return Decision(DecisionOutcome.NOT_PENDING)
+    return Decision(DecisionOutcome.DECIDED, HOSTED_APPROVAL_TOOL)
+
+
+def deny_hosted(
+    conn: Connection,
+    approval_id: str,
+    *,
+    approver: ServerContext,
+    approvers_for: HostedApproversFor,
+    reason: str,
+    registry: Registry | None = None,
+    clock: Clock = DATABASE_CLOCK,
+) -> Decision:
+    """pending → denied for a hosted approval: the same check as `approve_hosted`,
+    except that the requester may withdraw her own request."""
+    refused = _check_hosted_approver(
+        conn, approval_id, approver, approvers_for, registry, ApprovalDecision.DENY, clock
+    )
+    if refused is not None:
+        return refused
+    if not _decide_hosted(
+        conn, approval_id, decision=ApprovalState.DENIED,
+        decision_code=ErrorCode.APPROVAL_DENIED.value, actor=approver.principal,
+        reason=reason, clock=clock,
+    ):
+        return Decision(DecisionOutcome.NOT_PENDING)
+    return Decision(DecisionOutcome.DECIDED, HOSTED_APPROVAL_TOOL)
+
+
+def expire_hosted_approval(
+    conn: Connection, approval_id: str, *, approver: str, reason: str, clock: Clock = DATABASE_CLOCK
+) -> bool:
+    """pending (past `expires_at`) → expired: nobody decided in time; answered as a denial."""
+    return _decide_hosted(
+        conn, approval_id, hosted_approvals.c.expires_at <= clock.now(),
+        decision=ApprovalState.EXPIRED, decision_code="approval_expired", actor=approver,
+        reason=reason, clock=clock,
+    )
+
+
+def expired_hosted_approvals(
+    conn: Connection, limit: int, clock: Clock = DATABASE_CLOCK
+) -> list[str]:
+    return list(
+        conn.execute(
+            select(hosted_approvals.c.approval_id)
+            .where(
+                hosted_approvals.c.state == ApprovalState.PENDING.value,
+                hosted_approvals.c.expires_at <= clock.now(),
+            )
+            .limit(limit)
+        ).scalars()
+    )
+
+
+def hosted_approval_trail(conn: Connection, approval_id: str) -> list[Row[Any]]:
+    """The hosted approval's audit events, oldest first."""
+    return list(
+        conn.execute(
+            select(hosted_approval_events)
+            .where(hosted_approval_events.c.approval_id == approval_id)
+            .order_by(hosted_approval_events.c.event_id)
+        ).all()
     )

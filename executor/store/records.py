@@ -93,6 +93,29 @@ class ApprovalRecord:
     expires_at: float
 
 
+@dataclass(frozen=True)
+class HostedApprovalRecord:
+    """One hosted approval (`toolfence_hosted_approvals`): an `mcp_approval_request`
+    toolfence decides. `impact` is the redacted summary of the provider's arguments."""
+
+    approval_id: str
+    tenant: str
+    request_id: str
+    approval_request_id: str
+    surface: str
+    server_label: str
+    tool_name: str
+    intent_hash: str
+    impact: dict[str, Any]
+    requester: dict[str, Any]
+    state: ApprovalState
+    requested_at: float
+    expires_at: float
+    decided_at: float | None
+    decided_by: str | None
+    reason: str | None
+
+
 class DecisionOutcome(StrEnum):
     DECIDED = "decided"
     # No such approval, or no longer pending (decided, expired): nothing changed.

@@ -258,3 +258,60 @@ Index(
     postgresql_where=approvals.c.state == ApprovalState.PENDING.value,
     sqlite_where=approvals.c.state == ApprovalState.PENDING.value,
 )
+
+# One row per `mcp_approval_request` a provider asked, within the hosted-tool policy
+# (migration 0006): toolfence's own approval of a hosted MCP call, bound to
+# `intent_hash` (tenant, server label, tool, canonical arguments). The provider's
+# arguments are never stored: `impact` is their redacted summary, what the approver
+# is shown. Decided once, by a CAS on `pending`, like `toolfence_approvals`.
+hosted_approvals = Table(
+    "toolfence_hosted_approvals",
+    metadata,
+    Column("approval_id", String(64), primary_key=True),
+    Column("tenant", String(200), nullable=False),
+    Column("request_id", String(200), nullable=False),
+    Column("approval_request_id", String(200), nullable=False),
+    Column("surface", String(32), nullable=False),
+    Column("server_label", String(200), nullable=False),
+    Column("tool_name", String(200), nullable=False),
+    Column("intent_hash", String(64), nullable=False),
+    Column("impact", Text, nullable=False),
+    Column("context", Text, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("requested_at", Float, nullable=False),
+    Column("expires_at", Float, nullable=False),
+    Column("decided_at", Float),
+    Column("decided_by", String(200)),
+    Column("reason", Text),
+)
+Index(
+    "ux_toolfence_hosted_approvals_request",
+    hosted_approvals.c.tenant,
+    hosted_approvals.c.approval_request_id,
+    unique=True,
+)
+Index(
+    "ix_toolfence_hosted_approvals_pending",
+    hosted_approvals.c.expires_at,
+    postgresql_where=hosted_approvals.c.state == ApprovalState.PENDING.value,
+    sqlite_where=hosted_approvals.c.state == ApprovalState.PENDING.value,
+)
+
+# The audit trail of hosted approvals (append-only): `toolfence_audit_events` is
+# keyed by an operation, and a hosted approval has none.
+hosted_approval_events = Table(
+    "toolfence_hosted_approval_events",
+    metadata,
+    Column("event_id", Id, primary_key=True, autoincrement=True),
+    Column("approval_id", String(64), nullable=False),
+    Column("from_state", String(16)),
+    Column("to_state", String(16), nullable=False),
+    Column("decision_code", String(64), nullable=False),
+    Column("actor", String(200)),
+    Column("at", Float, nullable=False),
+)
+Index(
+    "ix_toolfence_hosted_approval_events_approval",
+    hosted_approval_events.c.approval_id,
+    hosted_approval_events.c.event_id,
+)

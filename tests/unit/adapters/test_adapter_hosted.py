@@ -18,6 +18,7 @@ from openai.types.responses import Response, ResponseInputItemParam, ToolParam
 from openai.types.responses import Tool as ResponsesTool
 from openai.types.responses.response_input_item_param import McpApprovalResponse
 
+from executor.core.approvers import ApproverPolicy
 from executor.core.canonical import canonical_json
 from executor.core.types import ErrorCode
 from executor.providers import (
@@ -34,6 +35,7 @@ from executor.providers import (
     openai_responses,
 )
 from executor.providers.common import AdapterError
+from executor.providers.hosted import GrantedApprovals, hosted_intent_hash
 
 SECRET_OUTPUT = "ssn 078-05-1120 of every customer"
 
@@ -43,6 +45,7 @@ POLICY = HostedPolicy(
             label="crm", url="https://crm.example/mcp",
             allowed_tools=frozenset({"lookup_customer", "update_customer"}),
             approval_required=frozenset({"update_customer"}),
+            approvers=ApproverPolicy.for_roles("support-lead"),
         ),
     ),
     builtin_tools=frozenset({"web_search", "code_execution"}),
@@ -326,3 +329,58 @@ def test_responses__function_call_beside_hosted_items__still_proposed() -> None:
     )
     assert [p.call_id for p in openai_responses.read_proposals(response)] == ["call_1"]
     assert [c.kind for c in openai_responses.read_hosted_calls(response)] == ["mcp_call"]
+
+
+# ---------------------------------------------------------------- hosted approvals
+
+
+def test_policy__approval_required_without_approvers__refused_at_declaration() -> None:
+    with pytest.raises(ValueError, match="must declare approvers"):
+        HostedServer(
+            label="crm", url="u", allowed_tools=frozenset({"x"}), approval_required=frozenset({"x"})
+        )
+    with pytest.raises(ValueError, match="no role and no rule"):
+        HostedServer(
+            label="crm", url="u", allowed_tools=frozenset({"x"}), approval_required=frozenset({"x"}),
+            approvers=ApproverPolicy(roles=frozenset()),
+        )
+    # No tool routed to approval: nobody decides anything, so none is needed.
+    HostedServer(label="crm", url="u", allowed_tools=frozenset({"x"}), approval_required=frozenset())
+
+
+def test_policy__approvers_for__only_a_declared_server_routing_that_tool_to_approval() -> None:
+    assert POLICY.approvers_for("crm", "update_customer") == ApproverPolicy.for_roles("support-lead")
+    assert POLICY.approvers_for("crm", "lookup_customer") is None
+    assert POLICY.approvers_for("billing", "update_customer") is None
+
+
+def test_hosted_intent_hash__canonical_arguments__bound_to_tenant_server_tool_and_arguments() -> None:
+    base = hosted_intent_hash("acme", "crm", "update_customer", '{"a": 1, "b": [2]}')
+    assert base == hosted_intent_hash("acme", "crm", "update_customer", '{"b":[2],"a":1}')
+    assert len({
+        base,
+        hosted_intent_hash("globex", "crm", "update_customer", '{"a": 1, "b": [2]}'),
+        hosted_intent_hash("acme", "billing", "update_customer", '{"a": 1, "b": [2]}'),
+        hosted_intent_hash("acme", "crm", "lookup_customer", '{"a": 1, "b": [2]}'),
+        hosted_intent_hash("acme", "crm", "update_customer", '{"a": 2, "b": [2]}'),
+        hosted_intent_hash("acme", "crm", "update_customer", "not json"),
+        hosted_intent_hash("acme", "crm", "update_customer", None),
+    }) == 7
+
+
+def test_mcp_call_citing_an_approval__checked_against_what_toolfence_granted() -> None:
+    response = _responses(_mcp_call("update_customer", approval_request_id="mcpr_1"))
+    [call] = openai_responses.read_hosted_calls(response)
+    intent = hosted_intent_hash("acme", "crm", "update_customer", call.arguments)
+
+    def codes(granted: GrantedApprovals) -> list[str]:
+        return [v.error.details[0].code for v in hosted_violations([call], POLICY, granted)]
+
+    assert codes(GrantedApprovals("acme", {})) == ["approval_not_granted"]
+    assert codes(GrantedApprovals("acme", {"mcpr_other": intent})) == ["approval_not_granted"]
+    assert codes(GrantedApprovals("acme", {"mcpr_1": "0" * 64})) == ["approval_intent_mismatch"]
+    assert codes(GrantedApprovals("globex", {"mcpr_1": intent})) == ["approval_intent_mismatch"]
+    assert codes(GrantedApprovals("acme", {"mcpr_1": intent})) == []
+    # A tool that needs no approval is not affected by what was granted.
+    [lookup] = openai_responses.read_hosted_calls(_responses(_mcp_call("lookup_customer")))
+    assert hosted_violations([lookup], POLICY, GrantedApprovals("acme", {})) == []
