@@ -86,6 +86,27 @@ def _decide(
     ).one_or_none()
 
 
+def _judge(
+    approver: ServerContext,
+    registry: Registry | None,
+    policy: Callable[[], ApproverPolicy | None],
+    subject: ApprovalSubject,
+) -> ApproverRefusal | None:
+    """The one approver judgement for operations and hosted approvals alike: the
+    approver's current roles (the registry's resolver, when there is a registry),
+    then `approver_refusal` under the policy. A resolver or policy lookup that
+    fails refuses."""
+    try:
+        current = approver if registry is None else registry.current_context(approver)
+    except RoleResolutionFailed:
+        return ApproverRefusal.POLICY_FAILED
+    try:
+        found = policy()
+    except Exception:
+        found = None  # no policy: `approver_refusal` refuses
+    return approver_refusal(found, current, subject)
+
+
 def _check_approver(
     conn: Connection,
     approval_id: str,
@@ -119,12 +140,7 @@ def _check_approver(
         impact=json.loads(row.impact),
         decision=decision,
     )
-    try:
-        current = registry.current_context(approver)
-    except RoleResolutionFailed:
-        refusal: ApproverRefusal | None = ApproverRefusal.POLICY_FAILED
-    else:
-        refusal = approver_refusal(None if tool is None else tool.approvers, current, subject)
+    refusal = _judge(approver, registry, lambda: None if tool is None else tool.approvers, subject)
     if refusal is None:
         return None
     refuse_approver(conn, row.operation_id, actor=approver.principal, clock=clock)
@@ -458,17 +474,9 @@ def _check_hosted_approver(
         decision=decision,
         server_label=row.server_label,
     )
-    refusal: ApproverRefusal | None
-    try:
-        current = approver if registry is None else registry.current_context(approver)
-    except RoleResolutionFailed:
-        refusal = ApproverRefusal.POLICY_FAILED
-    else:
-        try:
-            policy = approvers_for(row.server_label, row.tool_name)
-        except Exception:
-            policy = None
-        refusal = approver_refusal(policy, current, subject)
+    refusal = _judge(
+        approver, registry, lambda: approvers_for(row.server_label, row.tool_name), subject
+    )
     if refusal is None:
         return None
     _hosted_event(

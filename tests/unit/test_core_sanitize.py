@@ -17,6 +17,7 @@ import pytest
 from detect_secrets.plugins.aws import AWSKeyDetector
 from detect_secrets.plugins.github_token import GitHubTokenDetector
 from detect_secrets.plugins.stripe import StripeDetector
+from sanitize_timing import assert_linear
 
 from executor.core.sanitize import (
     AWS_KEY_ID,
@@ -26,7 +27,6 @@ from executor.core.sanitize import (
     TRUNCATION_MARK,
     redact,
     sanitize_json,
-    sanitize_text,
     seal_error,
 )
 
@@ -168,18 +168,6 @@ def test_seal_error__message_and_detail_text__redacted() -> None:
 # ---------------------------------------------------------------- how long it takes
 
 
-def _costs(*texts: str, rounds: int = 7) -> list[float]:
-    best = [float("inf")] * len(texts)
-    for _ in range(rounds):
-        for index, text in enumerate(texts):
-            started = time.perf_counter()
-            sanitize_text(text, len(text))
-            best[index] = min(best[index], time.perf_counter() - started)
-    return best
-
-
-def _plain(n: int) -> str:
-    return ("The quick brown fox jumps over the lazy dog, again and again. " * (n // 60 + 1))[:n]
 
 
 # The shapes the rules added here scan: escaped underscores in names and values,
@@ -201,14 +189,7 @@ ADVERSARIAL: dict[str, Callable[[int], str]] = {
 
 @pytest.mark.parametrize("shape", sorted(ADVERSARIAL))
 def test_sanitize__adversarial_input__time_linear_in_its_length(shape: str) -> None:
-    make = ADVERSARIAL[shape]
-    n = 32_000
-    plain, hostile, hostile_quadrupled = _costs(_plain(n), make(n), make(4 * n))
-
-    assert hostile / plain < 30, (shape, hostile, plain)
-    # 4n against n: about 4 when linear, 16 when quadratic; 8 keeps clear of both
-    # on a loaded machine (2n against n left too little room between 2 and 4).
-    assert hostile_quadrupled / hostile < 8, (shape, hostile_quadrupled, hostile)
+    assert_linear(shape, ADVERSARIAL[shape])
 
 
 def test_detect_secrets_jwt_pattern__quadratic__so_not_adopted() -> None:

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import random
 import re
-import time
 from collections.abc import Callable
 
 import pytest
+from sanitize_timing import assert_linear
 
 from executor.core.sanitize import AWS_KEY_ID, GITHUB_TOKEN, STRIPE_KEYS
-from executor.mcp.sanitize import REDACTED, redact, redact_json, sanitize_text
+from executor.mcp.sanitize import REDACTED, redact, redact_json
 
 # ---------------------------------------------------------------- the reference
 
@@ -128,23 +128,6 @@ def test_redact_json__secret_named_members_and_shaped_strings_redacted() -> None
 # ---------------------------------------------------------------- how long it takes
 
 
-def _costs(*texts: str, rounds: int = 7) -> list[float]:
-    """The least of several timings of each text, taken in turns.
-
-    Noise on a shared machine only ever adds time, and taking turns spreads a
-    busy spell over all the texts instead of one.
-    """
-    best = [float("inf")] * len(texts)
-    for _ in range(rounds):
-        for index, text in enumerate(texts):
-            started = time.perf_counter()
-            sanitize_text(text, len(text))
-            best[index] = min(best[index], time.perf_counter() - started)
-    return best
-
-
-def _plain(n: int) -> str:
-    return ("The quick brown fox jumps over the lazy dog, again and again. " * (n // 60 + 1))[:n]
 
 
 ADVERSARIAL: dict[str, Callable[[int], str]] = {
@@ -169,13 +152,4 @@ ADVERSARIAL: dict[str, Callable[[int], str]] = {
 
 @pytest.mark.parametrize("shape", sorted(ADVERSARIAL))
 def test_sanitize__adversarial_input__time_linear_in_its_length(shape: str) -> None:
-    make = ADVERSARIAL[shape]
-    n = 32_000  # twice DEFAULT_MAX_OUTPUT_CHARS: long enough to time above the noise
-    plain, hostile, hostile_quadrupled = _costs(_plain(n), make(n), make(4 * n))
-
-    # Quadratic patterns cost hundreds of times plain text here (seconds, not
-    # milliseconds), and sixteen times as much at 4n; linear ones a small constant.
-    assert hostile / plain < 30, (shape, hostile, plain)
-    # 4n against n: about 4 when linear, 16 when quadratic; 8 keeps clear of both
-    # on a loaded machine (2n against n left too little room between 2 and 4).
-    assert hostile_quadrupled / hostile < 8, (shape, hostile_quadrupled, hostile)
+    assert_linear(shape, ADVERSARIAL[shape])
