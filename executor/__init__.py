@@ -44,6 +44,9 @@ if TYPE_CHECKING:
         Budgets,
         ToolBudget,
     )
+    from executor.core.identifiers import (
+        InvalidIdentifier,
+    )
     from executor.core.states import (
         State,
     )
@@ -70,9 +73,6 @@ if TYPE_CHECKING:
         ToolFailure,
         Written,
         load_registry,
-    )
-    from executor.core.identifiers import (
-        InvalidIdentifier,
     )
     from executor.core.types import (
         CallResult,

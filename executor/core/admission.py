@@ -507,12 +507,38 @@ def _impact_with_resources(
     return impact | {"resources": sorted(resources), "resource_count": len(resources)}
 
 
+def _value_summary(value: Any) -> Any:
+    """What an approver is shown of one argument by default: numbers, booleans and
+    null as they are (an amount is what an approval is about), text and containers
+    only by their size (text is where a secret or a crafted message would be)."""
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, str):
+        return f"<text, {len(value)} characters>"
+    if isinstance(value, Mapping):
+        return f"<object, {len(value)} keys>"
+    if isinstance(value, list | tuple):
+        return f"<list, {len(value)} items>"
+    return f"<{type(value).__name__}>"
+
+
+def default_impact(tool: Tool[Any], args: BaseModel) -> dict[str, Any]:
+    """The impact of a tool that declares no `impact` hook: a redacted summary of its
+    validated arguments (each declared field, its text and containers by size only).
+    A tool whose approvers must read more says so in its own `impact` hook."""
+    return {
+        "tool": tool.name,
+        "arguments": {name: _value_summary(value) for name, value in args.model_dump(mode="json").items()},
+        "note": "summary: declare an impact hook on the tool to show approvers more",
+    }
+
+
 def gate_approval(
     call: ProposedCall, tool: Tool[Any], args: BaseModel, ctx: ServerContext
 ) -> tuple[bool, dict[str, Any] | None]:
     if not approval_needed(tool, args, ctx):
         return False, None
-    impact: dict[str, Any] = {"tool": tool.name, "arguments": args.model_dump(mode="json")}
+    impact: dict[str, Any] = default_impact(tool, args)
     if tool.impact is not None:
         try:
             impact = dict(tool.impact(args, ctx))
@@ -572,7 +598,12 @@ def proposal_fingerprint(
     elif isinstance(raw, str):
         written = raw
     else:
-        written = json.dumps(raw, sort_keys=True, default=str)
+        try:
+            written = json.dumps(raw, sort_keys=True, default=str)
+        except (RecursionError, ValueError, TypeError):
+            # Nested past what json can write (the parse gate refuses it): its
+            # fingerprint is its kind, so re-enqueueing it finds its stored refusal.
+            written = "<unserialisable arguments>"
     document = json.dumps(
         [ctx.tenant, ctx.principal, call.tool_name, written], ensure_ascii=True
     ).encode("utf-8", "surrogatepass")

@@ -108,7 +108,7 @@ def loads_strict(data: str | bytes, *, max_bytes: int, max_depth: int) -> Any:
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError:
-            raise StrictJSONError("not_utf8", "the document is not UTF-8") from None
+            raise StrictJSONError("not_utf8", "not UTF-8 text") from None
     else:
         text = data
         if len(text.encode("utf-8", "surrogatepass")) > max_bytes:
@@ -126,11 +126,16 @@ def loads_strict(data: str | bytes, *, max_bytes: int, max_depth: int) -> Any:
         raise StrictJSONError("duplicate_key", "an object repeats a key") from None
     except _NonFinite:
         raise StrictJSONError("non_finite", "a number is too large to represent") from None
+    except json.JSONDecodeError as exc:
+        # Where, never what: the position is safe to show, the text around it is not.
+        raise StrictJSONError(
+            "json_syntax", f"not JSON (line {exc.lineno}, column {exc.colno})"
+        ) from None
     except (ValueError, RecursionError):
-        # ValueError covers an integer of more than 4,300 digits (Python's limit).
-        raise StrictJSONError("json_syntax", "the document is not valid JSON") from None
+        # ValueError: an integer of more than 4,300 digits (Python's limit).
+        raise StrictJSONError("json_syntax", "not JSON (a number too long to read)") from None
     if _contains_lone_surrogate(value):
-        raise StrictJSONError("not_utf8", "the document holds text that is not UTF-8")
+        raise StrictJSONError("not_utf8", "not UTF-8 text (a lone surrogate)")
     return value
 
 

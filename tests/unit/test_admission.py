@@ -276,9 +276,13 @@ def test_admit__approval_always_without_impact_hook__impact_shows_tool_and_argum
 
     assert isinstance(result, Admitted)
     assert result.needs_approval is True
+    # The default impact is a redacted summary: numbers shown, text only by its size
     assert result.impact == {
         "tool": "close_account",
-        "arguments": {"order_id": "ord-1", "amount_cents": 200, "reason": ""},
+        "arguments": {
+            "order_id": "<text, 5 characters>", "amount_cents": 200, "reason": "<text, 0 characters>",
+        },
+        "note": "summary: declare an impact hook on the tool to show approvers more",
     }
 
 
