@@ -53,6 +53,7 @@ from executor.providers.hosted import (
 )
 from executor.settings import budgets_from_env, limits_from_env
 from executor.store.engine import read_only
+from executor.store.errors import store_errors
 from executor.store.schema import approvals
 from executor.store.schema import calls as calls_table
 from executor.telemetry import metrics
@@ -180,9 +181,31 @@ def enqueue(
     its own rows stay as they were; a bad call id, tool name or operation id ends
     that call `failed_terminal` `invalid_identifier` (its row stored under a digest
     of the id, its result carrying the id as written, for correlation).
+
+    A database error is raised as `StoreDatabaseError` (SQLSTATE and class, never the
+    statement's parameters: they are arguments and server contexts).
     """
     _check_batch(calls)
     check_server_context(context)
+    with store_errors():
+        return _enqueue(
+            session, calls, context, registry,
+            operation_ids=operation_ids, limits=limits, budgets=budgets, hosted=hosted,
+        )
+
+
+def _enqueue(
+    session: Session | Connection,
+    calls: Sequence[ProposedCall],
+    context: ServerContext,
+    registry: Registry,
+    *,
+    operation_ids: Mapping[str, str] | None = None,
+    limits: Limits | None = None,
+    budgets: Budgets | None = None,
+    hosted: HostedCalls | None = None,
+) -> EnqueueHandle:
+    """`enqueue` once its input is checked, inside the store boundary."""
     conn = _connection(session)
     limits = limits or limits_from_env()
     # The TOOLFENCE_BUDGET_* settings unless the caller passes its own.
@@ -804,16 +827,17 @@ def results(
     default) or the tenant; another tenant's request of the same id is not seen.
     """
     tenant, request = _scope(who, request_id)
-    if isinstance(session, Engine):
-        with read_only(session).connect() as conn:
-            return results(conn, tenant, request)
-    conn = _connection(session)
-    rows = conn.execute(
-        select(calls_table)
-        .where(calls_table.c.tenant == tenant, calls_table.c.request_id == request)
-        .order_by(calls_table.c.position)
-    ).all()
-    return _statuses(conn, rows)
+    with store_errors():
+        if isinstance(session, Engine):
+            with read_only(session).connect() as conn:
+                return results(conn, tenant, request)
+        conn = _connection(session)
+        rows = conn.execute(
+            select(calls_table)
+            .where(calls_table.c.tenant == tenant, calls_table.c.request_id == request)
+            .order_by(calls_table.c.position)
+        ).all()
+        return _statuses(conn, rows)
 
 
 def _statuses(conn: Connection, rows: Sequence[Any]) -> list[CallStatus]:

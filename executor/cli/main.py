@@ -33,6 +33,7 @@ from executor.core.tools import Registry
 from executor.core.types import ProposedCall, ServerContext
 from executor.settings import Settings, SettingsError
 from executor.store.engine import DatabaseUrlError, get_engine
+from executor.store.errors import StoreDatabaseError
 from executor.store.migrate import SchemaNotReady, migrate, require_schema
 from executor.store.schema import approvals, operations, receipts
 
@@ -813,6 +814,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OperationalError as exc:
         reason = _first_line(exc.orig) if exc.orig else "connection failed"
         return _fail(f"cannot reach the database: {reason}", EXIT_FAILURE, args.verbose)
+    except StoreDatabaseError as exc:
+        return _fail(f"database error: {exc}", EXIT_FAILURE, args.verbose)
     except DBAPIError as exc:
         # Not a connection failure: a file that is not a database, a schema someone
         # else changed. The driver's first line says which; -v shows the rest.
