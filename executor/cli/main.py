@@ -26,7 +26,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError, SQLAlche
 from executor import store
 from executor.core.approvers import ApprovalDecision
 from executor.core.identifiers import InvalidIdentifier
-from executor.core.sanitize import sanitize_error_text
+from executor.core.sanitize import exception_summary, sanitize_error_text
 from executor.core.states import ApprovalState, State
 from executor.core.strictjson import StrictJSONError, loads_strict
 from executor.core.tools import Registry
@@ -528,8 +528,8 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
             report = reconciler.sweep()
             if report.total:
                 logging.getLogger("toolfence.reconciler").info("sweep: %s", report.as_dict())
-        except SQLAlchemyError:
-            logging.getLogger("toolfence.reconciler").exception("sweep failed")
+        except SQLAlchemyError as exc:
+            logging.getLogger("toolfence.reconciler").error("sweep failed: %s", exception_summary(exc))
         stop.wait(args.every)
     return 0
 
