@@ -35,7 +35,8 @@ def _call(fdp: atheris.FuzzedDataProvider) -> ProposedCall:
     arguments as text, bytes or a JSON object."""
     call_id = fdp.ConsumeUnicodeNoSurrogates(12) if fdp.ConsumeBool() else fdp.ConsumeUnicode(12)
     names = [*targets.REGISTRY.names(), "tf--_ed_a0_80", "tf--mcp_2etime_2fget"]
-    tool_name = names[fdp.ConsumeIntInRange(0, len(names) - 1)] if fdp.ConsumeBool() else fdp.ConsumeUnicode(16)
+    pick = fdp.ConsumeIntInRange(0, len(names) - 1)
+    tool_name = names[pick] if fdp.ConsumeBool() else fdp.ConsumeUnicode(16)
     kind = fdp.ConsumeIntInRange(0, 2)
     raw = fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 512))
     arguments: Any

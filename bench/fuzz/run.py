@@ -163,7 +163,8 @@ def write_report(path: Path, outcomes: list[Outcome], seconds: int, hypothesis_n
         )
         rate = o.executions / o.seconds if o.seconds else 0.0
         crash = f"{o.crashes} ({o.artifact})" if o.crashes else "0"
-        lines.append(f"| `{o.target}` | {o.executions:,} | {rate:,.0f} | {crash} | {described.replace('|', '/')} |")
+        described = described.replace("|", "/")
+        lines.append(f"| `{o.target}` | {o.executions:,} | {rate:,.0f} | {crash} | {described} |")
     lines += ["", hypothesis_note, ""]
     path.write_text("\n".join(lines))
 
