@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SERVICES ?= postgres redis rabbitmq
 
-.PHONY: demo test deps services lint chaos chaos-long bench clean
+.PHONY: demo test deps services lint chaos chaos-long bench fuzz clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,13 @@ chaos-long: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[test,bench]'
 	$(BIN)/python -m bench.run
+
+# Coverage-guided fuzzing (atheris) of every entry point for FUZZ_SECONDS each, one
+# after another (about 10 x FUZZ_SECONDS in all); writes bench/FUZZ.md. Needs PostgreSQL.
+FUZZ_SECONDS ?= 80
+fuzz: $(STAMP)
+	$(BIN)/pip install --quiet -e '.[test,fuzz]'
+	$(BIN)/python -m bench.fuzz.run --seconds-per-target $(FUZZ_SECONDS) --report bench/FUZZ.md
 
 lint: $(STAMP)
 	$(BIN)/ruff check executor outbox reconciler ledger tests bench

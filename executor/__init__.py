@@ -44,6 +44,9 @@ if TYPE_CHECKING:
         Budgets,
         ToolBudget,
     )
+    from executor.core.identifiers import (
+        InvalidIdentifier,
+    )
     from executor.core.states import (
         State,
     )
@@ -185,6 +188,7 @@ _EXPORTS: dict[str, str] = {
     "EnqueueHandle": "outbox.producer",
     "HostedCalls": "outbox.producer",
     "InvalidBatch": "outbox.producer",
+    "InvalidIdentifier": "executor.core.identifiers",
     "NoApprovalResponse": "outbox.producer",
     "hosted_approval_responses": "outbox.producer",
     "default_operation_id": "outbox.producer",
@@ -233,6 +237,7 @@ __all__ = [
     "HostedPolicy",
     "HostedServer",
     "InvalidBatch",
+    "InvalidIdentifier",
     "InvalidResult",
     "LookupAnswer",
     "LookupResult",

@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
+from executor.core.admission import DEFAULT_MAX_ARGUMENT_BYTES, DEFAULT_MAX_ARGUMENT_DEPTH, Limits
 from executor.core.budgets import BudgetLimits, Budgets, Scope
 
 
@@ -64,6 +65,18 @@ def budgets_from_env() -> Budgets:
     return replace(budgets, tenants=tenants)
 
 
+def limits_from_env() -> Limits:
+    """The parse gate's limits: TOOLFENCE_MAX_ARGUMENT_BYTES and
+    TOOLFENCE_MAX_ARGUMENT_DEPTH (each at least 1)."""
+    limits = Limits(
+        max_argument_bytes=_int("TOOLFENCE_MAX_ARGUMENT_BYTES", DEFAULT_MAX_ARGUMENT_BYTES),
+        max_argument_depth=_int("TOOLFENCE_MAX_ARGUMENT_DEPTH", DEFAULT_MAX_ARGUMENT_DEPTH),
+    )
+    if limits.max_argument_bytes < 1 or limits.max_argument_depth < 1:
+        raise SettingsError("TOOLFENCE_MAX_ARGUMENT_BYTES and TOOLFENCE_MAX_ARGUMENT_DEPTH must be >= 1")
+    return limits
+
+
 def default_home() -> Path:
     return Path(os.environ.get("TOOLFENCE_HOME", Path.cwd() / ".toolfence"))
 
@@ -79,8 +92,8 @@ class Settings:
     relay_poll_seconds: float = 0.2
     reconcile_queued_after_seconds: float = 30.0
     reconcile_batch_size: int = 500
-    max_argument_bytes: int = 64 * 1024
-    max_argument_depth: int = 32
+    max_argument_bytes: int = DEFAULT_MAX_ARGUMENT_BYTES
+    max_argument_depth: int = DEFAULT_MAX_ARGUMENT_DEPTH
     metrics_dir: str | None = None
     tools_module: str = "ledger.tools:registry"
     # `module:attribute` naming the application's HostedPolicy; None: no hosted tool
@@ -96,6 +109,11 @@ class Settings:
         return max(3 * self.hard_time_limit_seconds, 3600.0)
 
     @property
+    def limits(self) -> Limits:
+        """The parse gate's limits these settings name."""
+        return Limits(self.max_argument_bytes, self.max_argument_depth)
+
+    @property
     def is_sqlite(self) -> bool:
         return self.database_url.startswith("sqlite")
 
@@ -108,6 +126,7 @@ class Settings:
         database_url = os.environ.get("TOOLFENCE_DATABASE_URL") or f"sqlite:///{home / 'toolfence.db'}"
         broker_url = os.environ.get("TOOLFENCE_BROKER_URL") or f"filesystem://{home / 'broker'}"
         faults = os.environ.get("TOOLFENCE_FAULT_POINTS", "")
+        limits = limits_from_env()
         return cls(
             database_url=database_url,
             broker_url=broker_url,
@@ -118,8 +137,8 @@ class Settings:
             relay_poll_seconds=_float("TOOLFENCE_RELAY_POLL_SECONDS", 0.2),
             reconcile_queued_after_seconds=_float("TOOLFENCE_RECONCILE_QUEUED_AFTER_SECONDS", 30.0),
             reconcile_batch_size=_int("TOOLFENCE_RECONCILE_BATCH_SIZE", 500),
-            max_argument_bytes=_int("TOOLFENCE_MAX_ARGUMENT_BYTES", 64 * 1024),
-            max_argument_depth=_int("TOOLFENCE_MAX_ARGUMENT_DEPTH", 32),
+            max_argument_bytes=limits.max_argument_bytes,
+            max_argument_depth=limits.max_argument_depth,
             metrics_dir=os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None,
             tools_module=os.environ.get("TOOLFENCE_TOOLS", "ledger.tools:registry"),
             hosted_policy=os.environ.get("TOOLFENCE_HOSTED_POLICY") or None,

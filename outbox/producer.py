@@ -22,6 +22,13 @@ from executor.core.admission import Admitted, Gate, Limits, Rejected, admit, pro
 from executor.core.budgets import Budgets, Exceeded, Scope
 from executor.core.budgets import exceeded as budget_exceeded
 from executor.core.budgets import refusal as budget_refusal
+from executor.core.identifiers import (
+    MAX_IDENTIFIER_CHARS,
+    IdentifierField,
+    check_server_context,
+    identifier_problem,
+    storable_key,
+)
 from executor.core.sanitize import sanitize_error_text, sanitize_json
 from executor.core.states import ApprovalState, State
 from executor.core.tools import Mode, Registry
@@ -44,8 +51,9 @@ from executor.providers.hosted import (
     hosted_intent_hash,
     hosted_violations,
 )
-from executor.settings import budgets_from_env
+from executor.settings import budgets_from_env, limits_from_env
 from executor.store.engine import read_only
+from executor.store.errors import store_errors
 from executor.store.schema import approvals
 from executor.store.schema import calls as calls_table
 from executor.telemetry import metrics
@@ -98,7 +106,8 @@ class EnqueueHandle:
 def default_operation_id(tenant: str, request_id: str, call_id: str) -> str:
     """Deterministic per (tenant, request, call): re-enqueueing the same request reuses
     the operations, and two tenants' requests of one id never share one."""
-    digest = hashlib.sha256(f"{tenant}\0{request_id}\0{call_id}".encode()).hexdigest()
+    material = f"{tenant}\0{request_id}\0{call_id}".encode("utf-8", "surrogatepass")
+    digest = hashlib.sha256(material).hexdigest()
     return f"op_{digest[:32]}"
 
 
@@ -165,10 +174,40 @@ def enqueue(
     (prefixed `hosted:` when a call of the request already uses that id), so
     `results()` and every surface's `write_results` report it. Its handle is in
     the returned handle's `calls`.
+
+    Identifiers (executor/core/identifiers.py) are checked before anything touches
+    the database: a bad tenant, principal, request, conversation or turn id or role
+    raises `InvalidIdentifier` before any write, so the caller's transaction and
+    its own rows stay as they were; a bad call id, tool name or operation id ends
+    that call `failed_terminal` `invalid_identifier` (its row stored under a digest
+    of the id, its result carrying the id as written, for correlation).
+
+    A database error is raised as `StoreDatabaseError` (SQLSTATE and class, never the
+    statement's parameters: they are arguments and server contexts).
     """
     _check_batch(calls)
+    check_server_context(context)
+    with store_errors():
+        return _enqueue(
+            session, calls, context, registry,
+            operation_ids=operation_ids, limits=limits, budgets=budgets, hosted=hosted,
+        )
+
+
+def _enqueue(
+    session: Session | Connection,
+    calls: Sequence[ProposedCall],
+    context: ServerContext,
+    registry: Registry,
+    *,
+    operation_ids: Mapping[str, str] | None = None,
+    limits: Limits | None = None,
+    budgets: Budgets | None = None,
+    hosted: HostedCalls | None = None,
+) -> EnqueueHandle:
+    """`enqueue` once its input is checked, inside the store boundary."""
     conn = _connection(session)
-    limits = limits or Limits()
+    limits = limits or limits_from_env()
     # The TOOLFENCE_BUDGET_* settings unless the caller passes its own.
     budgets = (budgets or budgets_from_env()).for_tenant(context.tenant)
     store.lock_scopes(conn, context.tenant, context.request_id, context.conversation_id)
@@ -181,7 +220,7 @@ def enqueue(
         tool = registry.get(call.tool_name)
         is_write = tool is not None and tool.mode is Mode.WRITE
         fingerprint = proposal_fingerprint(call, registry, context, limits)
-        row = existing.get(call.call_id)
+        row = existing.get(storable_key(call.call_id))
         if row is not None:
             handle, ok = _again(conn, call, row, fingerprint, registry)
             handles.append(handle)
@@ -191,6 +230,15 @@ def enqueue(
             continue
         position, next_position = next_position, next_position + 1
         record = _Recorder(conn, context, call, position, fingerprint)
+        chosen_operation_id = (operation_ids or {}).get(call.call_id)
+
+        invalid = _invalid_identifier(call, chosen_operation_id)
+        if invalid is not None:
+            metrics.PROPOSALS.labels(_tool_label(call, registry), Gate.IDENTIFIER, "rejected").inc()
+            record(operation_id=None, gate=Gate.IDENTIFIER, result=invalid)
+            handles.append(CallHandle(call.call_id, call.tool_name, None, invalid))
+            order.write_blocked = order.write_blocked or is_write
+            continue
 
         over = _over_budget(conn, call, registry, context, budgets)
         if over is not None:
@@ -231,7 +279,7 @@ def enqueue(
                 handles.append(handle)
                 order.write_blocked = order.write_blocked or not ok
                 continue
-        operation_id = (operation_ids or {}).get(call.call_id) or default_operation_id(
+        operation_id = chosen_operation_id or default_operation_id(
             context.tenant, context.request_id, call.call_id
         )
         handle, ok = _register(conn, decision, operation_id, position, context, order.waits(is_write), record)
@@ -449,6 +497,34 @@ def hosted_approval_responses(
     return items
 
 
+_IDENTIFIER_EXPECTED = f"printable UTF-8 text of 1..{MAX_IDENTIFIER_CHARS} characters"
+
+
+def _invalid_identifier(call: ProposedCall, operation_id: str | None) -> FailedTerminal | None:
+    """The call's refusal when its call id, tool name or chosen operation id breaks
+    the identifier contract: one detail per bad field, naming the field and the
+    problem, never quoting the value."""
+    fields = [(IdentifierField.CALL_ID, call.call_id), (IdentifierField.TOOL_NAME, call.tool_name)]
+    if operation_id is not None:
+        fields.append((IdentifierField.OPERATION_ID, operation_id))
+    details = tuple(
+        ErrorDetail(path=field.value, code=problem.value, expected=_IDENTIFIER_EXPECTED)
+        for field, value in fields
+        if (problem := identifier_problem(value)) is not None
+    )
+    if not details:
+        return None
+    return FailedTerminal(
+        call_id=call.call_id, tool_name=call.tool_name,
+        error=ToolError(
+            code=ErrorCode.INVALID_IDENTIFIER,
+            message="the call carries an identifier that is not valid: "
+            + ", ".join(detail.path for detail in details),
+            details=details,
+        ),
+    )
+
+
 def _tool_label(call: ProposedCall, registry: Registry) -> str:
     # Bounded label values: a model-invented tool name is not a label.
     return call.tool_name if call.tool_name in registry else "unknown"
@@ -473,8 +549,12 @@ class _Recorder:
     ) -> None:
         store.record_call(
             self.conn, tenant=self.context.tenant, request_id=self.context.request_id,
-            conversation_id=self.context.conversation_id, call_id=self.call.call_id,
-            position=self.position, tool_name=self.call.tool_name, operation_id=operation_id,
+            conversation_id=self.context.conversation_id,
+            # The id as written when it is storable; a digest of it when not (its
+            # result, stored as JSON, still carries the id as written).
+            call_id=storable_key(self.call.call_id),
+            position=self.position, tool_name=storable_key(self.call.tool_name),
+            operation_id=operation_id,
             gate=gate, result=None if result is None else result.model_dump(mode="json"),
             proposal_hash=self.fingerprint, reused_from_call_id=reused_from_call_id,
         )
@@ -747,16 +827,17 @@ def results(
     default) or the tenant; another tenant's request of the same id is not seen.
     """
     tenant, request = _scope(who, request_id)
-    if isinstance(session, Engine):
-        with read_only(session).connect() as conn:
-            return results(conn, tenant, request)
-    conn = _connection(session)
-    rows = conn.execute(
-        select(calls_table)
-        .where(calls_table.c.tenant == tenant, calls_table.c.request_id == request)
-        .order_by(calls_table.c.position)
-    ).all()
-    return _statuses(conn, rows)
+    with store_errors():
+        if isinstance(session, Engine):
+            with read_only(session).connect() as conn:
+                return results(conn, tenant, request)
+        conn = _connection(session)
+        rows = conn.execute(
+            select(calls_table)
+            .where(calls_table.c.tenant == tenant, calls_table.c.request_id == request)
+            .order_by(calls_table.c.position)
+        ).all()
+        return _statuses(conn, rows)
 
 
 def _statuses(conn: Connection, rows: Sequence[Any]) -> list[CallStatus]:

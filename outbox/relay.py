@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import Engine, delete, select, update
 
 from executor import store
+from executor.core.sanitize import exception_summary
 from executor.settings import Settings
 from executor.store.clock import db_now
 from executor.store.schema import outbox
@@ -137,9 +138,9 @@ class Relay:
             while not stop.is_set():
                 try:
                     busy = self.run_once() >= self.settings.relay_batch_size
-                except Exception:
+                except Exception as exc:
                     # Database or broker trouble: log, wait, try again. Rows stay unpublished.
-                    log.exception("relay pass failed")
+                    log.error("relay pass failed: %s", exception_summary(exc))
                     busy = False
                     stop.wait(1.0)
                 if not busy:
@@ -164,8 +165,8 @@ class _Waiter:
         try:
             self._conn = psycopg.connect(url, autocommit=True, connect_timeout=5)
             self._conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
-        except Exception:
-            log.warning("LISTEN unavailable; polling only", exc_info=True)
+        except Exception as exc:
+            log.warning("LISTEN unavailable; polling only: %s", exception_summary(exc))
             self._conn = None
 
     def wait(self, stop: threading.Event) -> None:

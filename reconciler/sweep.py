@@ -34,6 +34,7 @@ from pydantic import ValidationError
 from sqlalchemy import Connection, Engine
 
 from executor import store
+from executor.core.sanitize import exception_summary
 from executor.core.scope import check_scope
 from executor.core.states import State
 from executor.core.tools import Effect, InvalidResult, LookupAnswer, Registry, RunContext, Tool, load_registry
@@ -228,8 +229,9 @@ class Reconciler:
         except Exception as exc:
             # No traceback for a validation error: its text quotes the stored arguments.
             log.warning(
-                "lookup for %s gave no usable answer: %s", row.operation_id, type(exc).__name__,
-                exc_info=not isinstance(exc, ValidationError | InvalidResult),
+                "lookup for %s gave no usable answer: %s", row.operation_id,
+                type(exc).__name__ if isinstance(exc, ValidationError | InvalidResult)
+                else exception_summary(exc),
             )
             return _CannotTell("lookup_failed")
         return _Done(result, answer.written.receipt)

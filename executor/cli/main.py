@@ -25,11 +25,15 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError, SQLAlche
 
 from executor import store
 from executor.core.approvers import ApprovalDecision
+from executor.core.identifiers import InvalidIdentifier
+from executor.core.sanitize import exception_summary, sanitize_error_text
 from executor.core.states import ApprovalState, State
+from executor.core.strictjson import StrictJSONError, loads_strict
 from executor.core.tools import Registry
 from executor.core.types import ProposedCall, ServerContext
 from executor.settings import Settings, SettingsError
 from executor.store.engine import DatabaseUrlError, get_engine
+from executor.store.errors import StoreDatabaseError
 from executor.store.migrate import SchemaNotReady, migrate, require_schema
 from executor.store.schema import approvals, operations, receipts
 
@@ -122,7 +126,16 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _print_json(value: Any) -> None:
-    print(json.dumps(value, indent=2, sort_keys=False, default=str))
+    # ASCII-escaped: a lone surrogate or a terminal escape a model wrote cannot break
+    # (or drive) the operator's terminal.
+    print(json.dumps(value, indent=2, sort_keys=False, default=str, ensure_ascii=True))
+
+
+def _shown(text: str | None) -> str | None:
+    """Text from a producer's server context or an approver (request id, call id,
+    actor) as an operator's output shows it: through the sanitiser, so a secret an
+    application put there is redacted (and a control character dropped)."""
+    return None if text is None else sanitize_error_text(text, 200)
 
 
 # ---------------------------------------------------------------------- commands
@@ -207,7 +220,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     engine = _engine(settings)
     from outbox.producer import HostedCalls, InvalidBatch, enqueue
 
-    payload = _read_json_file(args.file)
+    payload = _read_json_file(args.file, settings.max_argument_depth)
     registry = _registry(settings)
     hosted: HostedCalls | None = None
     if surface is not None:
@@ -241,7 +254,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         # statuses, a call id reused for another call → idempotency_conflict.
         with engine.begin() as conn:
             handle = enqueue(conn, calls, context, registry, budgets=settings.budgets, hosted=hosted)
-    except InvalidBatch as exc:
+    except (InvalidBatch, InvalidIdentifier) as exc:
         raise UserError(f"{exc.code}: {exc}") from None
     _print_json(
         {
@@ -331,8 +344,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         {
             "operation_id": row.operation_id,
             "tenant": row.tenant,
-            "request_id": row.request_id,
-            "call_id": row.call_id,
+            "request_id": _shown(row.request_id),
+            "call_id": _shown(row.call_id),
             "tool": row.tool_name,
             "state": row.state,
             "generation": row.generation,
@@ -341,9 +354,9 @@ def cmd_show(args: argparse.Namespace) -> int:
             "cause": _cause(row),
             # Operator view: for `approval_scope_exceeded`, the approved and changed sets.
             "error": json.loads(row.error) if row.error else None,
-            "receipt": row.receipt,
+            "receipt": _shown(row.receipt),
             "receipts": [
-                {"receipt": r.receipt, "generation": r.generation, "accepted": r.accepted}
+                {"receipt": _shown(r.receipt), "generation": r.generation, "accepted": r.accepted}
                 for r in receipt_rows
             ],
             "audit": [
@@ -353,7 +366,7 @@ def cmd_show(args: argparse.Namespace) -> int:
                     "to": e.to_state,
                     "decision": e.decision_code,
                     "generation": e.generation,
-                    "actor": e.actor,
+                    "actor": _shown(e.actor),
                 }
                 for e in trail
             ],
@@ -389,7 +402,7 @@ def cmd_approvals(args: argparse.Namespace) -> int:
         + [
             {
                 "approval_id": h.approval_id,
-                "request_id": h.request_id,
+                "request_id": _shown(h.request_id),
                 "surface": h.surface,
                 "tool": store.HOSTED_APPROVAL_TOOL,
                 "impact": h.impact,
@@ -407,7 +420,7 @@ def _approver(args: argparse.Namespace) -> ServerContext:
     a free string: the tool's approver policy is checked against it."""
     if args.approver_context is not None:
         try:
-            data = json.loads(args.approver_context)
+            data = loads_strict(args.approver_context, max_bytes=65_536, max_depth=8)
             return ServerContext.from_json({"request_id": "cli-approval", **data})
         except (ValueError, TypeError, KeyError) as exc:
             raise UserError(
@@ -515,8 +528,8 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
             report = reconciler.sweep()
             if report.total:
                 logging.getLogger("toolfence.reconciler").info("sweep: %s", report.as_dict())
-        except SQLAlchemyError:
-            logging.getLogger("toolfence.reconciler").exception("sweep failed")
+        except SQLAlchemyError as exc:
+            logging.getLogger("toolfence.reconciler").error("sweep failed: %s", exception_summary(exc))
         stop.wait(args.every)
     return 0
 
@@ -638,17 +651,36 @@ def _check_broker(settings: Settings) -> None:
         app.close()
 
 
-def _read_json_file(path: str) -> Any:
+MAX_INPUT_FILE_BYTES = 16 * 1024 * 1024
+"""The largest input file `toolfence enqueue` reads (a response or a call list)."""
+_ENVELOPE_DEPTH = 16
+"""Nesting a provider envelope adds around a call's arguments."""
+
+
+def _read_json_file(path: str, max_argument_depth: int) -> Any:
+    """An input file, parsed strictly: at most `MAX_INPUT_FILE_BYTES`, nested at most
+    the argument depth plus an envelope's, each key once (an object-form argument
+    with a repeated key is refused like a text-form one), finite numbers, UTF-8."""
     try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+        if path == "-":
+            stream = getattr(sys.stdin, "buffer", None)
+            data = (
+                stream.read(MAX_INPUT_FILE_BYTES + 1) if stream is not None
+                else sys.stdin.read(MAX_INPUT_FILE_BYTES + 1).encode("utf-8", "surrogatepass")
+            )
+        else:
+            with Path(path).open("rb") as handle:
+                data = handle.read(MAX_INPUT_FILE_BYTES + 1)
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise UserError(f"{path} is not UTF-8 text") from None
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path} is not JSON (line {exc.lineno}, column {exc.colno})") from None
+        return loads_strict(
+            data, max_bytes=MAX_INPUT_FILE_BYTES, max_depth=max_argument_depth + _ENVELOPE_DEPTH
+        )
+    except StrictJSONError as exc:
+        if exc.code in ("json_syntax", "not_utf8"):
+            raise UserError(f"{path} is {exc}") from None
+        raise UserError(f"{path} is not accepted: {exc.code}: {exc}") from None
 
 
 def _safe_url(url: str) -> str:
@@ -782,6 +814,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OperationalError as exc:
         reason = _first_line(exc.orig) if exc.orig else "connection failed"
         return _fail(f"cannot reach the database: {reason}", EXIT_FAILURE, args.verbose)
+    except StoreDatabaseError as exc:
+        return _fail(f"database error: {exc}", EXIT_FAILURE, args.verbose)
     except DBAPIError as exc:
         # Not a connection failure: a file that is not a database, a schema someone
         # else changed. The driver's first line says which; -v shows the rest.
@@ -793,6 +827,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(f"{exc.strerror or _first_line(exc)}{where}", EXIT_FAILURE, args.verbose)
     except KeyboardInterrupt:
         return 130
+    except (RecursionError, ValueError, UnicodeError, MemoryError) as exc:
+        # Input no check above foresaw; its message may quote it, so only its type.
+        return _fail(f"invalid input ({type(exc).__name__})", EXIT_FAILURE, args.verbose)
+    except Exception as exc:
+        return _fail(
+            f"internal error ({type(exc).__name__}); run with -v for the traceback",
+            EXIT_FAILURE, args.verbose,
+        )
 
 
 def _fail(message: str, exit_code: int, verbose: bool) -> int:

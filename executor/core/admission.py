@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,6 +26,15 @@ from pydantic import BaseModel, ValidationError
 from executor.core.canonical import NotCanonicalizable, canonical_json, intent_hash
 from executor.core.sanitize import ERROR_MESSAGE_MAX_CHARS, sanitize_error_text
 from executor.core.scope import MAX_DECLARED_RESOURCES, InvalidResourceSet, declared_resources
+from executor.core.strictjson import (
+    _DuplicateKey,
+    _finite_float,
+    _json_depth_exceeds,
+    _no_constants,
+    _no_duplicate_keys,
+    _NonFinite,
+    _value_depth_exceeds,
+)
 from executor.core.tools import Registry, Tool, ToolFailure
 from executor.core.types import ErrorCode, ErrorDetail, FailedTerminal, ProposedCall, ServerContext
 
@@ -41,6 +49,9 @@ class Gate(StrEnum):
     The values are what `toolfence_calls.gate` stores and the proposals counter's
     `gate` label says."""
 
+    # An identifier of the call (call id, tool name, operation id) breaks the input
+    # contract (executor/core/identifiers.py): decided before anything else.
+    IDENTIFIER = "identifier"
     BUDGET = "budget"
     ALLOWLIST = "allowlist"
     PARSE = "parse"
@@ -139,76 +150,6 @@ def gate_allowlist(call: ProposedCall, registry: Registry, ctx: ServerContext) -
 
 
 # ---------------------------------------------------------------- gate 2: parse
-
-
-def _json_depth_exceeds(text: str, limit: int) -> bool:
-    """Nesting depth of JSON text, without recursing (a hostile input cannot blow the stack)."""
-    depth = 0
-    in_string = False
-    escaped = False
-    for char in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-        elif char in "[{":
-            depth += 1
-            if depth > limit:
-                return True
-        elif char in "]}":
-            depth -= 1
-    return False
-
-
-def _value_depth_exceeds(value: Any, limit: int) -> bool:
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, Mapping):
-            if depth > limit:
-                return True
-            stack.extend((child, depth + 1) for child in item.values())
-        elif isinstance(item, list | tuple):
-            if depth > limit:
-                return True
-            stack.extend((child, depth + 1) for child in item)
-    return False
-
-
-class _DuplicateKey(ValueError):
-    pass
-
-
-class _NonFinite(ValueError):
-    pass
-
-
-def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            # Two parsers may keep different copies: refuse rather than guess.
-            raise _DuplicateKey("duplicate key")
-        result[key] = value
-    return result
-
-
-def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _finite_float(literal: str) -> float:
-    # `1e400` is valid JSON syntax but Python reads it as inf, which no canonical
-    # form (and no downstream) can represent: refuse it like NaN.
-    value = float(literal)
-    if not math.isfinite(value):
-        raise _NonFinite(literal)
-    return value
 
 
 def gate_parse(call: ProposedCall, limits: Limits) -> dict[str, Any]:
@@ -362,16 +303,50 @@ def _expected(err: Any) -> str | None:
     return message
 
 
-def schema_details(exc: ValidationError) -> tuple[ErrorDetail, ...]:
+ADDITIONAL_PROPERTY = "additional_property"
+
+
+def _key_position(value: Any, loc: tuple[Any, ...]) -> int | None:
+    """The 1-based position of key `loc[-1]` in the object at `loc[:-1]` of `value`."""
+    parent = value
+    for part in loc[:-1]:
+        in_object = isinstance(parent, Mapping) and part in parent
+        in_list = isinstance(parent, list) and isinstance(part, int) and 0 <= part < len(parent)
+        if in_object or in_list:
+            parent = parent[part]
+        elif isinstance(parent, Mapping) and isinstance(part, str):
+            continue  # a discriminated union's tag in the path, not a key of the value
+        else:
+            return None
+    if not isinstance(parent, Mapping):
+        return None
+    for position, key in enumerate(parent, start=1):
+        if key == loc[-1]:
+            return position
+    return None
+
+
+def schema_details(exc: ValidationError, value: Any = None) -> tuple[ErrorDetail, ...]:
     """Safe details from a pydantic error: where, which kind, what was expected.
 
     The input (`err["input"]`) is deliberately dropped, and so is any message that
     could quote it: custom validators' text, a discriminated union's "input tag
     'x'", a parser's error text, and whatever else contains the rejected value.
+    A key the schema does not declare is the model's text (a secret can be put
+    there as easily as in a value): it is reported as `additional_property` at
+    its object's path, with its position among that object's keys (`<key 2>`),
+    never by name.
     """
     details = []
     for err in exc.errors(include_url=False, include_input=True):
-        path = ".".join(str(part) for part in err["loc"])
+        loc = tuple(err["loc"])
+        if err["type"] == "extra_forbidden" and loc:
+            position = _key_position(value, loc)
+            where = f"<key {position}>" if position is not None else "<key>"
+            path = ".".join([*(str(part) for part in loc[:-1]), where])
+            details.append(ErrorDetail(path=path, code=ADDITIONAL_PROPERTY, expected="only declared keys"))
+            continue
+        path = ".".join(str(part) for part in loc)
         expected = _expected(err)
         if expected is not None and _echoes_input(expected, err.get("input")):
             expected = None
@@ -385,7 +360,7 @@ def gate_schema(call: ProposedCall, tool: Tool[Any], value: dict[str, Any]) -> B
     except ValidationError as exc:
         raise _reject(
             call, Gate.SCHEMA, ErrorCode.INVALID_ARGUMENTS, "arguments do not match the schema",
-            schema_details(exc),
+            schema_details(exc, value),
         ) from None
     try:
         # The intent hash needs a canonical form; a value without one (an integer
@@ -532,12 +507,38 @@ def _impact_with_resources(
     return impact | {"resources": sorted(resources), "resource_count": len(resources)}
 
 
+def _value_summary(value: Any) -> Any:
+    """What an approver is shown of one argument by default: numbers, booleans and
+    null as they are (an amount is what an approval is about), text and containers
+    only by their size (text is where a secret or a crafted message would be)."""
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, str):
+        return f"<text, {len(value)} characters>"
+    if isinstance(value, Mapping):
+        return f"<object, {len(value)} keys>"
+    if isinstance(value, list | tuple):
+        return f"<list, {len(value)} items>"
+    return f"<{type(value).__name__}>"
+
+
+def default_impact(tool: Tool[Any], args: BaseModel) -> dict[str, Any]:
+    """The impact of a tool that declares no `impact` hook: a redacted summary of its
+    validated arguments (each declared field, its text and containers by size only).
+    A tool whose approvers must read more says so in its own `impact` hook."""
+    return {
+        "tool": tool.name,
+        "arguments": {name: _value_summary(value) for name, value in args.model_dump(mode="json").items()},
+        "note": "summary: declare an impact hook on the tool to show approvers more",
+    }
+
+
 def gate_approval(
     call: ProposedCall, tool: Tool[Any], args: BaseModel, ctx: ServerContext
 ) -> tuple[bool, dict[str, Any] | None]:
     if not approval_needed(tool, args, ctx):
         return False, None
-    impact: dict[str, Any] = {"tool": tool.name, "arguments": args.model_dump(mode="json")}
+    impact: dict[str, Any] = default_impact(tool, args)
     if tool.impact is not None:
         try:
             impact = dict(tool.impact(args, ctx))
@@ -597,7 +598,12 @@ def proposal_fingerprint(
     elif isinstance(raw, str):
         written = raw
     else:
-        written = json.dumps(raw, sort_keys=True, default=str)
+        try:
+            written = json.dumps(raw, sort_keys=True, default=str)
+        except (RecursionError, ValueError, TypeError):
+            # Nested past what json can write (the parse gate refuses it): its
+            # fingerprint is its kind, so re-enqueueing it finds its stored refusal.
+            written = "<unserialisable arguments>"
     document = json.dumps(
         [ctx.tenant, ctx.principal, call.tool_name, written], ensure_ascii=True
     ).encode("utf-8", "surrogatepass")

@@ -264,3 +264,23 @@ def seal_error(error: Mapping[str, Any]) -> dict[str, Any]:
     if "details" in sealed:
         sealed["details"] = sanitize_json(sealed["details"], 4 * ERROR_MESSAGE_MAX_CHARS)
     return sealed
+
+
+LOG_MESSAGE_MAX_CHARS = 300
+
+
+def exception_summary(exc: BaseException, limit: int = LOG_MESSAGE_MAX_CHARS) -> str:
+    """An exception as a log line may show it: its type, the first line of its
+    message through this sanitiser (secret-shaped text redacted, controls dropped,
+    capped), and where it was raised (file:line of the innermost frames, never a
+    frame's values). A traceback would print the message unredacted, and a tool's
+    exception, a driver's error or a chained cause can quote arguments or context."""
+    import traceback
+
+    lines = str(exc).strip().splitlines()
+    message = sanitize_error_text(lines[0], limit) if lines else ""
+    frames = traceback.extract_tb(exc.__traceback__)[-3:] if exc.__traceback__ is not None else []
+    where = " < ".join(f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno}" for frame in reversed(frames))
+    summary = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    return f"{summary} (at {where})" if where else summary
+

@@ -40,6 +40,9 @@ class ErrorCode(StrEnum):
     APPROVER_NOT_ALLOWED = "approver_not_allowed"
     REPEATED_FAILED_CALL = "repeated_failed_call"
     CALL_BUDGET_EXCEEDED = "call_budget_exceeded"
+    # A call id, tool name or operation id that no database can hold or no
+    # terminal can print (executor/core/identifiers.py): answered per call.
+    INVALID_IDENTIFIER = "invalid_identifier"
 
 
 class _Frozen(BaseModel):

@@ -51,6 +51,7 @@ from mcp_types import (
 )
 from pydantic import ValidationError
 
+from executor.core.sanitize import exception_summary
 from executor.mcp.correlation import JsonRpcId
 from executor.mcp.errors import (
     McpCallFailure,
@@ -361,7 +362,9 @@ class McpServerConnection:
                 ready.set_exception(exc)
             else:
                 # Teardown noise of a session that already served its calls.
-                logger.debug("MCP server %r session %d ended: %r", self.spec.name, number, exc)
+                logger.debug(
+                    "MCP server %r session %d ended: %s", self.spec.name, number, exception_summary(exc)
+                )
         finally:
             observer.mark_ended()
             logger.info("MCP server %r session %d stopped", self.spec.name, number)

@@ -35,6 +35,7 @@ from executor.providers.common import (
     AdapterErrorCode,
     CallOutcome,
     NameRule,
+    boundary,
     check_call_id,
     check_tool_name,
     check_unique_ids,
@@ -42,6 +43,7 @@ from executor.providers.common import (
     decode_tool_name,
     exports_writes,
     is_failure,
+    one_of,
     order_results,
     parameters_schema,
     result_text,
@@ -67,6 +69,7 @@ def _refuse(code: AdapterErrorCode, message: str, call_id: str | None = None) ->
     return AdapterError(code, message, surface=SURFACE, call_id=call_id)
 
 
+@boundary(SURFACE, AdapterErrorCode.MALFORMED_ENVELOPE)
 def read_proposals(
     response: Mapping[str, Any], *, known_names: Iterable[str] = ()
 ) -> list[ProposedCall]:
@@ -89,7 +92,7 @@ def read_proposals(
             raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, f"{where} is not an object")
         if block.get("type") != "tool_use":
             continue
-        if stop_reason in _TRUNCATING_STOPS:
+        if one_of(stop_reason, _TRUNCATING_STOPS):
             last = content[-1]
             cut = last.get("id") if isinstance(last, Mapping) and last.get("type") == "tool_use" else None
             raise truncated(
@@ -126,6 +129,7 @@ def _read_call(block: Mapping[str, Any], where: str, *, known_names: Iterable[st
     )
 
 
+@boundary(SURFACE, AdapterErrorCode.UNSERIALISABLE_OUTPUT)
 def write_results(
     proposals: Sequence[ProposedCall], results: Sequence[CallOutcome]
 ) -> list[dict[str, Any]]:
@@ -189,6 +193,7 @@ def request_options(registry: Registry, context: ServerContext) -> dict[str, Any
 _HOSTED_USE_BLOCKS = frozenset({"server_tool_use", "mcp_tool_use"})
 
 
+@boundary(SURFACE, AdapterErrorCode.MALFORMED_ENVELOPE)
 def read_hosted_calls(response: Mapping[str, Any]) -> list[HostedCall]:
     """Every server-run block of `content`, in content order, as `HostedCall`s.
 
@@ -207,7 +212,7 @@ def read_hosted_calls(response: Mapping[str, Any]) -> list[HostedCall]:
         if not isinstance(block, Mapping):
             raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, f"content[{index}] is not an object")
         kind = block.get("type")
-        if kind in _HOSTED_USE_BLOCKS:
+        if one_of(kind, _HOSTED_USE_BLOCKS):
             use = HostedCall(
                 surface=SURFACE, kind=str(kind),
                 server_label=text_or_none(block.get("server_name")) if kind == "mcp_tool_use" else None,
@@ -223,7 +228,7 @@ def read_hosted_calls(response: Mapping[str, Any]) -> list[HostedCall]:
             answered = uses.get(answers) if answers is not None else None
             result = block.get("content")
             errored = block.get("is_error") is True or (
-                isinstance(result, Mapping) and str(result.get("type", "")).endswith("_error")
+                isinstance(result, Mapping) and (text_or_none(result.get("type")) or "").endswith("_error")
             )
             calls.append(
                 HostedCall(

@@ -9,14 +9,15 @@ its own field positions; this module only works on neutral values
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 import pydantic_core
 
@@ -91,12 +92,54 @@ class AdapterError(Exception):
         *,
         surface: str,
         call_id: str | None = None,
+        unexpected: bool = False,
     ) -> None:
         super().__init__(f"[{surface}] {code.value}: {message}")
         self.code = code
         self.message = message
         self.surface = surface
         self.call_id = call_id
+        # True when the adapter's boundary turned an error it did not foresee into
+        # this one (`boundary`): still a refusal with a stable code, but a gap in
+        # the adapter's own checks, which the fuzz targets count as a crash.
+        self.unexpected = unexpected
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def boundary(surface: str, code: AdapterErrorCode) -> Callable[[_F], _F]:
+    """The contract of every adapter entry point: it returns, or raises `AdapterError`.
+
+    Each surface checks the shapes it reads and refuses what it cannot read with
+    its own code. This is the net below those checks: any other exception (a type
+    the checks did not foresee, a `RecursionError` on hostile nesting) becomes an
+    `AdapterError` with `code` and `unexpected=True`, naming only the exception's
+    type, never its message (it may quote the envelope).
+    """
+
+    def wrap(function: _F) -> _F:
+        @functools.wraps(function)
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return function(*args, **kwargs)
+            except AdapterError:
+                raise
+            except Exception as exc:
+                raise AdapterError(
+                    code, f"the input could not be read ({type(exc).__name__})",
+                    surface=surface, unexpected=True,
+                ) from None
+
+        return guarded  # type: ignore[return-value]
+
+    return wrap
+
+
+def one_of(value: object, choices: frozenset[str]) -> bool:
+    """`value in choices` for a provider-written value of any JSON type (a list or
+    an object is unhashable, and `in` a set would raise)."""
+    return isinstance(value, str) and value in choices
 
 
 def truncated(surface: str, message: str, call_id: object = None) -> AdapterError:
@@ -117,8 +160,9 @@ def truncated(surface: str, message: str, call_id: object = None) -> AdapterErro
 
 
 def quote(value: object, limit: int = 48) -> str:
-    """A short, printable rendering of model-chosen text for error messages."""
-    text = repr(value)
+    """A short, printable rendering of model-chosen text for error messages (of
+    anything else, its type only: a nested value's repr could be huge, or recurse)."""
+    text = repr(value[: limit + 2]) if isinstance(value, str) else f"<{type(value).__name__}>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -251,9 +295,13 @@ def _unescape_body(body: str) -> str | None:
         else:
             return None
     try:
-        return raw.decode("utf-8", "surrogatepass")
+        # Strict: bytes that decode only to a lone surrogate (`_ed_a0_80`) or to a
+        # control character (`_00`) name no tool; the wire name is then left as
+        # written, for the allowlist gate (`unknown_tool`) to refuse.
+        original = raw.decode("utf-8")
     except UnicodeDecodeError:
         return None
+    return original if original.isprintable() else None
 
 
 def _digest(name: str) -> str:
@@ -478,7 +526,7 @@ def _jsonable(value: Any, *, surface: str, call_id: str) -> Any:
         converted = pydantic_core.to_jsonable_python(value)
         # Round-trip through strict JSON: NaN and infinities are not JSON.
         return json.loads(json.dumps(converted, allow_nan=False))
-    except (pydantic_core.PydanticSerializationError, TypeError, ValueError):
+    except (pydantic_core.PydanticSerializationError, TypeError, ValueError, RecursionError):
         # A success the model cannot be shown is a bug to surface, not a failure to
         # invent: the effect may have happened, and "failed" would invite a retry.
         raise AdapterError(

@@ -45,6 +45,7 @@ from executor.providers.common import (
     AdapterErrorCode,
     CallOutcome,
     NameRule,
+    boundary,
     check_call_id,
     check_tool_name,
     check_unique_ids,
@@ -53,6 +54,7 @@ from executor.providers.common import (
     encode_tool_name,
     error_payload,
     get_field,
+    one_of,
     order_results,
     output_payload,
     parameters_schema,
@@ -87,17 +89,31 @@ def _get(obj: Mapping[str, Any], snake: str, camel: str, where: str) -> Any:
 
 
 def synthetic_call_id(ordinal: int, wire_name: str, arguments: Mapping[str, Any]) -> str:
-    """A stable id for a call the model gave none: same response, same id."""
-    material = json.dumps(
-        [ordinal, wire_name, arguments], sort_keys=True, ensure_ascii=False, default=repr
-    )
-    return f"{SYNTHETIC_ID_PREFIX}{ordinal}-{hashlib.sha256(material.encode()).hexdigest()[:12]}"
+    """A stable id for a call the model gave none: same response, same id.
+
+    Lone surrogates in the name or arguments are hashed as written
+    (`surrogatepass`): the id is hex either way, and the gates refuse the text.
+    Arguments nested too deeply to serialise leave the call with no identity to
+    write a result back under: refused as a malformed call.
+    """
+    try:
+        material = json.dumps(
+            [ordinal, wire_name, arguments], sort_keys=True, ensure_ascii=False, default=repr
+        )
+    except (RecursionError, ValueError, TypeError):
+        raise _refuse(
+            AdapterErrorCode.MALFORMED_CALL_LIST,
+            f"call {ordinal} has no id and arguments that cannot be serialised to derive one",
+        ) from None
+    digest = hashlib.sha256(material.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return f"{SYNTHETIC_ID_PREFIX}{ordinal}-{digest}"
 
 
 def is_synthetic_call_id(call_id: str) -> bool:
     return call_id.startswith(SYNTHETIC_ID_PREFIX)
 
 
+@boundary(SURFACE, AdapterErrorCode.MALFORMED_ENVELOPE)
 def read_proposals(
     response: Mapping[str, Any], *, known_names: Iterable[str] = ()
 ) -> list[ProposedCall]:
@@ -150,7 +166,7 @@ def read_proposals(
             f"finishReason is MAX_TOKENS: {len(proposals)} call(s), the last one may be cut",
             proposals[-1].call_id,
         )
-    if not proposals and finish_reason in _CALL_FAILURE_FINISHES:
+    if not proposals and one_of(finish_reason, _CALL_FAILURE_FINISHES):
         raise _refuse(
             AdapterErrorCode.TOOL_CALLS_WITHOUT_CALLS,
             f"finishReason is {finish_reason} and no functionCall part survived",
@@ -199,6 +215,7 @@ def _read_call(
     )
 
 
+@boundary(SURFACE, AdapterErrorCode.UNSERIALISABLE_OUTPUT)
 def write_results(
     proposals: Sequence[ProposedCall], results: Sequence[CallOutcome]
 ) -> list[dict[str, Any]]:
@@ -261,6 +278,7 @@ def request_options(registry: Registry, context: ServerContext) -> dict[str, Any
 CODE_EXECUTION = "code_execution"
 
 
+@boundary(SURFACE, AdapterErrorCode.MALFORMED_ENVELOPE)
 def read_hosted_calls(response: Mapping[str, Any]) -> list[HostedCall]:
     """The only candidate's `executableCode` / `codeExecutionResult` parts, in
     part order, as `HostedCall`s of the built-in tool `code_execution`."""

@@ -30,6 +30,7 @@ from executor.providers.common import (
     AdapterErrorCode,
     CallOutcome,
     NameRule,
+    boundary,
     check_call_id,
     check_tool_name,
     check_unique_ids,
@@ -59,6 +60,7 @@ def _refuse(code: AdapterErrorCode, message: str, call_id: str | None = None) ->
     return AdapterError(code, message, surface=SURFACE, call_id=call_id)
 
 
+@boundary(SURFACE, AdapterErrorCode.MALFORMED_ENVELOPE)
 def read_proposals(
     response: Mapping[str, Any], *, known_names: Iterable[str] = ()
 ) -> list[ProposedCall]:
@@ -123,6 +125,7 @@ def _read_call(step: Mapping[str, Any], where: str, *, known_names: Iterable[str
     )
 
 
+@boundary(SURFACE, AdapterErrorCode.UNSERIALISABLE_OUTPUT)
 def write_results(
     proposals: Sequence[ProposedCall], results: Sequence[CallOutcome]
 ) -> list[dict[str, Any]]:
@@ -174,6 +177,7 @@ def request_options(registry: Registry, context: ServerContext) -> dict[str, Any
 # ---------------------------------------------------------------- hosted calls
 
 
+@boundary(SURFACE, AdapterErrorCode.MALFORMED_ENVELOPE)
 def read_hosted_calls(response: Mapping[str, Any]) -> list[HostedCall]:
     """Every server-run step, in step order, as `HostedCall`s.
 

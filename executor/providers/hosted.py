@@ -63,8 +63,8 @@ def arguments_text(value: Any) -> str | None:
         return value
     try:
         return canonical_json(value).decode("utf-8")
-    except NotCanonicalizable:
-        return json.dumps(value, sort_keys=True, ensure_ascii=False, default=repr)
+    except (NotCanonicalizable, UnicodeDecodeError):
+        return _loose_json(value)
 
 
 def output_digest(value: Any) -> str | None:
@@ -74,9 +74,21 @@ def output_digest(value: Any) -> str | None:
     try:
         material = canonical_json(value)
     except NotCanonicalizable:
-        # Not RFC 8785-able (a huge integer): still a stable digest of the value.
-        material = json.dumps(value, sort_keys=True, ensure_ascii=False, default=repr).encode()
+        # Not RFC 8785-able (a huge integer, a lone surrogate): still a stable digest.
+        material = _loose_json(value).encode("utf-8", "surrogatepass")
     return hashlib.sha256(material).hexdigest()
+
+
+UNSERIALISABLE = '"[unserialisable]"'
+"""What a provider value nested too deeply to serialise is recorded as: a hosted
+approval bound to it matches no real arguments, so it fails closed."""
+
+
+def _loose_json(value: Any) -> str:
+    try:
+        return json.dumps(value, sort_keys=True, ensure_ascii=False, default=repr)
+    except (RecursionError, ValueError, TypeError):
+        return UNSERIALISABLE
 
 
 def text_or_none(value: Any) -> str | None:

@@ -29,6 +29,7 @@ from executor.providers.common import (
     AdapterErrorCode,
     CallOutcome,
     NameRule,
+    boundary,
     check_call_id,
     check_tool_name,
     check_unique_ids,
@@ -53,6 +54,7 @@ def _refuse(code: AdapterErrorCode, message: str, call_id: str | None = None) ->
     return AdapterError(code, message, surface=SURFACE, call_id=call_id)
 
 
+@boundary(SURFACE, AdapterErrorCode.MALFORMED_ENVELOPE)
 def read_proposals(
     response: Mapping[str, Any], *, known_names: Iterable[str] = ()
 ) -> list[ProposedCall]:
@@ -139,6 +141,7 @@ def _read_call(raw: Any, index: int, *, known_names: Iterable[str]) -> ProposedC
     )
 
 
+@boundary(SURFACE, AdapterErrorCode.UNSERIALISABLE_OUTPUT)
 def write_results(
     proposals: Sequence[ProposedCall], results: Sequence[CallOutcome]
 ) -> list[dict[str, Any]]:
@@ -196,6 +199,7 @@ def request_options(registry: Registry, context: ServerContext) -> dict[str, Any
     return {"parallel_tool_calls": False} if exports_writes(registry, context) else {}
 
 
+@boundary(SURFACE, AdapterErrorCode.MALFORMED_ENVELOPE)
 def read_hosted_calls(response: Mapping[str, Any]) -> list[HostedCall]:
     """Always empty: Chat Completions runs no tools itself. (A search model's
     `annotations` are citations in the text, not calls.) Kept so every surface

@@ -36,12 +36,14 @@ from executor.providers.common import (
     AdapterErrorCode,
     CallOutcome,
     NameRule,
+    boundary,
     check_call_id,
     check_tool_name,
     check_unique_ids,
     declared_tools,
     decode_tool_name,
     exports_writes,
+    one_of,
     order_results,
     parameters_schema,
     result_text,
@@ -78,6 +80,7 @@ def _refuse(code: AdapterErrorCode, message: str, call_id: str | None = None) ->
     return AdapterError(code, message, surface=SURFACE, call_id=call_id)
 
 
+@boundary(SURFACE, AdapterErrorCode.MALFORMED_ENVELOPE)
 def read_proposals(
     response: Mapping[str, Any], *, known_names: Iterable[str] = ()
 ) -> list[ProposedCall]:
@@ -98,7 +101,7 @@ def read_proposals(
         if not isinstance(item, Mapping):
             raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, f"{where} is not an object")
         kind = item.get("type")
-        if kind in _CLIENT_ANSWERED_ITEMS or (
+        if one_of(kind, _CLIENT_ANSWERED_ITEMS) or (
             kind == "tool_search_call" and item.get("execution") == "client"
         ):
             raise _refuse(
@@ -123,7 +126,7 @@ def _refuse_if_truncated(
     if not proposals:
         return
     for item in output:
-        if item.get("type") == "function_call" and item.get("status") in _UNFINISHED_ITEM_STATUSES:
+        if item.get("type") == "function_call" and one_of(item.get("status"), _UNFINISHED_ITEM_STATUSES):
             raise truncated(
                 SURFACE,
                 f"a function_call item has status {item.get('status')}",
@@ -131,7 +134,7 @@ def _refuse_if_truncated(
             )
     if response.get("status") == "incomplete":
         details = response.get("incomplete_details")
-        reason = details.get("reason") if isinstance(details, Mapping) else None
+        reason = text_or_none(details.get("reason")) if isinstance(details, Mapping) else None
         # Every call item says completed; the response still ended early, so the
         # model may have meant more calls than these.
         raise truncated(SURFACE, f"the response is incomplete ({reason or 'no reason given'})")
@@ -160,6 +163,7 @@ def _read_call(item: Mapping[str, Any], where: str, *, known_names: Iterable[str
     )
 
 
+@boundary(SURFACE, AdapterErrorCode.UNSERIALISABLE_OUTPUT)
 def write_results(
     proposals: Sequence[ProposedCall], results: Sequence[CallOutcome]
 ) -> list[dict[str, Any]]:
@@ -226,6 +230,7 @@ _BUILTIN_ITEMS = {
 }
 
 
+@boundary(SURFACE, AdapterErrorCode.MALFORMED_ENVELOPE)
 def read_hosted_calls(response: Mapping[str, Any]) -> list[HostedCall]:
     """Every provider-run item of `output`, in output order, as `HostedCall`s.
 

@@ -43,6 +43,7 @@ from executor.store.audit import (
     audit_trail,
 )
 from executor.store.clock import DATABASE_CLOCK, Clock, ManualClock, read_now
+from executor.store.errors import StoreDatabaseError, store_errors
 from executor.store.intake import (
     add_outbox_row,
     hosted_calls_of_request,
@@ -110,6 +111,8 @@ from executor.store.records import (
 )
 
 __all__ = [
+    "StoreDatabaseError",
+    "store_errors",
     "DATABASE_CLOCK",
     "RELEASED_BEFORE_RUN",
     "HOSTED_APPROVAL_PREFIX",

@@ -52,6 +52,9 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     one of them SQLITE_BUSY at once, without waiting).
     """
     url = normalize_url(url)
+    # A statement's parameters are arguments and server contexts: never in an
+    # error's message (executor/store/errors.py).
+    kwargs.setdefault("hide_parameters", True)
     if url.startswith("sqlite"):
         engine = create_engine(
             url, connect_args={"timeout": 60, "check_same_thread": False}, **kwargs

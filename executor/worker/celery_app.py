@@ -16,6 +16,7 @@ from typing import Any
 from celery import Celery, signals
 from celery.worker.consumer import Consumer
 
+from executor.core.sanitize import exception_summary
 from executor.core.tools import load_registry
 from executor.settings import Settings
 from executor.store.engine import dispose_engines, get_engine
@@ -113,9 +114,20 @@ def worker_app(settings: Settings | None = None) -> Celery:
         # message for the runner to count and acknowledge, not a task error (a
         # TypeError from the call would be acknowledged but never counted).
         given = [*args, *kwargs.values()] if set(kwargs) <= {"operation_id"} else []
-        return _get_runner().handle(given[0] if len(given) == 1 else None).label
+        try:
+            return _get_runner().handle(given[0] if len(given) == 1 else None).label
+        except Exception as exc:
+            # Celery would log this exception's message and traceback (a database
+            # error can quote a row); the operation is the reconciler's to settle.
+            label = repr(given[0])[:80] if len(given) == 1 else "a bad message"
+            log.error("task for %s failed: %s", label, exception_summary(exc))
+            raise TaskFailed(type(exc).__name__) from None
 
     return app
+
+
+class TaskFailed(Exception):
+    """What Celery is told when a task fails: the original's type, nothing it said."""
 
 
 @signals.worker_process_init.connect

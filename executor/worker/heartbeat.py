@@ -19,6 +19,7 @@ import time
 from sqlalchemy import Engine
 
 from executor import store
+from executor.core.sanitize import exception_summary
 from executor.telemetry import metrics
 
 log = logging.getLogger("toolfence.worker")
@@ -70,9 +71,9 @@ class Heartbeat(threading.Thread):
                         self._reservation.owner_token,
                         self._lease,
                     )
-            except Exception:
+            except Exception as exc:
                 # Cannot reach the database: keep trying until the local deadline passes.
-                log.warning("lease renewal failed to reach the database", exc_info=True)
+                log.warning("lease renewal failed to reach the database: %s", exception_summary(exc))
                 if time.monotonic() >= self._local_deadline:
                     self._lost.set()
                     return

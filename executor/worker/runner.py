@@ -33,7 +33,7 @@ from executor.core.admission import (
     recheck_access,
     recheck_before_run,
 )
-from executor.core.sanitize import seal_error
+from executor.core.sanitize import exception_summary, seal_error
 from executor.core.scope import check_scope
 from executor.core.states import TERMINAL, ApprovalState, State
 from executor.core.tools import (
@@ -306,8 +306,10 @@ class OperationRunner:
         for retry in range(5):
             try:
                 return bool(attempt())
-            except (OperationalError, DBAPIError, AmbiguousCommit):
-                log.warning("connection error around a CAS on %s", operation_id, exc_info=True)
+            except (OperationalError, DBAPIError, AmbiguousCommit) as exc:
+                log.warning(
+                    "connection error around a CAS on %s: %s", operation_id, exception_summary(exc)
+                )
                 time.sleep(0.2 * (retry + 1))
                 try:
                     with self.reader.connect() as conn:
@@ -391,8 +393,8 @@ class OperationRunner:
             context = self.registry.current_context(
                 ServerContext.from_json(json.loads(row.context))
             )
-        except RoleResolutionFailed:
-            log.exception("the role resolver failed for %s", row.operation_id)
+        except RoleResolutionFailed as exc:
+            log.error("the role resolver failed for %s: %s", row.operation_id, exception_summary(exc))
             return refuse(Refusal(
                 ErrorCode.PERMISSION_DENIED, "permission denied at execution time",
                 (ErrorDetail(path="", code="role_resolver_failed"),),
@@ -641,7 +643,12 @@ class OperationRunner:
             exc, tool, attempts=reservation.attempts, connection_errors=CONNECTION_ERRORS
         )
         if decision.unexpected:
-            log.exception("tool %s raised", tool.name)
+            # The code and the operation id; the tool's message only through the
+            # sanitiser (it may quote its arguments or what the downstream said).
+            log.error(
+                "operation %s: tool %s raised (%s): %s", row.operation_id, tool.name,
+                _decision_code(decision), exception_summary(exc),
+            )
         return self._act_on(row, tool, reservation, ctx, decision)
 
     def _act_on(
@@ -742,3 +749,11 @@ def _backoff(tool: Tool[Any], attempt: int) -> float:
         attempt_number = attempt
 
     return float(strategy(_State()))  # type: ignore[arg-type]
+
+
+def _decision_code(decision: FailureDecision) -> str:
+    """The code a failure decision records (`outcome_unknown` for an unknown outcome)."""
+    if isinstance(decision, UnknownOutcome):
+        return "outcome_unknown"
+    return decision.code.value
+

@@ -210,3 +210,19 @@ def test_detect_secrets_jwt_pattern__quadratic__so_not_adopted() -> None:
 
     n = 1_000
     assert cost("eyJ" * (4 * n)) / cost("eyJ" * n) > 8
+
+
+def test_exception_summary__secret_in_message__type_and_redacted_first_line_only() -> None:
+    from executor.core.sanitize import exception_summary
+
+    # Given an exception whose message quotes a credential and spans lines
+    secret = "sk-summaryCANARYsummaryCANARY0123"
+    try:
+        raise ValueError(f"downstream said api_key={secret} for {secret}\nsecond line {secret}")
+    except ValueError as exc:
+        summary = exception_summary(exc)
+    # Then the log line has the type, the redacted first line and where it was raised
+    assert secret not in summary
+    assert summary.startswith("ValueError: downstream said api_key=[REDACTED]")
+    assert "second line" not in summary
+    assert "test_core_sanitize.py:" in summary

@@ -1,0 +1,131 @@
+"""The input contract for identifiers: what a tool name, call id, request id,
+operation id, principal, tenant (or conversation, turn, role) may be.
+
+Every identifier is stored in a `String(200)` column (executor/store/schema.py)
+and shown to operators and models, so it must be text any database holds and
+any terminal prints: at most `MAX_IDENTIFIER_CHARS` characters, printable
+(`str.isprintable`: no control characters, no NUL, no line breaks, no
+non-ASCII spaces), valid UTF-8 (no lone surrogates), not empty. PostgreSQL
+refuses NUL and lone surrogates and an overlong value with an error that
+aborts the caller's whole transaction; checked here first, in pure code, a
+bad identifier becomes a value the producer can answer per call.
+
+Pure: no database, broker or network.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from enum import StrEnum
+
+from executor.core.types import ServerContext
+
+MAX_IDENTIFIER_CHARS = 200
+"""The length of every identifier column (`String(200)`): the check and the schema agree."""
+
+SUBSTITUTE_PREFIX = "h_"
+"""A stored key standing for an identifier that cannot be stored: `h_` + 32 hex digits."""
+
+
+class IdentifierProblem(StrEnum):
+    """Why a value is not an identifier: the `code` of its error detail."""
+
+    NOT_TEXT = "not_text"
+    EMPTY = "empty"
+    TOO_LONG = "too_long"
+    NUL = "nul"
+    LONE_SURROGATE = "lone_surrogate"
+    NOT_PRINTABLE = "not_printable"
+
+
+class IdentifierField(StrEnum):
+    """Which identifier: the `path` of its error detail."""
+
+    TOOL_NAME = "tool_name"
+    CALL_ID = "call_id"
+    REQUEST_ID = "request_id"
+    OPERATION_ID = "operation_id"
+    PRINCIPAL = "principal"
+    TENANT = "tenant"
+    CONVERSATION_ID = "conversation_id"
+    TURN_ID = "turn_id"
+    ROLE = "roles"
+
+
+class InvalidIdentifier(ValueError):
+    """A request-level identifier (tenant, principal, request id, …) breaks the
+    contract. Raised before anything is written; the message never quotes the
+    value (it may be a secret, or text written to mislead an operator)."""
+
+    def __init__(self, field: IdentifierField, problem: IdentifierProblem) -> None:
+        super().__init__(f"{field.value} is not a valid identifier ({problem.value})")
+        self.field = field
+        self.problem = problem
+        self.code = "invalid_identifier"
+
+
+def identifier_problem(value: object, max_chars: int = MAX_IDENTIFIER_CHARS) -> IdentifierProblem | None:
+    """What is wrong with `value` as an identifier, or None when nothing is.
+
+    Linear in the value's length, and bounded: an overlong value is refused by
+    its length before its characters are looked at.
+    """
+    if not isinstance(value, str):
+        return IdentifierProblem.NOT_TEXT
+    if value == "":
+        return IdentifierProblem.EMPTY
+    if len(value) > max_chars:
+        return IdentifierProblem.TOO_LONG
+    if "\x00" in value:
+        return IdentifierProblem.NUL
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return IdentifierProblem.LONE_SURROGATE
+    if not value.isprintable():
+        return IdentifierProblem.NOT_PRINTABLE
+    return None
+
+
+def check_identifier(field: IdentifierField, value: object) -> None:
+    """Raise `InvalidIdentifier` unless `value` is a valid identifier."""
+    problem = identifier_problem(value)
+    if problem is not None:
+        raise InvalidIdentifier(field, problem)
+
+
+def check_server_context(context: ServerContext) -> None:
+    """Every identifier of a server context (principal, tenant, request id, the
+    conversation and turn ids when set, each role): `InvalidIdentifier` on the first
+    bad one. A request-level refusal: no call of the request can be answered."""
+    check_identifier(IdentifierField.TENANT, context.tenant)
+    check_identifier(IdentifierField.PRINCIPAL, context.principal)
+    check_identifier(IdentifierField.REQUEST_ID, context.request_id)
+    if context.conversation_id is not None:
+        check_identifier(IdentifierField.CONVERSATION_ID, context.conversation_id)
+    if context.turn_id is not None:
+        check_identifier(IdentifierField.TURN_ID, context.turn_id)
+    for role in context.roles:
+        check_identifier(IdentifierField.ROLE, role)
+
+
+def storable_key(value: str) -> str:
+    """`value` itself when it is a valid identifier, else a stable digest of it
+    (`h_` + 32 hex digits) that a database can hold: the key a call row of a
+    refused call is stored under, the same every time the same text arrives."""
+    if identifier_problem(value) is None:
+        return value
+    digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return SUBSTITUTE_PREFIX + digest
+
+
+__all__ = [
+    "MAX_IDENTIFIER_CHARS",
+    "IdentifierField",
+    "IdentifierProblem",
+    "InvalidIdentifier",
+    "check_identifier",
+    "check_server_context",
+    "identifier_problem",
+    "storable_key",
+]

@@ -1,0 +1,157 @@
+"""A secret driven through every input a producer, a model and a tool can give:
+arguments (values and keys), tool error messages, a downstream's error text, a
+tool's output, the server context (request, conversation and turn ids), and the
+arguments an approver would see. Real relay, workers, reconciler and exporter
+subprocesses, and the real CLI. Then every log, result, metric, broker payload
+and CLI output is searched for it: found nowhere a model or an operator log
+would show it (the operation's own stored arguments and context hold it, which
+is where it belongs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import canary_tools
+import pytest
+import redis
+from canary_tools import CANARY
+from fleetkit import wait_until
+
+from executor.cli.fleet import Fleet
+from executor.core.types import ProposedCall, ServerContext
+from executor.settings import Settings
+from executor.store.engine import make_engine
+from outbox.producer import enqueue, results, settled
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _call(call_id: str, tool: str, arguments: dict[str, object]) -> ProposedCall:
+    return ProposedCall(call_id=call_id, tool_name=tool, arguments=json.dumps(arguments))
+
+
+CALLS = [
+    _call("c_raise", "test.leaky", {"mode": "raise", "secret": CANARY}),
+    _call("c_terminal", "test.leaky", {"mode": "terminal", "secret": CANARY}),
+    _call("c_retryable", "test.leaky", {"mode": "retryable", "secret": CANARY}),
+    _call("c_downstream", "test.leaky", {"mode": "downstream", "secret": CANARY}),
+    _call("c_echo", "test.leaky", {"mode": "echo", "secret": CANARY}),
+    _call("c_key", "test.leaky", {"mode": "echo", "secret": "x", CANARY: 1}),
+    _call("c_value", "test.leaky", {"mode": CANARY, "secret": "x"}),
+    ProposedCall(call_id="c_parse", tool_name="test.leaky",
+                 arguments='{"mode": "echo", "secret": "' + CANARY + '", "secret": "x"}'),
+    _call("c_approval", "test.needs_approval", {"secret": CANARY, "amount_cents": 100}),
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _cli(env: dict[str, str], *args: str) -> str:
+    run = subprocess.run(
+        [sys.executable, "-m", "executor.cli", *args], env={**os.environ, **env},
+        capture_output=True, text=True, timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    return run.stdout + run.stderr
+
+
+def test_canary__secret_everywhere__nowhere_a_model_or_operator_log_shows_it(
+    settings: Settings, fleet_env: dict[str, str], make_fleet: Callable[..., Fleet],
+    ledger: object, tmp_path: Path, broker_url: str,
+) -> None:
+    env = {**fleet_env, "TOOLFENCE_TOOLS": "canary_tools:registry"}
+    engine = make_engine(settings.database_url)
+    context = ServerContext(
+        principal="alice", tenant="acme", roles=frozenset({"member"}), request_id=f"req-{CANARY}",
+        conversation_id=f"conv-{CANARY}", turn_id=f"turn-{CANARY}",
+    )
+    # Given every call enqueued by a producer, and only the relay running
+    with engine.begin() as conn:
+        handle = enqueue(conn, CALLS, context, canary_tools.registry)
+    fleet = make_fleet(env=env, workers=1, reconcile_every=None)
+    fleet.start_relay(0)
+    client = redis.Redis.from_url(broker_url)
+    queue = env["TOOLFENCE_QUEUE"]
+    # Then what the relay put on the broker carries operation ids, never the secret
+    payloads = wait_until(lambda: client.lrange(queue, 0, -1), timeout=30, what="published messages")
+    assert payloads and all(CANARY.encode() not in p for p in payloads)
+
+    # When the workers, the reconciler and the exporter run them all to a settled state
+    fleet.start_worker(0)
+    fleet.reconcile_every = 1.0
+    fleet.start_reconciler()
+    port = _free_port()
+    fleet._spawn("exporter", 0, ["metrics", "--port", str(port), "--host", "127.0.0.1"])
+    fleet.wait_ready(60)
+    statuses = wait_until(
+        lambda: (s := results(engine, context)) and all(settled(x) for x in s) and s,
+        timeout=90, what="every call settled", show=lambda: results(engine, context),
+    )
+    by_id = {s.call_id: s for s in statuses}
+    assert by_id["c_approval"].status == "pending"
+    assert {by_id[c].status for c in ("c_raise", "c_terminal", "c_retryable", "c_key", "c_value")} == {
+        "failed_terminal"
+    }
+    assert by_id["c_echo"].status == "succeeded"
+    time.sleep(1.5)  # a reconciler pass and the exporter's first scrape
+    page = wait_until(
+        lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode(),
+        timeout=30, what="the exporter's page",
+    )
+
+    # Then the secret is in none of what a model, an operator or a log is shown:
+    seen: dict[str, str] = {
+        # the model's view, on every surface's write-back, and the producer's handle
+        "results": json.dumps([s.model_dump(mode="json") for s in statuses]),
+        "handle": json.dumps([c.status.model_dump(mode="json") for c in handle.calls]),
+        # the metrics, served and on disk
+        "metrics page": page,
+        "metrics files": "".join(
+            p.read_bytes().decode("latin-1") for p in Path(env["PROMETHEUS_MULTIPROC_DIR"]).rglob("*")
+            if p.is_file()
+        ),
+        # the operator's commands
+        "cli results": _cli(env, "results", context.request_id, "--tenant", "acme"),
+        "cli results --provider": _cli(env, "results", context.request_id, "--tenant", "acme",
+                                       "--provider", "anthropic"),
+        "cli approvals": _cli(env, "approvals"),
+        "cli pending": _cli(env, "pending"),
+        "cli reconcile": _cli(env, "reconcile"),
+    }
+    for status in statuses:
+        if status.operation_id:
+            seen[f"cli show {status.call_id}"] = _cli(env, "show", status.operation_id, "--tenant", "acme")
+    fleet.stop(timeout=10)
+    for member in fleet.members:
+        seen[f"log {member.log_path.name}"] = member.log_path.read_text(errors="replace")
+    leaks = [where for where, text in seen.items() if CANARY in text]
+    assert leaks == [], {where: seen[where][max(0, seen[where].find(CANARY) - 200):][:400] for where in leaks}
+    # And the secret did travel: it is in the operation's own stored arguments and
+    # context, and where it would have shown, the sanitiser redacted it
+    from sqlalchemy import text
+
+    with engine.connect() as conn:
+        stored = conn.execute(text(
+            "SELECT arguments || context FROM toolfence_operations WHERE call_id = 'c_echo'"
+        )).scalar_one()
+    assert CANARY in stored
+    assert "[REDACTED]" in seen["cli show c_echo"]  # the request id from the server context
+    # And the tool's failures were logged, by code and operation id, for the operator,
+    # their messages through the sanitiser
+    worker_log = seen["log worker-0.log"]
+    assert f"operation {by_id['c_raise'].operation_id}: tool test.leaky raised" in worker_log
+    assert "RuntimeError: unexpected failure while handling [REDACTED]" in worker_log
+    engine.dispose()
