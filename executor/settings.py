@@ -64,6 +64,13 @@ def budgets_from_env() -> Budgets:
     return replace(budgets, tenants=tenants)
 
 
+def _turn_scope() -> str:
+    scope = os.environ.get("TOOLFENCE_TURN_SCOPE") or "principal"
+    if scope not in ("principal", "conversation"):
+        raise SettingsError(f"TOOLFENCE_TURN_SCOPE={scope!r}: principal or conversation")
+    return scope
+
+
 def default_home() -> Path:
     return Path(os.environ.get("TOOLFENCE_HOME", Path.cwd() / ".toolfence"))
 
@@ -88,6 +95,13 @@ class Settings:
     hosted_policy: str | None = None
     fault_points: frozenset[str] = field(default_factory=frozenset)
     budgets: Budgets = field(default_factory=Budgets)
+    # Turns: the default driver spec, what "one running turn" counts over
+    # (`principal` or `conversation`), the default step limit, and how long a turn
+    # job waits for its calls before it gives its worker back and reschedules itself.
+    turn_driver: str | None = None
+    turn_scope: str = "principal"
+    turn_max_steps: int = 8
+    turn_wait_seconds: float = 10.0
 
     @property
     def visibility_timeout_seconds(self) -> float:
@@ -125,4 +139,8 @@ class Settings:
             hosted_policy=os.environ.get("TOOLFENCE_HOSTED_POLICY") or None,
             fault_points=frozenset(p for p in faults.split(",") if p),
             budgets=budgets_from_env(),
+            turn_driver=os.environ.get("TOOLFENCE_TURN_DRIVER") or None,
+            turn_scope=_turn_scope(),
+            turn_max_steps=_int("TOOLFENCE_TURN_MAX_STEPS", 8),
+            turn_wait_seconds=_float("TOOLFENCE_TURN_WAIT_SECONDS", 10.0),
         )

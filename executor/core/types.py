@@ -40,6 +40,7 @@ class ErrorCode(StrEnum):
     APPROVER_NOT_ALLOWED = "approver_not_allowed"
     REPEATED_FAILED_CALL = "repeated_failed_call"
     CALL_BUDGET_EXCEEDED = "call_budget_exceeded"
+    TURN_IN_PROGRESS = "turn_in_progress"
 
 
 class _Frozen(BaseModel):
