@@ -9,11 +9,12 @@ calls); each surface's positions are spelt out here.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from executor.providers import SURFACES
-from executor.turns.contract import Parsed, parse_native
+from executor.turns.contract import ContractError, Final, Nothing, Parsed, excerpt, parse_native
 
 
 def _joined(parts: Iterable[Any]) -> str:
@@ -76,6 +77,23 @@ READ_TEXT: Mapping[str, Callable[[Mapping[str, Any]], str]] = {
 }
 
 
+def _cut(response: Mapping[str, Any]) -> bool:
+    """Did the provider say it cut the response off (a token limit)? Its adapter
+    refuses cut tool calls; a cut *answer* must not pass as the final text either."""
+    candidates = response.get("candidates") or response.get("choices") or [{}]
+    first = candidates[0] if isinstance(candidates[0], dict) else {}
+    reason = first.get("finish_reason") or first.get("finishReason")
+    return (
+        reason in ("length", "MAX_TOKENS")
+        or response.get("stop_reason") == "max_tokens"
+        or response.get("status") == "incomplete"
+    )
+
+
 def parse_response(surface: str, response: Mapping[str, Any], known_names: Iterable[str]) -> Parsed:
     """A native response: its calls through the surface's adapter, else its text."""
-    return parse_native(response, SURFACES[surface].read_proposals, READ_TEXT[surface], known_names)
+    parsed = parse_native(response, SURFACES[surface].read_proposals, READ_TEXT[surface], known_names)
+    if isinstance(parsed, Final | Nothing) and _cut(response):
+        text = excerpt(json.dumps(response, default=str))
+        return ContractError("truncated_response", "the provider cut the response off", text)
+    return parsed
