@@ -98,8 +98,8 @@ RECORDED: dict[str, tuple[Callable[[Recorder], Any], dict[str, Any], dict[str, A
     "openai-responses": (
         chat,
         {"id": "resp_1", "object": "response", "created_at": 1, "model": "gpt-4o-mini", "status": "completed",
-         "output": [{"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": wire("openai-responses"),
-                     "arguments": json.dumps(ARGS), "status": "completed"}],
+         "output": [{"type": "function_call", "id": "fc_1", "call_id": "call_1",
+                     "name": wire("openai-responses"), "arguments": json.dumps(ARGS), "status": "completed"}],
          "usage": {"input_tokens": 51, "output_tokens": 9, "total_tokens": 60}},
         {"id": "resp_2", "object": "response", "created_at": 2, "model": "gpt-4o-mini", "status": "completed",
          "output": [{"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
