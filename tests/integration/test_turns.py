@@ -1,4 +1,4 @@
-"""Durable turns on real PostgreSQL: the loop, its checkpoints, its ends, approvals.
+"""Durable turns on real PostgreSQL and SQLite: the loop, its checkpoints, its ends, approvals.
 
 The turn job (`TurnRunner`), the operations' worker (`OperationRunner`) and the
 reconciler run in this process (`turnkit.drive`), against the reference ledger
@@ -39,15 +39,15 @@ APPROVER = ServerContext(principal="bob", tenant="acme", roles=frozenset({"appro
 
 
 @pytest.fixture
-def engine(pg_url: str) -> Iterator[Engine]:
-    eng = make_engine(pg_url)
+def engine(db_url: str) -> Iterator[Engine]:
+    eng = make_engine(db_url)
     yield eng
     eng.dispose()
 
 
 @pytest.fixture
-def settings(pg_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Settings:
-    monkeypatch.setenv("TOOLFENCE_DATABASE_URL", pg_url)
+def settings(db_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Settings:
+    monkeypatch.setenv("TOOLFENCE_DATABASE_URL", db_url)
     monkeypatch.setenv("TOOLFENCE_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("TOOLFENCE_FAULT_POINTS", raising=False)
     # Short waits: in one process the operations run between the turn job's passes.
@@ -55,8 +55,8 @@ def settings(pg_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Se
 
 
 @pytest.fixture
-def ledger(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Ledger]:
-    book = Ledger(pg_url)
+def ledger(db_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Ledger]:
+    book = Ledger(db_url)
     monkeypatch.setattr(ledger_service, "_default", book)
     book.create_schema()
     book.open_account("acme-1", "acme", 10_000_000)
@@ -195,8 +195,12 @@ def test_start_turn__second_turn_of_the_same_user__refused_turn_in_progress_by_t
 
 
 def test_start_turn__two_at_once_on_two_connections__the_index_lets_exactly_one_in(
-    engine: Engine, settings: Settings, tmp_path: Path
+    pg_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    # PostgreSQL only: two open write transactions at once (SQLite serialises writers
+    # at BEGIN IMMEDIATE, so the second could not even begin).
+    monkeypatch.setenv("TOOLFENCE_DATABASE_URL", pg_url)
+    engine = make_engine(pg_url)
     script = write_script(tmp_path / "turn.jsonl", [{"final": "hi"}])
     outcomes: list[str] = []
     barrier = threading.Barrier(2)
@@ -218,6 +222,7 @@ def test_start_turn__two_at_once_on_two_connections__the_index_lets_exactly_one_
         thread.join(timeout=30)
     # Then one got in and the other was refused: no Python check, the unique index decided
     assert sorted(outcomes) == ["started", "turn_in_progress"]
+    engine.dispose()
 
 
 def test_start_turn__conversation_scope__one_running_turn_per_conversation(

@@ -140,3 +140,21 @@ def test_turn_start__no_driver_or_a_bad_one__one_line_error(home: Path, cli: Cal
     for extra, fragment in (([], "--driver"), (["--driver", "llama:7b"], "unknown driver kind")):
         run = cli("turn", "start", *WHO, *extra, "hi")
         assert run.code == 1 and fragment in run.err and "Traceback" not in run.err
+
+
+def test_relay__turn_rows__published_as_turn_jobs_only_by_a_relay_that_can(
+    home: Path, cli: Callable[..., Run]
+) -> None:
+    # Given a started turn: its outbox row is of kind `turn`
+    script = home / "turn.jsonl"
+    script.write_text('{"final": "hi"}\n')
+    turn_id = cli("turn", "start", *WHO, "--driver", f"scripted:{script}", "hi").out.strip()
+    settings = Settings.from_env()
+    engine = store_engine.get_engine(settings.database_url)
+    # When a relay without a turn publisher passes, it publishes nothing and leaves the row
+    ops: list[str] = []
+    assert Relay(settings, engine, ops.append).run_once() == 0
+    # Then a relay with one publishes the turn id to it, never to the operations' task
+    turn_jobs: list[str] = []
+    assert Relay(settings, engine, ops.append, turn_jobs.append).run_once() == 1
+    assert (ops, turn_jobs) == ([], [turn_id])
