@@ -64,11 +64,16 @@ def budgets_from_env() -> Budgets:
     return replace(budgets, tenants=tenants)
 
 
+def _choice(name: str, choices: tuple[str, ...]) -> str:
+    """One of `choices` (the first when unset)."""
+    value = os.environ.get(name) or choices[0]
+    if value not in choices:
+        raise SettingsError(f"{name}={value!r}: one of {', '.join(choices)}")
+    return value
+
+
 def _turn_scope() -> str:
-    scope = os.environ.get("TOOLFENCE_TURN_SCOPE") or "principal"
-    if scope not in ("principal", "conversation"):
-        raise SettingsError(f"TOOLFENCE_TURN_SCOPE={scope!r}: principal or conversation")
-    return scope
+    return _choice("TOOLFENCE_TURN_SCOPE", ("principal", "conversation"))
 
 
 def default_home() -> Path:
@@ -100,6 +105,7 @@ class Settings:
     # job waits for its calls before it gives its worker back and reschedules itself.
     turn_driver: str | None = None
     turn_scope: str = "principal"
+    turn_when_busy: str = "refuse"
     turn_max_steps: int = 8
     turn_wait_seconds: float = 10.0
 
@@ -141,6 +147,7 @@ class Settings:
             budgets=budgets_from_env(),
             turn_driver=os.environ.get("TOOLFENCE_TURN_DRIVER") or None,
             turn_scope=_turn_scope(),
+            turn_when_busy=_choice("TOOLFENCE_TURN_WHEN_BUSY", ("refuse", "queue")),
             turn_max_steps=_int("TOOLFENCE_TURN_MAX_STEPS", 8),
             turn_wait_seconds=_float("TOOLFENCE_TURN_WAIT_SECONDS", 10.0),
         )

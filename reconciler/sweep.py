@@ -322,3 +322,13 @@ class Reconciler:
         # Approved (or denied, or expired): the turn goes on; its model is told the
         # outcome. A user who started another turn meanwhile keeps this one waiting.
         self._drain(report, "turn_resumed", turn_store.decided_waiting_turns, turn_store.wake_turn)
+        # A queued turn whose scope is free (its predecessor's owner died before
+        # promoting it, or the scope was freed otherwise).
+        self._drain(
+            report,
+            "turn_promoted",
+            turn_store.free_scopes_with_queued_turns,
+            lambda conn, key: turn_store.promote_queued_turn(
+                conn, key.split("\0", 1)[0], key.split("\0", 1)[1]
+            ),
+        )

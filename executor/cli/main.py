@@ -636,11 +636,14 @@ def cmd_turn_start(args: argparse.Namespace) -> int:
     try:
         with engine.begin() as conn:
             handle = start_turn(
-                conn, context, args.conversation, args.message, driver=driver, options=options
+                conn, context, args.conversation, args.message, driver=driver, options=options,
+                when_busy=args.when_busy,
             )
     except TurnInProgress as exc:
         raise UserError(f"turn_in_progress: {exc}") from None
     print(handle.turn_id)
+    if handle.state != "running":
+        print(f"queued behind the running turn of this {settings.turn_scope}", file=sys.stderr)
     return 0
 
 
@@ -810,6 +813,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, default=None, help="model steps before the turn ends fallback")
     p.add_argument("--max-calls", type=int, default=16, help="tool calls the turn may propose in all")
     p.add_argument("--fallback", default=None, help="what the user is told when the loop fails")
+    p.add_argument(
+        "--when-busy", choices=["refuse", "queue"], default=None,
+        help="the user already has a running turn: refuse (turn_in_progress) or queue behind it",
+    )
     p = turn_sub.add_parser("show", help="Show a turn: state, steps, calls with results, final output.")
     p.set_defaults(func=cmd_turn_show)
     p.add_argument("turn_id")

@@ -35,8 +35,10 @@ class ApprovalState(StrEnum):
 class TurnState(StrEnum):
     """A turn's state (DESIGN.md "Turns"): `running` until it ends, with
     `waiting_approval` on the way (no owner then: nothing runs until a person
-    decides). The partial unique index counts only `running` turns."""
+    decides), and `queued` before it when it waits behind the user's running
+    turn. The partial unique index counts only `running` turns."""
 
+    QUEUED = "queued"  # behind the user's running turn (TOOLFENCE_TURN_WHEN_BUSY=queue)
     RUNNING = "running"
     WAITING_APPROVAL = "waiting_approval"
     SUCCEEDED = "succeeded"

@@ -16,12 +16,13 @@ resumed turn reads it back instead of asking the model again.
 "One running turn per user" is the database's: the partial unique index
 `ux_toolfence_turns_running` on (tenant, scope_key) WHERE state = 'running'.
 `insert_turn` is an INSERT … ON CONFLICT on that index DO NOTHING, so a second
-turn is refused without an exception in the caller's transaction; a waiting
-turn's resume (`wake_waiting_turns`) that would be a second running one stays
-waiting.
+turn is refused without an exception in the caller's transaction (or, by
+setting, written `queued`, and promoted by `promote_queued_turn` when the scope
+is free); a waiting turn's resume (`wake_turn`) that would be a second running
+one stays waiting.
 
 The reconciler's statements (`requeue_stale_turn`, `republish_turn`,
-`wake_waiting_turns`) CAS on what they observed (a generation and an expired
+`wake_turn`, `promote_queued_turn`) CAS on what they observed (a generation and an expired
 lease, an unchanged `updated_at`, a state), so they never race a live owner.
 Each function runs in the caller's transaction and returns whether it won.
 """
@@ -90,10 +91,12 @@ def insert_turn(
     message: str,
     driver: str,
     options: Mapping[str, Any],
+    queue_when_busy: bool = False,
     clock: Clock = DATABASE_CLOCK,
-) -> bool:
-    """A new `running` turn and its outbox row. False (nothing written) when the
-    tenant's scope already has a running turn: the partial unique index decides."""
+) -> TurnState | None:
+    """A new `running` turn and its outbox row. When the tenant's scope already has a
+    running turn (the partial unique index decides): None, nothing written, or with
+    `queue_when_busy` a `queued` turn (no outbox row) that runs once the scope is free."""
     now = conn.execute(select(clock.now())).scalar_one()
     values = {
         "turn_id": turn_id, "tenant": tenant, "principal": principal,
@@ -115,7 +118,55 @@ def insert_turn(
     inserted = conn.execute(ins.returning(turns.c.turn_id)).first() is not None
     if inserted:
         add_turn_outbox_row(conn, turn_id, clock)
-    return inserted
+        return TurnState.RUNNING
+    if not queue_when_busy:
+        return None
+    conn.execute(insert(turns).values(**{**values, "state": TurnState.QUEUED.value}))
+    return TurnState.QUEUED
+
+
+def promote_queued_turn(conn: Connection, tenant: str, scope_key: str, clock: Clock = DATABASE_CLOCK) -> bool:
+    """The oldest `queued` turn of the scope → `running`, with its outbox row, if the
+    scope has no running turn. In a savepoint: when another turn got there first, the
+    unique index refuses it and the caller's transaction is unharmed."""
+    oldest = conn.execute(
+        select(turns.c.turn_id)
+        .where(turns.c.tenant == tenant, turns.c.scope_key == scope_key,
+               turns.c.state == TurnState.QUEUED.value)
+        .order_by(turns.c.created_at, turns.c.turn_id)
+        .limit(1)
+    ).scalar_one_or_none()
+    if oldest is None:
+        return False
+    try:
+        with conn.begin_nested():
+            won = conn.execute(
+                update(turns)
+                .where(turns.c.turn_id == oldest, turns.c.state == TurnState.QUEUED.value)
+                .values(state=TurnState.RUNNING.value, updated_at=clock.now())
+            ).rowcount == 1
+    except IntegrityError:
+        return False
+    if won:
+        add_turn_outbox_row(conn, oldest, clock)
+    return won
+
+
+def free_scopes_with_queued_turns(conn: Connection, limit: int) -> list[str]:
+    """`tenant NUL scope_key` of scopes with a queued turn and no running one (the
+    reconciler's net under `promote_queued_turn`, which the owner calls as it ends)."""
+    running = turns.alias("running")
+    busy = exists().where(
+        running.c.tenant == turns.c.tenant, running.c.scope_key == turns.c.scope_key,
+        running.c.state == TurnState.RUNNING.value,
+    ).correlate(turns)
+    rows = conn.execute(
+        select(turns.c.tenant, turns.c.scope_key)
+        .where(turns.c.state == TurnState.QUEUED.value, ~busy)
+        .distinct()
+        .limit(limit)
+    ).all()
+    return [f"{r.tenant}\0{r.scope_key}" for r in rows]
 
 
 def _owner_holds(turn_id: str, generation: int, owner_token: str) -> ColumnElement[bool]:
@@ -216,7 +267,7 @@ def end_turn(
     if state not in (TurnState.SUCCEEDED, TurnState.FAILED, TurnState.FALLBACK):
         raise ValueError(f"not an end state: {state}")
     now = clock.now()
-    return conn.execute(
+    row = conn.execute(
         update(turns)
         .where(_owner_holds(lease.turn_id, lease.generation, lease.owner_token))
         .values(
@@ -224,20 +275,32 @@ def end_turn(
             error=dumps(dict(error)) if error is not None else None,
             owner_token=None, lease_expires_at=None, updated_at=now, finished_at=now,
         )
-    ).rowcount == 1
+        .returning(turns.c.tenant, turns.c.scope_key)
+    ).one_or_none()
+    if row is None:
+        return False
+    # The scope is free: the turn queued behind this one (if any) runs next.
+    promote_queued_turn(conn, row.tenant, row.scope_key, clock)
+    return True
 
 
 def wait_for_approval(conn: Connection, lease: TurnLease, clock: Clock = DATABASE_CLOCK) -> bool:
     """running → waiting_approval, by the owner, giving up ownership: nothing runs
-    until a person decides (`wake_waiting_turns` brings it back)."""
-    return conn.execute(
+    until a person decides (`wake_turn` brings it back). A waiting turn is not
+    running: a turn queued behind it runs meanwhile."""
+    row = conn.execute(
         update(turns)
         .where(_owner_holds(lease.turn_id, lease.generation, lease.owner_token))
         .values(
             state=TurnState.WAITING_APPROVAL.value, owner_token=None, lease_expires_at=None,
             updated_at=clock.now(),
         )
-    ).rowcount == 1
+        .returning(turns.c.tenant, turns.c.scope_key)
+    ).one_or_none()
+    if row is None:
+        return False
+    promote_queued_turn(conn, row.tenant, row.scope_key, clock)
+    return True
 
 
 def release_turn(
@@ -297,7 +360,7 @@ def unowned_turns(
     waiting = exists().where(
         outbox.c.operation_id == turns.c.turn_id, outbox.c.kind == TURN_OUTBOX_KIND,
         outbox.c.published_at.is_(None),
-    )
+    ).correlate(turns)
     return list(
         conn.execute(
             select(turns.c.turn_id)
@@ -332,6 +395,9 @@ def _last_request_id() -> Any:
     return (
         select(turn_steps.c.request_id)
         .where(turn_steps.c.turn_id == turns.c.turn_id, turn_steps.c.step == turns.c.steps)
+        # Correlated to the outer turn: nested in EXISTS, it would otherwise take
+        # `toolfence_turns` into its own FROM and answer for every turn at once.
+        .correlate(turns)
         .scalar_subquery()
     )
 
@@ -342,7 +408,7 @@ def decided_waiting_turns(conn: Connection, limit: int) -> list[str]:
         operations.c.tenant == turns.c.tenant,
         operations.c.request_id == _last_request_id(),
         operations.c.state == State.PENDING_APPROVAL.value,
-    )
+    ).correlate(turns)
     return list(
         conn.execute(
             select(turns.c.turn_id)

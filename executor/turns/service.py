@@ -23,6 +23,7 @@ from executor.turns.contract import proposals_from_json
 from executor.turns.values import StepOutcome, StepRecord, TurnOptions, Usage
 
 SCOPES = ("principal", "conversation")
+WHEN_BUSY = ("refuse", "queue")
 
 
 class TurnInProgress(Exception):
@@ -65,13 +66,16 @@ def start_turn(
     driver: str | None = None,
     options: TurnOptions | None = None,
     scope: str | None = None,
+    when_busy: str | None = None,
 ) -> TurnHandle:
     """Write a running turn (and its outbox row) in the caller's transaction.
 
     `context` is the server's: who asks (its roles reach admission, never the
     prompt). `driver` names the model (`scripted:FILE`, `openai-chat:MODEL`, …;
-    default `TOOLFENCE_TURN_DRIVER`). Raises `TurnInProgress` when the scope
-    already has a running turn; the caller's transaction stays usable.
+    default `TOOLFENCE_TURN_DRIVER`). When the scope already has a running turn:
+    `when_busy="refuse"` (default `TOOLFENCE_TURN_WHEN_BUSY`) raises
+    `TurnInProgress` and writes nothing, the caller's transaction staying usable;
+    `"queue"` writes the turn `queued`, to run once the scope is free.
     """
     from executor.settings import Settings
 
@@ -81,22 +85,26 @@ def start_turn(
         raise ValueError("no driver: pass driver= or set TOOLFENCE_TURN_DRIVER")
     options = options or TurnOptions(max_steps=settings.turn_max_steps)
     scope = scope or settings.turn_scope
+    when_busy = when_busy or settings.turn_when_busy
+    if when_busy not in WHEN_BUSY:
+        raise ValueError(f"when_busy must be one of {WHEN_BUSY}")
     conn = _connection(session)
     turn_id = turn_store.new_turn_id()
     stored_context = context.model_copy(
         update={"conversation_id": conversation_id, "turn_id": turn_id}
     ).to_json()
-    inserted = turn_store.insert_turn(
+    state = turn_store.insert_turn(
         conn, turn_id=turn_id, tenant=context.tenant, principal=context.principal,
         conversation_id=conversation_id, scope_key=scope_key(scope, context, conversation_id),
         context=stored_context, message=message, driver=driver, options=options.to_json(),
+        queue_when_busy=when_busy == "queue",
     )
-    if not inserted:
+    if state is None:
         from executor.telemetry import metrics
 
         metrics.TURNS_REFUSED.labels(ErrorCode.TURN_IN_PROGRESS.value).inc()
         raise TurnInProgress(context.tenant, scope)
-    return TurnHandle(turn_id, "running")
+    return TurnHandle(turn_id, state.value)
 
 
 def step_record(row: Any) -> StepRecord:

@@ -498,3 +498,86 @@ def test_load_driver__bad_specs__refused_with_stable_codes(tmp_path: Path) -> No
             load_driver(spec)
         assert refused.value.code == code
     assert isinstance(load_driver(f"scripted:{tmp_path}/x.jsonl"), ScriptedDriver)
+
+
+# ------------------------------------------------------------------ queue behind
+
+
+def test_start_turn__queue_when_busy__later_turns_wait_and_run_in_order(
+    engine: Engine, settings: Settings, ledger: Ledger, tmp_path: Path
+) -> None:
+    # Given a running turn of alice, and two more started with when_busy="queue"
+    first = start(engine, write_script(tmp_path / "1.jsonl", [{"final": "one"}]))
+    queued = []
+    for name in ("2", "3"):
+        script = write_script(tmp_path / f"{name}.jsonl", [{"final": name}])
+        with engine.begin() as conn:
+            handle = start_turn(conn, ALICE, f"conv-{name}", "next", when_busy="queue",
+                                driver=f"scripted:{script}")
+        queued.append(handle)
+    assert [h.state for h in queued] == ["queued", "queued"]
+    # When a worker is handed a queued turn, nothing runs
+    assert drive(engine, settings, registry, queued[0].turn_id, rounds=2) == "queued"
+    # Then each runs once the one before it ended, oldest first
+    assert drive(engine, settings, registry, first) == "succeeded"
+    assert [turn_state(engine, h.turn_id) for h in queued] == ["running", "queued"]
+    assert drive(engine, settings, registry, queued[0].turn_id) == "succeeded"
+    assert drive(engine, settings, registry, queued[1].turn_id) == "succeeded"
+    view = get_turn(engine, "acme", queued[1].turn_id)
+    assert view is not None and view["final_output"] == "3"
+
+
+def test_queued_turn__the_one_ahead_waits_for_approval__it_runs_meanwhile(
+    engine: Engine, settings: Settings, ledger: Ledger, tmp_path: Path
+) -> None:
+    turn_id, _ = transfer_turn(engine, tmp_path)
+    with engine.begin() as conn:
+        behind = start_turn(conn, ALICE, "conv-b", "meanwhile", when_busy="queue",
+                            driver=f"scripted:{write_script(tmp_path / 'b.jsonl', [{'final': 'b'}])}")
+    assert behind.state == "queued"
+    # A turn waiting for a person is not running: the one queued behind it goes on
+    assert drive(engine, settings, registry, turn_id) == "waiting_approval"
+    assert turn_state(engine, behind.turn_id) == "running"
+    assert drive(engine, settings, registry, behind.turn_id) == "succeeded"
+
+
+def test_reconciler__queued_turn_whose_scope_is_free__is_promoted(
+    engine: Engine, settings: Settings, ledger: Ledger, tmp_path: Path
+) -> None:
+    from sqlalchemy import update
+
+    from reconciler.sweep import Reconciler
+
+    # Given a queued turn whose running predecessor was ended outside the loop (an operator)
+    first = start(engine, write_script(tmp_path / "1.jsonl", [{"final": "one"}]))
+    with engine.begin() as conn:
+        behind = start_turn(conn, ALICE, "conv-b", "later", when_busy="queue",
+                            driver=f"scripted:{write_script(tmp_path / 'b.jsonl', [{'final': 'b'}])}")
+        conn.execute(update(turns).where(turns.c.turn_id == first).values(state="failed"))
+    assert turn_state(engine, behind.turn_id) == "queued"
+    # When the reconciler sweeps, then the queued turn runs
+    report = Reconciler(settings, engine, registry).sweep()
+    assert report.actions["turn_promoted"] == 1
+    assert drive(engine, settings, registry, behind.turn_id) == "succeeded"
+
+
+def test_decided_waiting_turns__several_waiting__only_the_decided_one_is_found(
+    engine: Engine, settings: Settings, ledger: Ledger, tmp_path: Path
+) -> None:
+    # Given two users' turns, each waiting for an approval
+    waiting = []
+    for principal in ("alice", "erin"):
+        script = write_script(tmp_path / f"{principal}.jsonl", [
+            calls("ledger.transfer", "t1", source_account="acme-1", target_account="acme-2",
+                  amount_cents=60_000),
+            {"final": "ok"},
+        ])
+        turn_id = start(engine, script, context=ALICE.model_copy(update={"principal": principal}))
+        assert drive(engine, settings, registry, turn_id) == "waiting_approval"
+        waiting.append(turn_id)
+    # When only the second one's approval is decided
+    with engine.begin() as conn:
+        store.approve(conn, pending_approval_id(engine, waiting[1]), approver=APPROVER, registry=registry)
+    # Then only it is ready to wake (each turn's own last step decides, not any turn's)
+    with engine.connect() as conn:
+        assert turn_store.decided_waiting_turns(conn, 10) == [waiting[1]]
