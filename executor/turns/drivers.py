@@ -4,9 +4,10 @@ A driver gets one `ModelRequest` (purpose, the assembled prompt, the exported
 tools) and returns one `ModelResponse` (text, or a provider response in native
 mode) with a usage record. Drivers never execute anything: a proposal is only
 a proposal until admission and a worker decide. A driver spec names one
-(`scripted:PATH`, `openai-chat:MODEL`, `openai-responses:MODEL`,
+(`scripted:PATH`, `cli:COMMAND`, `openai-chat:MODEL`, `openai-responses:MODEL`,
 `anthropic:MODEL`, `gemini:MODEL`); the SDK drivers live in
-`executor.turns.sdk` and import their SDK only when built.
+`executor.turns.sdk` and import their SDK only when built. A CLI agent
+(`cli:COMMAND`) gets the prompt on stdin and an allowlisted environment.
 
 The scripted driver replays model outputs from a JSONL file, one line per model
 call: line *n* answers the turn's *n*-th call of its purpose (`call_index`), so
@@ -101,6 +102,58 @@ class ScriptedDriver:
         return ModelResponse(usage=usage, text=text)
 
 
+# What a CLI agent's process may see of this one's environment: these, and the names
+# listed in TOOLFENCE_TURN_CLI_ENV_ALLOW. An allowlist, never a denylist: a secret
+# added to the worker's environment later does not leak by default.
+CLI_BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ")
+CLI_TIMEOUT_SECONDS = 120.0
+CLI_MAX_OUTPUT_BYTES = 1_000_000
+
+
+@dataclass(frozen=True)
+class CliAgentDriver:
+    """A command-line agent as a model: the prompt on its stdin, its stdout the text of
+    the JSON contract. It runs with an allowlisted environment, in a fresh session,
+    and is killed at `timeout_seconds`. toolfence gives it no tools: configure the
+    agent itself with none (it must only answer; toolfence runs the calls)."""
+
+    argv: tuple[str, ...]
+    allow_env: tuple[str, ...] = ()
+    timeout_seconds: float = CLI_TIMEOUT_SECONDS
+    mode: str = JSON_MODE
+
+    def environment(self, source: Mapping[str, str] | None = None) -> dict[str, str]:
+        source = os.environ if source is None else source
+        names = set(CLI_BASE_ENV) | set(self.allow_env)
+        return {name: source[name] for name in sorted(names) if name in source}
+
+    def call(self, request: ModelRequest) -> ModelResponse:
+        import subprocess
+
+        started = time.perf_counter()
+        try:
+            completed = subprocess.run(
+                list(self.argv), input=request.prompt.encode("utf-8"), capture_output=True,
+                env=self.environment(), timeout=self.timeout_seconds, start_new_session=True,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise DriverError("cli_timeout", f"the agent did not answer in {self.timeout_seconds:g} s",
+                              retryable=True) from None
+        except OSError as exc:
+            raise DriverError("cli_unavailable", f"cannot run the agent: {exc.strerror}") from None
+        if completed.returncode != 0:
+            raise DriverError("cli_failed", f"the agent exited with status {completed.returncode}",
+                              retryable=True)
+        text = completed.stdout[:CLI_MAX_OUTPUT_BYTES].decode("utf-8", "replace")
+        usage = Usage(
+            model=Path(self.argv[0]).name, purpose=request.purpose,
+            input_tokens=len(request.prompt) // 4, output_tokens=len(text) // 4,
+            latency_seconds=time.perf_counter() - started,
+        )
+        return ModelResponse(usage=usage, text=text)
+
+
 def scripted_calls(path: str | Path) -> list[dict[str, Any]]:
     """The scripted driver's persisted call log (for tests and the demo)."""
     calls_path = Path(str(path) + ".calls")
@@ -109,7 +162,7 @@ def scripted_calls(path: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in calls_path.read_text(encoding="utf-8").splitlines() if line]
 
 
-DRIVER_KINDS = ("scripted", "openai-chat", "openai-responses", "anthropic", "gemini")
+DRIVER_KINDS = ("scripted", "cli", "openai-chat", "openai-responses", "anthropic", "gemini")
 
 
 def load_driver(spec: str, *, env: Mapping[str, str] | None = None) -> Driver:
@@ -121,6 +174,12 @@ def load_driver(spec: str, *, env: Mapping[str, str] | None = None) -> Driver:
     if kind == "scripted" or kind.startswith("scripted+"):
         surface = kind.partition("+")[2] or JSON_MODE
         return ScriptedDriver(Path(rest), mode=surface)
+    if kind == "cli":
+        import shlex
+
+        source = os.environ if env is None else env
+        allow = tuple(n for n in source.get("TOOLFENCE_TURN_CLI_ENV_ALLOW", "").split(",") if n)
+        return CliAgentDriver(tuple(shlex.split(rest)), allow_env=allow)
     if kind.partition("+")[0] in DRIVER_KINDS:
         from executor.turns.sdk import build
 

@@ -288,3 +288,56 @@ def test_turn_options__round_trip_and_limits() -> None:
     assert TurnOptions.from_json(options.to_json()) == options
     with pytest.raises(ValueError):
         TurnOptions(max_steps=0)
+
+
+# ------------------------------------------------------------------ a CLI agent as a driver
+
+AGENT = """
+import json, os, sys
+prompt = sys.stdin.read()
+print(json.dumps({"final": json.dumps({"env": sorted(os.environ), "prompt": prompt})}))
+"""
+
+
+def test_cli_agent_driver__prompt_on_stdin__environment_allowlisted_not_inherited(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    from executor.turns.drivers import load_driver
+
+    agent = tmp_path / "agent.py"
+    agent.write_text(AGENT)
+    # Given a worker environment holding a secret, and one extra name allowed
+    monkeypatch.setenv("PROVIDER_SECRET_TOKEN", "sk-live-123")
+    monkeypatch.setenv("AGENT_MODEL", "small")
+    monkeypatch.setenv("TOOLFENCE_TURN_CLI_ENV_ALLOW", "AGENT_MODEL")
+    driver = load_driver(f"cli:{sys.executable} {agent}")
+    # When the agent is asked
+    response = driver.call(request(1))
+    # Then it read the prompt from stdin and saw only the allowlisted environment
+    parsed = parse_json_contract(response.text or "")
+    assert isinstance(parsed, Final)
+    seen = json.loads(parsed.text)
+    assert seen["prompt"] == "p" * 40
+    assert "PROVIDER_SECRET_TOKEN" not in seen["env"] and "TOOLFENCE_TURN_CLI_ENV_ALLOW" not in seen["env"]
+    assert "AGENT_MODEL" in seen["env"] and "PATH" in seen["env"]
+
+
+def test_cli_agent_driver__slow_or_failing_agent__retryable_driver_errors(tmp_path: Path) -> None:
+    import sys
+
+    from executor.turns.drivers import CliAgentDriver
+
+    slow = CliAgentDriver((sys.executable, "-c", "import time; time.sleep(5)"), timeout_seconds=0.3)
+    with pytest.raises(DriverError) as timed_out:
+        slow.call(request(1))
+    assert (timed_out.value.code, timed_out.value.retryable) == ("cli_timeout", True)
+    failing = CliAgentDriver((sys.executable, "-c", "raise SystemExit(3)"))
+    with pytest.raises(DriverError) as failed:
+        failing.call(request(1))
+    assert failed.value.code == "cli_failed"
+    missing = CliAgentDriver((str(tmp_path / "no-such-agent"),))
+    with pytest.raises(DriverError) as absent:
+        missing.call(request(1))
+    assert (absent.value.code, absent.value.retryable) == ("cli_unavailable", False)
