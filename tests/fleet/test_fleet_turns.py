@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fleetkit import metric, wait_until
+from fleetkit import metric, on_both_brokers, wait_until
 from sqlalchemy import select
 
 from executor.cli.fleet import Fleet
@@ -86,6 +86,7 @@ def test_fleet_turn__read_write_final__succeeds_with_one_effect(
     assert asked(script) == {1: 1, 2: 1, 3: 1}
 
 
+@on_both_brokers
 def test_fleet_turn__sigkill_during_the_write_and_between_steps__finishes_each_effect_once(
     fleet_env: dict[str, str], settings: Settings, ledger: Ledger, make_fleet: MakeFleet, tmp_path: Path
 ) -> None:
