@@ -11,10 +11,15 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
+
+_INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
 
 
 @dataclass
@@ -59,6 +64,33 @@ def process_alive(pid: int) -> bool:
     return state != "Z"
 
 
+@contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM while a child is started and recorded, then deliver them.
+
+    A handler that raises (the demo's) inside `Popen` after the fork, or between
+    `Popen` returning and the member being recorded, would leave a process that
+    `stop()` never hears of: a worker and its pool child outliving the demo. Only
+    the main thread runs Python signal handlers, so only it needs this.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        caught.append(signum)
+
+    previous = {sig: signal.signal(sig, hold) for sig in _INTERRUPTS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        for signum in caught[:1]:
+            signal.raise_signal(signum)
+
+
 @dataclass
 class Fleet:
     env: Mapping[str, str]
@@ -78,17 +110,20 @@ class Fleet:
         log_path = self.log_dir / f"{role}-{index}.log"
         log = log_path.open("ab")
         env = {**os.environ, **self.env, **self.role_env.get(role, {}), "PYTHONUNBUFFERED": "1"}
-        process = subprocess.Popen(
-            [sys.executable, "-m", "executor.cli", *args],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        log.close()
-        member = Member(role, index, process, log_path)
-        self.members.append(member)
+        with _interrupts_deferred():
+            try:
+                process = subprocess.Popen(
+                    [sys.executable, "-m", "executor.cli", *args],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            finally:
+                log.close()
+            member = Member(role, index, process, log_path)
+            self.members.append(member)
         return member
 
     def start_worker(self, index: int | None = None) -> Member:

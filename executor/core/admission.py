@@ -668,15 +668,18 @@ def recheck_before_run(
     ctx: ServerContext,
     *,
     approved: bool,
+    business_rules: bool = True,
     reraise: tuple[type[BaseException], ...] = (),
 ) -> Refusal | None:
     """After access: the approval requirement and the business rules, again, just
     before the downstream call (DESIGN.md, Worker). An approval approves an
     intent, not the facts it was shown, so an approved call's rules are checked
     too; a call the *current* policy wants approved runs only with an approval.
+    `business_rules=False` skips the rules (the worker's retry of a write whose
+    earlier attempt may already have changed those facts itself).
     """
     if not approved and approval_needed(tool, args, ctx):
         return Refusal(
             ErrorCode.APPROVAL_REQUIRED, "the tool now needs an approval this call does not have"
         )
-    return business_rule_refusal(tool, args, ctx, reraise=reraise)
+    return business_rule_refusal(tool, args, ctx, reraise=reraise) if business_rules else None

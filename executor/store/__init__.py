@@ -79,7 +79,9 @@ from executor.store.ordering import (
     waiting_on_earlier,
 )
 from executor.store.reads import (
+    RELEASED_BEFORE_RUN,
     calls_of_request,
+    earlier_attempt_may_have_run,
     earlier_write,
     get_operation,
     lease_remaining,
@@ -109,6 +111,7 @@ from executor.store.records import (
 
 __all__ = [
     "DATABASE_CLOCK",
+    "RELEASED_BEFORE_RUN",
     "HOSTED_APPROVAL_PREFIX",
     "HOSTED_APPROVAL_TOOL",
     "HostedApprovalRecord",
@@ -145,6 +148,7 @@ __all__ = [
     "approve",
     "audit_trail",
     "calls_of_request",
+    "earlier_attempt_may_have_run",
     "complete",
     "deny",
     "distinct_accepted_receipts",

@@ -384,9 +384,13 @@ def release_to_retry(
     delay_seconds: float,
     error_code: ErrorCode,
     error: dict[str, Any],
+    decision: str | None = None,
     clock: Clock = DATABASE_CLOCK,
 ) -> bool:
-    """started → retry_wait, due again after `delay_seconds` on the database clock."""
+    """started → retry_wait, due again after `delay_seconds` on the database clock.
+
+    The audit decision is the error code unless `decision` names it (the worker's
+    `released_before_run`, which `earlier_attempt_may_have_run` reads)."""
     now = clock.now()
     row = _transition(
         conn, operation_id, State.STARTED, State.RETRY_WAIT, _owner_holds(generation, owner_token),
@@ -395,7 +399,7 @@ def release_to_retry(
             "error_code": error_code.value,
             "error": dumps(error),
         },
-        decision=error_code.value, clock=clock,
+        decision=decision or error_code.value, clock=clock,
     )
     return row is not None
 

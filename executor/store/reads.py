@@ -23,7 +23,11 @@ from executor.core.states import State
 from executor.core.tools import Mode
 from executor.store.clock import DATABASE_CLOCK, Clock
 from executor.store.records import OperationRow
-from executor.store.schema import calls, operations
+from executor.store.schema import audit_events, calls, operations
+
+# The audit decision of `started → retry_wait` when the worker gave an operation back
+# before its handler ran (the database was unreachable during the re-check).
+RELEASED_BEFORE_RUN = "released_before_run"
 
 
 def get_operation(conn: Connection, operation_id: str) -> OperationRow | None:
@@ -41,6 +45,27 @@ def operations_in(conn: Connection, operation_ids: Iterable[str]) -> dict[str, O
         r.operation_id: OperationRow.from_row(r)
         for r in conn.execute(select(operations).where(operations.c.operation_id.in_(ids)))
     }
+
+
+def earlier_attempt_may_have_run(conn: Connection, operation_id: str, generation: int) -> bool:
+    """Whether a generation before `generation` may have invoked the handler.
+
+    Every generation that reached `started` got past the execution-time re-check,
+    unless it was given back `released_before_run`; a refusal ends the operation,
+    so no later generation follows it. Conservative: a generation killed before
+    its handler ran counts as one that may have run (nothing durable says it did not).
+    """
+    trail = conn.execute(
+        select(audit_events.c.generation, audit_events.c.from_state, audit_events.c.to_state,
+               audit_events.c.decision_code)
+        .where(audit_events.c.operation_id == operation_id, audit_events.c.generation < generation)
+    ).all()
+    started = {r.generation for r in trail if r.to_state == State.STARTED.value}
+    released = {
+        r.generation for r in trail
+        if r.from_state == State.STARTED.value and r.decision_code == RELEASED_BEFORE_RUN
+    }
+    return bool(started - released)
 
 
 def lease_remaining(conn: Connection, operation_id: str, clock: Clock = DATABASE_CLOCK) -> float | None:

@@ -376,6 +376,16 @@ class OperationRunner:
     ) -> Outcome:
         arguments = json.loads(row.arguments)
         try:
+            may_have_run = self._earlier_attempt_may_have_run(row, reservation)
+        except CONNECTION_ERRORS:
+            if tool is None:
+                return Outcome(OutcomeLabel.STALE_COMPLETE)  # the lease expires; the reconciler decides
+            return self._release_unstarted(row, tool, reservation)
+
+        def refuse(refusal: Refusal) -> Outcome:
+            return self._refuse_at_execution(row, reservation, refusal, may_have_run=may_have_run)
+
+        try:
             # The principal's roles now, from the application (the stored admission
             # context when it registered no resolver): a revoked role stops the call.
             context = self.registry.current_context(
@@ -383,7 +393,7 @@ class OperationRunner:
             )
         except RoleResolutionFailed:
             log.exception("the role resolver failed for %s", row.operation_id)
-            return self._refuse_at_execution(row, reservation, Refusal(
+            return refuse(Refusal(
                 ErrorCode.PERMISSION_DENIED, "permission denied at execution time",
                 (ErrorDetail(path="", code="role_resolver_failed"),),
             ))
@@ -391,22 +401,25 @@ class OperationRunner:
         # before the handler runs.
         denied = recheck_access(tool, row.tool_name, arguments, context)
         if denied is not None or tool is None:
-            return self._refuse_at_execution(row, reservation, Refusal(
+            return refuse(Refusal(
                 denied or ErrorCode.UNKNOWN_TOOL, "permission denied at execution time",
             ))
         args = tool.input_model.model_validate(arguments)
         try:
             approval = self._approval_status(row, tool, args, context)
             if approval is _ApprovalStatus.INVALIDATED:
-                return self._refuse_at_execution(row, reservation, Refusal(
+                return refuse(Refusal(
                     ErrorCode.APPROVAL_INVALIDATED, "the call changed since it was approved",
                 ))
             # The approval requirement and the business rules against current state,
             # immediately before the downstream call: a balance spent since admission
-            # (or since the approver looked) refuses the write here.
+            # (or since the approver looked) refuses the write here. Not after an
+            # earlier attempt that may have reached the downstream: the facts then
+            # include this operation's own effect (its transfer spent the balance), and
+            # the downstream's idempotency key or fence answers the retry.
             refusal = recheck_before_run(
                 tool, args, context, approved=approval is _ApprovalStatus.APPROVED,
-                reraise=CONNECTION_ERRORS,
+                business_rules=not may_have_run, reraise=CONNECTION_ERRORS,
             )
         except CONNECTION_ERRORS:
             # The handler has not run: whatever the effect contract, trying again is
@@ -414,7 +427,7 @@ class OperationRunner:
             # and an `unsafe` write would go to a person for nothing.
             return self._release_unstarted(row, tool, reservation)
         if refusal is not None:
-            return self._refuse_at_execution(row, reservation, refusal)
+            return refuse(refusal)
 
         def on_receipt(receipt: str, accepted: bool) -> None:
             self._record_receipt(row.operation_id, reservation.generation, receipt, accepted=accepted)
@@ -461,6 +474,7 @@ class OperationRunner:
                     conn, row.operation_id, reservation.generation, reservation.owner_token,
                     delay_seconds=_backoff(tool, reservation.attempts),
                     error_code=ErrorCode.UPSTREAM_UNAVAILABLE, error=error,
+                    decision=store.RELEASED_BEFORE_RUN,
                 )
 
         if not self._with_ambiguity(attempt, row.operation_id, reservation, State.RETRY_WAIT):
@@ -488,12 +502,45 @@ class OperationRunner:
             return _ApprovalStatus.INVALIDATED
         return _ApprovalStatus.APPROVED
 
+    def _earlier_attempt_may_have_run(
+        self, row: store.OperationRow, reservation: store.Reservation
+    ) -> bool:
+        """Only a write past its first generation can have an effect of its own already."""
+        if Mode(row.mode) is not Mode.WRITE or reservation.generation <= 1:
+            return False
+        with self.reader.connect() as conn:
+            return store.earlier_attempt_may_have_run(conn, row.operation_id, reservation.generation)
+
     def _refuse_at_execution(
-        self, row: store.OperationRow, reservation: store.Reservation, refusal: Refusal
+        self, row: store.OperationRow, reservation: store.Reservation, refusal: Refusal,
+        *, may_have_run: bool = False,
     ) -> Outcome:
         """started → failed_terminal before the handler ran: a re-check refused. The
-        audit names it `<code>_at_execution`; the caller sees the stable code."""
+        audit names it `<code>_at_execution`; the caller sees the stable code.
+
+        When an earlier attempt may have applied the write, `failed_terminal` could
+        be a lie: the operation goes to a person (`reconciliation_pending`) with the
+        refusal as its cause, and this attempt does not run it."""
         metrics.EXECUTION_REFUSALS.labels(row.tool_name, refusal.code.value).inc()
+        if may_have_run:
+            details = [
+                {"path": "", "code": f"{refusal.code.value}_at_execution", "expected": None},
+                *(detail.model_dump() for detail in refusal.details),
+            ]
+
+            def attempt() -> bool:
+                with self.engine.begin() as conn:
+                    return store.mark_unknown(
+                        conn, row.operation_id, reservation.generation,
+                        owner_token=reservation.owner_token, reason="refused_after_earlier_attempt",
+                        details=details,
+                    )
+
+            if self._with_ambiguity(attempt, row.operation_id, reservation, State.RECONCILIATION_PENDING):
+                metrics.OPERATIONS_TERMINAL.labels(
+                    row.tool_name, State.RECONCILIATION_PENDING.value
+                ).inc()
+            return Outcome(OutcomeLabel.RECONCILIATION_PENDING, State.RECONCILIATION_PENDING)
         return self._finish(
             row, reservation, succeeded=False, error_code=refusal.code,
             error={

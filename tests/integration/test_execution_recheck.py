@@ -9,6 +9,7 @@ code, an audit decision `<code>_at_execution`, and zero handler invocations.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +58,9 @@ class Bank:
     runs: list[str] = field(default_factory=list)
     seen_roles: list[frozenset[str]] = field(default_factory=list)
     check_raises: BaseException | None = None
+    # idempotency key → receipt: the downstream dedupes a retried write (effect `fenced`
+    # downstreams answer a repeated key with the first receipt, as the ledger does)
+    by_key: dict[str, str] = field(default_factory=dict)
 
     def check(self, args: PayArgs, ctx: ServerContext) -> None:
         if self.check_raises is not None:
@@ -67,8 +71,14 @@ class Bank:
     def run(self, args: PayArgs, ctx: RunContext) -> Written:
         self.runs.append(ctx.operation_id)
         self.seen_roles.append(ctx.server.roles)
-        self.balances[args.account] -= args.amount
-        return Written(Paid(receipt=f"r-{len(self.runs)}"), f"r-{len(self.runs)}")
+        if ctx.idempotency_key not in self.by_key:
+            self.balances[args.account] -= args.amount
+            self.by_key[ctx.idempotency_key] = f"r-{len(self.by_key) + 1}"
+        receipt = self.by_key[ctx.idempotency_key]
+        return Written(Paid(receipt=receipt), receipt)
+
+    def effects(self) -> int:
+        return len(self.by_key)
 
 
 def pay_tool(bank: Bank, approval: Approval) -> Tool[PayArgs]:
@@ -308,3 +318,99 @@ def test_roles_at_execution__resolver_raises__fails_closed_permission_denied(
     assert result.error.code == "permission_denied"
     assert [d.code for d in result.error.details] == ["role_resolver_failed"]
     assert "directory" not in result.model_dump_json()
+
+
+# ------------------------------------------------------------------ after an earlier attempt
+
+
+def first_attempt_applied_then_died(engine: Engine, bank: Bank, operation_id: str) -> None:
+    """Generation 1 reserves, its handler applies the write downstream, and the worker
+    dies before completing: the lease is already expired when it 'dies'."""
+    with engine.begin() as conn:
+        reservation = store.reserve(conn, operation_id, store.new_owner_token(), lease_seconds=-1.0)
+    assert reservation is not None and reservation.generation == 1
+    with engine.connect() as conn:
+        row = store.get_operation(conn, operation_id)
+    assert row is not None
+    args = PayArgs.model_validate_json(row.arguments)
+    bank.run(args, RunContext(
+        operation_id=operation_id, idempotency_key=f"toolfence:{operation_id}",
+        fencing_token=1, deadline=0.0, server=ALICE, attempt=1, call_id=row.call_id,
+    ))
+
+
+def test_check_at_execution__takeover_after_the_first_attempt_applied__not_refused_by_its_own_effect(
+    engine: Engine, registry: Registry, runner: OperationRunner, bank: Bank
+) -> None:
+    # Given a payment of 450.00 from 800.00 whose first attempt applied it (the
+    # balance is now 350.00) and whose worker died before completing
+    bank.balances["acc-1"] = 80_000
+    operation_id, _ = admit_payment(engine, registry, 45_000, "req-1")
+    first_attempt_applied_then_died(engine, bank, operation_id)
+    assert bank.balances["acc-1"] == 35_000
+
+    # When a second worker takes the operation over
+    outcome = runner.handle(operation_id)
+
+    # Then the business rule is not re-run against facts the operation changed itself
+    # (it would refuse: 350.00 < 450.00); the downstream's key dedupes the retry, and
+    # the operation succeeds with the first attempt's receipt and one effect
+    assert outcome.label is OutcomeLabel.SUCCEEDED
+    assert bank.effects() == 1 and bank.balances["acc-1"] == 35_000
+    with engine.connect() as conn:
+        row = store.get_operation(conn, operation_id)
+    assert row is not None and (row.state, row.generation, row.receipt) == ("succeeded", 2, "r-1")
+
+
+def test_access_at_execution__revoked_after_an_attempt_that_may_have_applied__reconciliation_pending(
+    engine: Engine, registry: Registry, runner: OperationRunner, bank: Bank
+) -> None:
+    # Given a payment whose first attempt may have applied it before its worker died
+    operation_id, _ = admit_payment(engine, registry, 100, "req-1")
+    first_attempt_applied_then_died(engine, bank, operation_id)
+    # ... and alice's role revoked since
+    registry.set_role_resolver(lambda ctx: [])
+
+    outcome = runner.handle(operation_id)
+
+    # Then the retry does not run (fail closed), and the operation is not ended
+    # `failed_terminal` (its effect may exist): a person decides, told why
+    assert outcome.label is OutcomeLabel.RECONCILIATION_PENDING
+    assert bank.runs == [operation_id]  # only the first attempt's
+    with engine.connect() as conn:
+        row = store.get_operation(conn, operation_id)
+    assert row is not None and row.state == "reconciliation_pending"
+    assert "permission_denied_at_execution" in (row.error or "")
+
+
+def test_check_at_execution__released_before_run__the_next_generation_re_checks(
+    engine: Engine, registry: Registry, runner: OperationRunner, bank: Bank
+) -> None:
+    # Given a payment whose first attempt gave it back before its handler ran
+    # (the database was unreachable during the re-check)
+    operation_id, _ = admit_payment(engine, registry, 40_000, "req-1")
+    bank.check_raises = OperationalError("SELECT balance", {}, Exception("connection reset"))
+    assert runner.handle(operation_id).label is OutcomeLabel.RETRY_WAIT
+    with engine.connect() as conn:
+        assert not store.earlier_attempt_may_have_run(conn, operation_id, 2)
+    # ... and the balance spent before it is due again
+    bank.check_raises = None
+    bank.balances["acc-1"] = 30_000
+    assert _promote_when_due(engine, operation_id)
+
+    runner.handle(operation_id)
+
+    # Then the second generation re-checks the rules: refused, nothing ran
+    assert bank.runs == []
+    assert only_result(engine, "req-1").error.code == "business_rule_violation"
+
+
+def _promote_when_due(engine: Engine, operation_id: str, within: float = 10.0) -> bool:
+    """retry_wait → queued once its backoff (a fraction of a second here) has passed."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        with engine.begin() as conn:
+            if store.promote_due_retry(conn, operation_id):
+                return True
+        time.sleep(0.05)
+    return False
