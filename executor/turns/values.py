@@ -5,7 +5,7 @@ it was written."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -133,7 +133,6 @@ class TurnOptions:
     fallback_output: str = "Sorry, I could not finish this request."
     audit_driver: str | None = None
     audit_timeout_seconds: float = 20.0
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.max_steps < 1 or self.max_calls < 0:
@@ -143,7 +142,7 @@ class TurnOptions:
         return {
             "max_steps": self.max_steps, "max_calls": self.max_calls,
             "fallback_output": self.fallback_output, "audit_driver": self.audit_driver,
-            "audit_timeout_seconds": self.audit_timeout_seconds, "extra": dict(self.extra),
+            "audit_timeout_seconds": self.audit_timeout_seconds,
         }
 
     @classmethod
@@ -153,7 +152,6 @@ class TurnOptions:
             fallback_output=str(data.get("fallback_output", cls.fallback_output)),
             audit_driver=data.get("audit_driver"),
             audit_timeout_seconds=float(data.get("audit_timeout_seconds", 20.0)),
-            extra=dict(data.get("extra") or {}),
         )
 
 

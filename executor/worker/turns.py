@@ -137,8 +137,17 @@ class TurnRunner:
         self.registry = registry
         self.engine = engine
         self.reader = read_only(engine)
-        self.drivers = drivers
+        self._load_driver = drivers
+        self._drivers: dict[str, Driver] = {}
         self.faults = Faults(settings)
+
+    def drivers(self, spec: str) -> Driver:
+        """One driver per spec per process: an SDK driver keeps its client (and its
+        connection pool) from step to step."""
+        driver = self._drivers.get(spec)
+        if driver is None:
+            driver = self._drivers[spec] = self._load_driver(spec)
+        return driver
 
     # ----------------------------------------------------------------- entry
 
