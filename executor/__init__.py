@@ -26,6 +26,9 @@ module does not pull in SQLAlchemy, Celery or an SDK through this file.
   `mcp_approval_request`s toolfence decided), and the policy's
   exports `export_mcp_tools` (OpenAI Responses), `export_mcp_servers` (Anthropic);
   MCP: `register_mcp_server`, `ToolPolicy`.
+- Turns: `start_turn`, `get_turn`, `TurnHandle`, `TurnInProgress`, `TurnOptions`,
+  `TurnState`; drivers: `Driver`, `DriverError`, `ScriptedDriver`, `load_driver`,
+  `ModelRequest`, `ModelResponse`, `Usage`.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ if TYPE_CHECKING:
     )
     from executor.core.states import (
         State,
+        TurnState,
     )
     from executor.core.tools import (
         Access,
@@ -121,6 +125,24 @@ if TYPE_CHECKING:
     )
     from executor.store.migrate import (
         migrate,
+    )
+    from executor.turns.drivers import (
+        Driver,
+        DriverError,
+        ScriptedDriver,
+        load_driver,
+    )
+    from executor.turns.service import (
+        TurnHandle,
+        TurnInProgress,
+        get_turn,
+        start_turn,
+    )
+    from executor.turns.values import (
+        ModelRequest,
+        ModelResponse,
+        TurnOptions,
+        Usage,
     )
     from outbox.producer import (
         CallHandle,
@@ -211,6 +233,19 @@ _EXPORTS: dict[str, str] = {
     "encode_tool_name": "executor.providers",
     "ToolPolicy": "executor.mcp",
     "register_mcp_server": "executor.mcp",
+    "TurnState": "executor.core.states",
+    "TurnOptions": "executor.turns.values",
+    "ModelRequest": "executor.turns.values",
+    "ModelResponse": "executor.turns.values",
+    "Usage": "executor.turns.values",
+    "Driver": "executor.turns.drivers",
+    "DriverError": "executor.turns.drivers",
+    "ScriptedDriver": "executor.turns.drivers",
+    "load_driver": "executor.turns.drivers",
+    "TurnHandle": "executor.turns.service",
+    "TurnInProgress": "executor.turns.service",
+    "get_turn": "executor.turns.service",
+    "start_turn": "executor.turns.service",
 }
 
 __all__ = [
@@ -226,6 +261,8 @@ __all__ = [
     "CallHandle",
     "CallResult",
     "CallStatus",
+    "Driver",
+    "DriverError",
     "Effect",
     "EnqueueHandle",
     "ErrorCode",
@@ -243,6 +280,8 @@ __all__ = [
     "LookupResult",
     "LostOwnership",
     "Mode",
+    "ModelRequest",
+    "ModelResponse",
     "NO_HOSTED_TOOLS",
     "NoApprovalResponse",
     "Observed",
@@ -254,6 +293,7 @@ __all__ = [
     "RoleResolutionFailed",
     "RunContext",
     "SURFACES",
+    "ScriptedDriver",
     "ServerContext",
     "Settings",
     "SettingsError",
@@ -268,6 +308,11 @@ __all__ = [
     "ToolError",
     "ToolFailure",
     "ToolPolicy",
+    "TurnHandle",
+    "TurnInProgress",
+    "TurnOptions",
+    "TurnState",
+    "Usage",
     "Written",
     "decode_tool_name",
     "default_operation_id",
@@ -277,14 +322,17 @@ __all__ = [
     "export_mcp_tools",
     "final",
     "get_engine",
+    "get_turn",
     "hosted_approval_responses",
     "hosted_violations",
+    "load_driver",
     "load_registry",
     "make_engine",
     "migrate",
     "register_mcp_server",
     "results",
     "settled",
+    "start_turn",
     "wait_for_results",
 ]
 

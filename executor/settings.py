@@ -77,6 +77,18 @@ def limits_from_env() -> Limits:
     return limits
 
 
+def _choice(name: str, choices: tuple[str, ...]) -> str:
+    """One of `choices` (the first when unset)."""
+    value = os.environ.get(name) or choices[0]
+    if value not in choices:
+        raise SettingsError(f"{name}={value!r}: one of {', '.join(choices)}")
+    return value
+
+
+def _turn_scope() -> str:
+    return _choice("TOOLFENCE_TURN_SCOPE", ("principal", "conversation"))
+
+
 def default_home() -> Path:
     return Path(os.environ.get("TOOLFENCE_HOME", Path.cwd() / ".toolfence"))
 
@@ -101,6 +113,14 @@ class Settings:
     hosted_policy: str | None = None
     fault_points: frozenset[str] = field(default_factory=frozenset)
     budgets: Budgets = field(default_factory=Budgets)
+    # Turns: the default driver spec, what "one running turn" counts over
+    # (`principal` or `conversation`), the default step limit, and how long a turn
+    # job waits for its calls before it gives its worker back and reschedules itself.
+    turn_driver: str | None = None
+    turn_scope: str = "principal"
+    turn_when_busy: str = "refuse"
+    turn_max_steps: int = 8
+    turn_wait_seconds: float = 10.0
 
     @property
     def visibility_timeout_seconds(self) -> float:
@@ -144,4 +164,9 @@ class Settings:
             hosted_policy=os.environ.get("TOOLFENCE_HOSTED_POLICY") or None,
             fault_points=frozenset(p for p in faults.split(",") if p),
             budgets=budgets_from_env(),
+            turn_driver=os.environ.get("TOOLFENCE_TURN_DRIVER") or None,
+            turn_scope=_turn_scope(),
+            turn_when_busy=_choice("TOOLFENCE_TURN_WHEN_BUSY", ("refuse", "queue")),
+            turn_max_steps=_int("TOOLFENCE_TURN_MAX_STEPS", 8),
+            turn_wait_seconds=_float("TOOLFENCE_TURN_WAIT_SECONDS", 10.0),
         )

@@ -14,13 +14,14 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Engine, delete, select, update
+from sqlalchemy import ColumnElement, Engine, delete, or_, select, update
 
 from executor import store
 from executor.core.sanitize import exception_summary
 from executor.settings import Settings
 from executor.store.clock import db_now
 from executor.store.schema import outbox
+from executor.store.turns import TURN_OUTBOX_KIND
 from executor.telemetry import metrics
 from executor.worker.faults import Faults
 from outbox.producer import NOTIFY_CHANNEL
@@ -34,30 +35,46 @@ PUBLISHED_RETENTION_SECONDS = 3600.0
 
 def celery_publisher(settings: Settings) -> tuple[Publisher, Callable[[], None]]:
     """Publish `toolfence.execute(operation_id)` with the worker's app configuration."""
-    from executor.worker.celery_app import TASK_NAME, make_celery
+    publish, _, close = celery_publishers(settings)
+    return publish, close
+
+
+def celery_publishers(settings: Settings) -> tuple[Publisher, Publisher, Callable[[], None]]:
+    """Publishers of `toolfence.execute(operation_id)` and `toolfence.run_turn(turn_id)`
+    (outbox rows of kind `turn`), on one app with the worker's configuration."""
+    from executor.worker.celery_app import TASK_NAME, TURN_TASK_NAME, make_celery
 
     app = make_celery(settings)
 
-    def publish(operation_id: str) -> None:
-        app.send_task(
-            TASK_NAME,
-            args=[operation_id],
-            queue=settings.queue_name,
-            retry=True,
-            retry_policy={"max_retries": 2, "interval_start": 0.1, "interval_step": 0.2},
-        )
+    def sender(task_name: str) -> Publisher:
+        def publish(message_id: str) -> None:
+            app.send_task(
+                task_name,
+                args=[message_id],
+                queue=settings.queue_name,
+                retry=True,
+                retry_policy={"max_retries": 2, "interval_start": 0.1, "interval_step": 0.2},
+            )
+
+        return publish
 
     def close() -> None:
         app.close()
 
-    return publish, close
+    return sender(TASK_NAME), sender(TURN_TASK_NAME), close
 
 
 class Relay:
-    def __init__(self, settings: Settings, engine: Engine, publish: Publisher) -> None:
+    """`publish` sends operation ids; `publish_turn` turn ids (outbox rows of kind
+    `turn`). A relay without `publish_turn` leaves turn rows for one that has it."""
+
+    def __init__(
+        self, settings: Settings, engine: Engine, publish: Publisher, publish_turn: Publisher | None = None
+    ) -> None:
         self.settings = settings
         self.engine = engine
         self.publish = publish
+        self.publish_turn = publish_turn
         self.faults = Faults(settings)
         self._cycles = 0
 
@@ -71,10 +88,13 @@ class Relay:
         return published
 
     def _publish_batch(self) -> int:
+        kinds: ColumnElement[bool] = outbox.c.kind.is_(None)
+        if self.publish_turn is not None:
+            kinds = or_(kinds, outbox.c.kind == TURN_OUTBOX_KIND)
         with self.engine.begin() as conn:
             rows = conn.execute(
-                select(outbox.c.outbox_id, outbox.c.operation_id, outbox.c.attempts)
-                .where(outbox.c.published_at.is_(None), outbox.c.next_attempt_at <= db_now())
+                select(outbox.c.outbox_id, outbox.c.operation_id, outbox.c.attempts, outbox.c.kind)
+                .where(outbox.c.published_at.is_(None), outbox.c.next_attempt_at <= db_now(), kinds)
                 .order_by(outbox.c.next_attempt_at, outbox.c.outbox_id)
                 .limit(self.settings.relay_batch_size)
                 .with_for_update(skip_locked=True)
@@ -82,14 +102,16 @@ class Relay:
             if not rows:
                 return 0
             published: list[int] = []
-            seen: set[str] = set()
+            seen: set[tuple[str | None, str]] = set()
             for row in rows:
-                if row.operation_id in seen:
+                if (row.kind, row.operation_id) in seen:
                     # Two rows for one operation in a batch: one message is enough.
                     published.append(row.outbox_id)
                     continue
+                publish = self.publish if row.kind is None else self.publish_turn
+                assert publish is not None  # the query selects turn rows only with publish_turn
                 try:
-                    self.publish(row.operation_id)
+                    publish(row.operation_id)
                 except Exception as exc:
                     metrics.RELAY_PUBLISH_FAILURES.inc()
                     log.warning("publish of %s failed: %s", row.operation_id, type(exc).__name__)
@@ -104,7 +126,7 @@ class Relay:
                         )
                     )
                     continue
-                seen.add(row.operation_id)
+                seen.add((row.kind, row.operation_id))
                 published.append(row.outbox_id)
             self.faults.fire("relay_after_publish")
             if published:

@@ -14,6 +14,10 @@ It resolves what a dead worker, a lost message or a silent approver left behind:
 - `retry_wait` operations whose backoff passed are requeued.
 - approvals past their expiry are expired (the call ends `approval_denied`; a hosted
   MCP approval is answered approve=false).
+- turns: a running turn whose owner's lease expired is given back with a fresh
+  outbox row (the next job takes a new generation); an unowned running turn whose
+  message was lost is republished; a turn waiting for approval whose approvals
+  are all decided runs again (`executor/store/turns.py`; never the worker's code).
 
 Every change is one of the store's CAS statements on the generation it observed
 and an expired lease, so two reconcilers (or a reconciler and a worker) never
@@ -40,6 +44,7 @@ from executor.core.states import State
 from executor.core.tools import Effect, InvalidResult, LookupAnswer, Registry, RunContext, Tool, load_registry
 from executor.core.types import ServerContext
 from executor.settings import Settings
+from executor.store import turns as turn_store
 from executor.store.engine import read_only
 from executor.telemetry import metrics
 
@@ -104,6 +109,7 @@ class Reconciler:
         self._due_retries(report)
         self._stale_queued(report)
         self._expired_approvals(report)
+        self._turns(report)
         report.seconds = time.perf_counter() - started
         return report
 
@@ -295,5 +301,36 @@ class Reconciler:
             store.expired_hosted_approvals,
             lambda conn, approval_id: store.expire_hosted_approval(
                 conn, approval_id, approver="reconciler", reason="expired"
+            ),
+        )
+
+    def _turns(self, report: SweepReport) -> None:
+        """Turns a dead worker, a lost message or a decided approval left behind."""
+        self._drain(
+            report,
+            "turn_requeued_stale",
+            lambda conn, limit: [f"{t.turn_id}\0{t.generation}" for t in turn_store.stale_turns(conn, limit)],
+            lambda conn, key: turn_store.requeue_stale_turn(
+                conn, key.split("\0")[0], int(key.split("\0")[1])
+            ),
+        )
+        threshold = self.settings.reconcile_queued_after_seconds
+        self._drain(
+            report,
+            "turn_republished",
+            lambda conn, limit: turn_store.unowned_turns(conn, threshold, limit),
+            lambda conn, turn_id: turn_store.republish_turn(conn, turn_id, threshold),
+        )
+        # Approved (or denied, or expired): the turn goes on; its model is told the
+        # outcome. A user who started another turn meanwhile keeps this one waiting.
+        self._drain(report, "turn_resumed", turn_store.decided_waiting_turns, turn_store.wake_turn)
+        # A queued turn whose scope is free (its predecessor's owner died before
+        # promoting it, or the scope was freed otherwise).
+        self._drain(
+            report,
+            "turn_promoted",
+            turn_store.free_scopes_with_queued_turns,
+            lambda conn, key: turn_store.promote_queued_turn(
+                conn, key.split("\0", 1)[0], key.split("\0", 1)[1]
             ),
         )

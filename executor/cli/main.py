@@ -175,13 +175,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_relay(args: argparse.Namespace) -> int:
     settings = _settings()
     engine = _engine(settings)
-    from outbox.relay import Relay, celery_publisher
+    from outbox.relay import Relay, celery_publishers
 
     if args.once:
         # One pass for a person or cron: an unreachable broker is an error to see,
         # not rows quietly left for a later pass.
         _check_broker(settings)
-    publish, close = celery_publisher(settings)
+    publish, publish_turn, close = celery_publishers(settings)
     if args.once:
         failures: list[Exception] = []
 
@@ -193,7 +193,7 @@ def cmd_relay(args: argparse.Namespace) -> int:
                 raise
 
         try:
-            count = Relay(settings, engine, publish_noting_failures).run_once()
+            count = Relay(settings, engine, publish_noting_failures, publish_turn).run_once()
         finally:
             close()
         if failures:
@@ -203,7 +203,7 @@ def cmd_relay(args: argparse.Namespace) -> int:
             )
         print(f"published {count}")
         return 0
-    relay = Relay(settings, engine, publish)
+    relay = Relay(settings, engine, publish, publish_turn)
     stop = threading.Event()
     _stop_on_signals(stop)
     logging.getLogger("toolfence.relay").info("relay started")
@@ -617,6 +617,64 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_turn_start(args: argparse.Namespace) -> int:
+    from executor.turns.drivers import DriverError, load_driver
+    from executor.turns.service import TurnInProgress, start_turn
+    from executor.turns.values import TurnOptions
+
+    settings = _settings()
+    engine = _engine(settings)
+    driver = args.driver or settings.turn_driver
+    if not driver:
+        raise UserError("say which model runs the turn: --driver scripted:FILE (or TOOLFENCE_TURN_DRIVER)")
+    if driver.startswith("scripted"):
+        # The worker reads the script: a relative path would be relative to its cwd.
+        kind, _, path = driver.partition(":")
+        driver = f"{kind}:{Path(path).resolve()}"
+    try:
+        load_driver(driver)
+    except DriverError as exc:
+        raise UserError(f"--driver {args.driver!r}: {exc}") from None
+    context = ServerContext(
+        principal=args.principal, tenant=args.tenant,
+        roles=frozenset(r for r in args.roles.split(",") if r), request_id="turn",
+    )
+    try:
+        options = TurnOptions(
+            max_steps=args.max_steps or settings.turn_max_steps, max_calls=args.max_calls,
+            **({"fallback_output": args.fallback} if args.fallback is not None else {}),
+        )
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    try:
+        with engine.begin() as conn:
+            handle = start_turn(
+                conn, context, args.conversation, args.message, driver=driver, options=options,
+                when_busy=args.when_busy,
+            )
+    except TurnInProgress as exc:
+        raise UserError(f"turn_in_progress: {exc}") from None
+    print(handle.turn_id)
+    if handle.state != "running":
+        print(f"queued behind the running turn of this {settings.turn_scope}", file=sys.stderr)
+    return 0
+
+
+def cmd_turn_show(args: argparse.Namespace) -> int:
+    from executor.turns.service import get_turn, turn_summary
+
+    settings = _settings()
+    engine = _engine(settings)
+    view = get_turn(engine, args.tenant, args.turn_id)
+    if view is None:
+        raise UserError(f"no turn {args.turn_id!r} in tenant {args.tenant!r}")
+    if args.json:
+        _print_json(view)
+    else:
+        print(turn_summary(view))
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from executor.cli.demo.run import run_demo
 
@@ -768,6 +826,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("approval_id")
     _approver_arguments(p)
     p.add_argument("--reason", default="denied")
+
+    turn = sub.add_parser(
+        "turn", help="Start a durable turn, or show one.",
+        description="Durable turns: the loop owned by the server.",
+    )
+    turn_sub = turn.add_subparsers(dest="turn_command", required=True, metavar="COMMAND")
+    p = turn_sub.add_parser("start", help="Start a turn (prints its id; a worker runs it).")
+    p.set_defaults(func=cmd_turn_start)
+    p.add_argument("message", help="the user's message")
+    p.add_argument("--tenant", required=True, help="server context: tenant")
+    p.add_argument("--principal", required=True, help="server context: principal")
+    p.add_argument(
+        "--roles", default="member", help="comma-separated roles (admission's, never the prompt's)"
+    )
+    p.add_argument("--conversation", required=True, help="the conversation the turn belongs to")
+    p.add_argument("--driver", default=None, help="scripted:FILE, openai-chat:MODEL, anthropic:MODEL, …")
+    p.add_argument("--max-steps", type=int, default=None, help="model steps before the turn ends fallback")
+    p.add_argument("--max-calls", type=int, default=16, help="tool calls the turn may propose in all")
+    p.add_argument("--fallback", default=None, help="what the user is told when the loop fails")
+    p.add_argument(
+        "--when-busy", choices=["refuse", "queue"], default=None,
+        help="the user already has a running turn: refuse (turn_in_progress) or queue behind it",
+    )
+    p = turn_sub.add_parser("show", help="Show a turn: state, steps, calls with results, final output.")
+    p.set_defaults(func=cmd_turn_show)
+    p.add_argument("turn_id")
+    p.add_argument("--tenant", required=True, help="the turn's tenant")
+    p.add_argument("--json", action="store_true", help="the whole turn as JSON")
 
     p = add("pending", cmd_pending, "List operations waiting for a person (reconciliation_pending).")
     p.add_argument("--limit", type=int, default=100)

@@ -31,6 +31,23 @@ class ApprovalState(StrEnum):
     DENIED = "denied"
     EXPIRED = "expired"
 
+
+class TurnState(StrEnum):
+    """A turn's state (DESIGN.md "Turns"): `running` until it ends, with
+    `waiting_approval` on the way (no owner then: nothing runs until a person
+    decides), and `queued` before it when it waits behind the user's running
+    turn. The partial unique index counts only `running` turns."""
+
+    QUEUED = "queued"  # behind the user's running turn (TOOLFENCE_TURN_WHEN_BUSY=queue)
+    RUNNING = "running"
+    WAITING_APPROVAL = "waiting_approval"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    FALLBACK = "fallback"
+
+
+TURN_ENDED = frozenset({TurnState.SUCCEEDED, TurnState.FAILED, TurnState.FALLBACK})
+
 # (from, to). `None` is "no row yet". Each pair is produced by exactly the store
 # statements named beside it, so a reader can check the table against
 # executor/store/operations.py and approvals.py.

@@ -43,6 +43,7 @@ class ErrorCode(StrEnum):
     # A call id, tool name or operation id that no database can hold or no
     # terminal can print (executor/core/identifiers.py): answered per call.
     INVALID_IDENTIFIER = "invalid_identifier"
+    TURN_IN_PROGRESS = "turn_in_progress"
 
 
 class _Frozen(BaseModel):

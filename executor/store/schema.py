@@ -155,6 +155,9 @@ outbox = Table(
     Column("attempts", Integer, nullable=False, server_default="0"),
     Column("next_attempt_at", Float, nullable=False),
     Column("last_error", Text),
+    # What the row asks the relay to publish (migration 0007): NULL an operation,
+    # `turn` a turn job (`operation_id` then holds the turn id).
+    Column("kind", String(16)),
 )
 Index(
     "ix_toolfence_outbox_unpublished",
@@ -314,4 +317,73 @@ Index(
     "ix_toolfence_hosted_approval_events_approval",
     hosted_approval_events.c.approval_id,
     hosted_approval_events.c.event_id,
+)
+
+# Durable turns (migration 0007). A turn is one user message run as a job; its
+# steps are checkpointed in `turn_steps` before their calls are enqueued. At most
+# one `running` turn per (tenant, scope_key) (the principal or the conversation,
+# by setting), owned by the partial unique index, never by a Python check.
+TURN_RUNNING = "running"
+TURN_WAITING_APPROVAL = "waiting_approval"
+
+turns = Table(
+    "toolfence_turns",
+    metadata,
+    Column("turn_id", String(64), primary_key=True),
+    Column("tenant", String(200), nullable=False),
+    Column("principal", String(200), nullable=False),
+    Column("conversation_id", String(200), nullable=False),
+    Column("scope_key", String(420), nullable=False),
+    Column("context", Text, nullable=False),
+    Column("message", Text, nullable=False),
+    Column("driver", String(1000), nullable=False),
+    Column("options", Text, nullable=False),
+    Column("state", String(32), nullable=False),
+    Column("generation", Integer, nullable=False, server_default="0"),
+    Column("owner_token", String(64)),
+    Column("lease_expires_at", Float),
+    Column("steps", Integer, nullable=False, server_default="0"),
+    Column("final_output", Text),
+    Column("end_reason", String(64)),
+    Column("error", Text),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+    Column("finished_at", Float),
+)
+Index(
+    "ux_toolfence_turns_running",
+    turns.c.tenant,
+    turns.c.scope_key,
+    unique=True,
+    postgresql_where=turns.c.state == TURN_RUNNING,
+    sqlite_where=turns.c.state == TURN_RUNNING,
+)
+Index(
+    "ix_toolfence_turns_stale",
+    turns.c.lease_expires_at,
+    postgresql_where=turns.c.state == TURN_RUNNING,
+    sqlite_where=turns.c.state == TURN_RUNNING,
+)
+Index(
+    "ix_toolfence_turns_waiting",
+    turns.c.updated_at,
+    postgresql_where=turns.c.state == TURN_WAITING_APPROVAL,
+    sqlite_where=turns.c.state == TURN_WAITING_APPROVAL,
+)
+Index("ix_toolfence_turns_conversation", turns.c.tenant, turns.c.conversation_id)
+
+turn_steps = Table(
+    "toolfence_turn_steps",
+    metadata,
+    Column("turn_id", String(64), primary_key=True),
+    Column("step", Integer, primary_key=True),
+    Column("outcome", String(32), nullable=False),
+    Column("proposals", Text, nullable=False),
+    Column("final_output", Text),
+    Column("error", Text),
+    Column("verdict", String(32)),
+    Column("usage", Text, nullable=False),
+    Column("request_id", String(200), nullable=False),
+    Column("generation", Integer, nullable=False),
+    Column("recorded_at", Float, nullable=False),
 )

@@ -125,6 +125,61 @@ HOSTED_CALLS = Counter(
     ["surface", "kind", "outcome"],  # outcome: allowed | not_allowed
 )
 
+TURNS_ENDED = Counter(
+    "toolfence_turns_ended_total",
+    "Turns that ended, by end state and reason.",
+    ["state", "reason"],  # state: succeeded | failed | fallback; reason: EndReason
+)
+TURNS_REFUSED = Counter(
+    "toolfence_turns_refused_total",
+    "Turns refused at start (turn_in_progress: the user already has a running turn).",
+    ["code"],
+)
+TURN_STEPS = Histogram(
+    "toolfence_turn_steps",
+    "Model steps a turn took, observed when it ends.",
+    ["state"],
+    buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32),
+)
+TURN_FALLBACKS = Counter(
+    "toolfence_turn_fallbacks_total",
+    "Turns that ended with the application's fallback output, or emitted a candidate "
+    "after the audit failed, by reason.",
+    ["reason"],
+)
+MODEL_CALLS = Counter(
+    "toolfence_model_calls_total",
+    "Model (driver) calls by purpose and outcome.",
+    ["purpose", "outcome"],  # purpose: turn | audit; outcome: ok | contract_error | driver_error
+)
+MODEL_LATENCY_SECONDS = Histogram(
+    "toolfence_model_latency_seconds",
+    "Time a model (driver) call took, by purpose.",
+    ["purpose"],
+    buckets=LATENCY_BUCKETS,
+)
+MODEL_TOKENS = Counter(
+    "toolfence_model_tokens_total",
+    "Tokens the model read and wrote, by purpose and direction.",
+    ["purpose", "direction"],  # direction: input | output
+)
+AUDIT_VERDICTS = Counter(
+    "toolfence_audit_verdicts_total",
+    "Audit hook verdicts: emit | suppress | deny_and_read | ask_user | failed.",
+    ["verdict"],
+)
+TURN_MESSAGES = Counter(
+    "toolfence_turn_messages_total",
+    "Turn job messages taken from the broker, by what they did (succeeded, released, "
+    "waiting_approval, duplicate, owned_elsewhere, lost_ownership, …).",
+    ["outcome"],
+)
+TURN_RESUMES = Counter(
+    "toolfence_turn_resumes_total",
+    "Turn jobs that took over a turn from an earlier generation (its worker died or gave it back).",
+    [],
+)
+
 
 def count_approval_decision(decision: Decision, verb: ApprovalDecision) -> None:
     """Count what `store.approve`/`store.deny` did (every caller of them calls this)."""

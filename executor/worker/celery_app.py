@@ -1,4 +1,4 @@
-"""The Celery application: one task, `toolfence.execute(operation_id)`.
+"""The Celery application: `toolfence.execute(operation_id)` and `toolfence.run_turn(turn_id)`.
 
 Configuration follows DESIGN.md: late acks, reject on worker lost, prefetch 1,
 JSON only, visibility timeout well above the hard time limit. Correctness never
@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import Celery, signals
 from celery.worker.consumer import Consumer
@@ -23,7 +23,11 @@ from executor.store.engine import dispose_engines, get_engine
 from executor.telemetry import metrics
 from executor.worker.runner import OperationRunner
 
+if TYPE_CHECKING:
+    from executor.worker.turns import TurnRunner
+
 TASK_NAME = "toolfence.execute"
+TURN_TASK_NAME = "toolfence.run_turn"
 log = logging.getLogger("toolfence.worker")
 
 
@@ -89,6 +93,7 @@ def make_celery(settings: Settings) -> Celery:
 
 # The worker process's state, set up in `worker_app()`.
 _runner: OperationRunner | None = None
+_turn_runner: TurnRunner | None = None
 _settings: Settings | None = None
 
 
@@ -100,6 +105,19 @@ def _get_runner() -> OperationRunner:
             settings, load_registry(settings.tools_module), get_engine(settings.database_url)
         )
     return _runner
+
+
+def _get_turn_runner() -> TurnRunner:
+    global _turn_runner
+    if _turn_runner is None:
+        # Imported here: a worker that never gets a turn never loads the turn loop.
+        from executor.worker.turns import TurnRunner
+
+        settings = _settings or Settings.from_env()
+        _turn_runner = TurnRunner(
+            settings, load_registry(settings.tools_module), get_engine(settings.database_url)
+        )
+    return _turn_runner
 
 
 def worker_app(settings: Settings | None = None) -> Celery:
@@ -123,6 +141,12 @@ def worker_app(settings: Settings | None = None) -> Celery:
             log.error("task for %s failed: %s", label, exception_summary(exc))
             raise TaskFailed(type(exc).__name__) from None
 
+    @app.task(name=TURN_TASK_NAME, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+    def run_turn(self: Any, *args: Any, **kwargs: Any) -> str:
+        # One turn id, like `execute`'s one operation id; any other shape is a bad message.
+        given = [*args, *kwargs.values()] if set(kwargs) <= {"turn_id"} else []
+        return _get_turn_runner().handle(given[0] if len(given) == 1 else None).label
+
     return app
 
 
@@ -133,9 +157,10 @@ class TaskFailed(Exception):
 @signals.worker_process_init.connect
 def _after_fork(**_: Any) -> None:
     """A forked pool child must not share its parent's database connections."""
-    global _runner
+    global _runner, _turn_runner
     dispose_engines()
     _runner = None
+    _turn_runner = None
 
 
 @signals.task_rejected.connect

@@ -97,6 +97,12 @@ def test_demo__embedded_default__every_invariant_passes_and_nothing_is_left_runn
     # Both faults were injected, and the approval was decided through the store
     assert "SIGKILL worker" in text and "SIGSTOP worker" in text and "SIGCONT worker" in text, text
     assert "approved by" in text and "(store.approve)" in text, text
+    # And one durable turn ran with a worker killed in the middle, its steps shown and checked
+    assert "A durable turn (succeeded" in text, text
+    assert "SIGKILL worker process" in text and "holding the turn" in text, text
+    turn_checks = [line for line in text.splitlines() if "turn check:" in line]
+    assert len(turn_checks) == 4 and all(": PASS (" in line for line in turn_checks), turn_checks
+    assert "step 3: final" in text, text
     # It ran in a fresh directory under TOOLFENCE_HOME, and left no process behind
     runs = list(home.glob("demo-*"))
     assert len(runs) == 1 and (runs[0] / "toolfence.db").exists()

@@ -47,8 +47,16 @@ LAYERS: dict[str, set[str]] = {
     "executor.providers": {"executor.core", "executor.providers"},
     "executor.mcp": {"executor.core", "executor.mcp"},
     "executor.telemetry": {"executor.core", "executor.settings", "executor.store", "executor.telemetry"},
+    # The turn package: its pure parts (below) read no database or broker; `service`
+    # (start_turn, get_turn) stands on the store and reads results through outbox.producer.
+    "executor.turns": {
+        "executor.core", "executor.settings", "executor.store", "executor.telemetry", "executor.providers",
+        "executor.turns", "outbox.producer",
+    },
+    # The turn job runs the loop: it enqueues a step's calls (outbox.producer).
     "executor.worker": {
         "executor.core", "executor.settings", "executor.store", "executor.telemetry", "executor.worker",
+        "executor.providers", "executor.turns", "outbox.producer",
     },
     "executor.cli": {"executor", "outbox", "reconciler", "ledger"},  # the top: anything
 }
@@ -266,6 +274,22 @@ def test_dependencies_point_down(part: str) -> None:
         and not is_within(i.module, allowed)
     ]
     assert not violations, _report(violations, f"{part} may import only {sorted(allowed)}")
+
+
+TURNS_PURE = ("values", "contract", "native", "prompt", "loop", "audit", "drivers", "sdk")
+
+
+def test_turns__pure_parts_import_no_database_or_broker_library() -> None:
+    # The model as a pure function: everything but `service` decides without I/O.
+    pure = {("executor", "turns", f"{name}.py") for name in TURNS_PURE}
+    assert all((ROOT / Path(*parts)).is_file() for parts in pure)
+    violations = [
+        i for i in all_imports()
+        if i.path.parts in pure and not i.type_checking
+        and (is_within(i.module, DATABASE_LIBRARIES + BROKER_LIBRARIES)
+             or is_within(i.module, ["executor.store", "executor.worker", "outbox"]))
+    ]
+    assert not violations, _report(violations, "executor/turns' pure parts stay off the database and broker")
 
 
 def test_ledger__imported_by_nothing_but_cli() -> None:

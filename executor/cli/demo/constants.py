@@ -24,6 +24,12 @@ SETTLE_TIMEOUT_SECONDS = 90.0
 WAVES = (0.4, 0.3, 0.3)
 STEADY_QUEUED = 25  # wave 2 arrives as the fleet keeps up: the pause's takeover is not stuck in a queue
 
+# The demo's durable turn (executor/cli/demo/turn.py): the worker holding it pauses
+# right after step 2's checkpoint, so the demo can SIGKILL it there. The only fault
+# point the demo sets; nothing in the workload is a turn, so it fires once.
+TURN_FAULT = "turn_step_recorded:step2=sleep2"
+TURN_WAIT_SECONDS = 2.0
+
 # The people who decide the demo's approvals: an approver of each tenant, never the
 # requester (the ledger's transfer lets only role "approver" of its tenant decide).
 APPROVER = ServerContext(

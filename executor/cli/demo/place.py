@@ -17,6 +17,8 @@ from executor.cli.demo.constants import (
     LEDGER_LATENCY_MS,
     RELAY_POLL_SECONDS,
     REQUEUE_QUEUED_AFTER_SECONDS,
+    TURN_FAULT,
+    TURN_WAIT_SECONDS,
     DemoError,
 )
 from executor.settings import default_home
@@ -49,7 +51,8 @@ class Place:
             "TOOLFENCE_BROKER_URL": self.broker_url,
             "TOOLFENCE_QUEUE": self.queue,
             "TOOLFENCE_TOOLS": "ledger.tools:registry",
-            "TOOLFENCE_FAULT_POINTS": "",
+            "TOOLFENCE_FAULT_POINTS": TURN_FAULT,
+            "TOOLFENCE_TURN_WAIT_SECONDS": f"{TURN_WAIT_SECONDS:g}",
             "TOOLFENCE_LEASE_SECONDS": f"{lease_seconds:g}",
             "TOOLFENCE_RELAY_POLL_SECONDS": f"{RELAY_POLL_SECONDS:g}",
             "TOOLFENCE_RECONCILE_QUEUED_AFTER_SECONDS": f"{REQUEUE_QUEUED_AFTER_SECONDS:g}",

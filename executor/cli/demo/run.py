@@ -22,8 +22,12 @@ What it does, in order:
    inside a fenced write, keeps it stopped until a new generation has taken the
    operation over and finished it, and SIGCONTs it: the ledger's fence refuses
    the stale write.
-5. Once quiet, stops the fleet and checks invariants I1–I7 of DESIGN.md from
-   the database and the ledger's own records. Exit status 1 if any fails.
+5. Once quiet, checks invariants I1–I7 of DESIGN.md from the database and the
+   ledger's own records.
+6. Runs one scripted multi-step durable turn and SIGKILLs the worker holding it
+   right after its step 2 checkpoint (`executor/cli/demo/turn.py`); the turn is
+   taken over and finishes, and its steps are shown with their checks. Exit
+   status 1 if any invariant or turn check fails.
 
 Every process it started is stopped on the way out, also on Ctrl-C and SIGTERM.
 """
@@ -56,6 +60,7 @@ from executor.cli.demo.constants import (
 )
 from executor.cli.demo.place import Place, prepare_place, teardown_place
 from executor.cli.demo.report import _n, gather, model_view, render
+from executor.cli.demo.turn import run_turn
 from executor.cli.demo.workload import DemoRequest, build_workload, split_waves
 
 
@@ -180,8 +185,10 @@ def _run(run: DemoRun, requests: Sequence[DemoRequest]) -> int:
             run.say("[red]the fleet did not settle in time; the checks below say what is stuck[/]")
     seconds = time.monotonic() - run.started_at
     run.progress = None
-    run.fleet.stop()
+    # The workload's figures and invariants first, so the turn's calls stay out of them.
     figures = gather(run.engine, requests, place.run_dir / "metrics")
+    turn = run_turn(run)
+    run.fleet.stop()
     console.print()
     mistakes = next((r for r in requests if r.kind == "mistakes"), None)
     if mistakes is not None:
@@ -193,13 +200,24 @@ def _run(run: DemoRun, requests: Sequence[DemoRequest]) -> int:
             unplanned_exits=run.unplanned_exits,
         )
     )
-    if figures.all_passed:
+    console.print()
+    console.print(
+        f"[bold]A durable turn[/] ({turn.state}, {turn.seconds:.0f} s, a worker killed in the middle):"
+    )
+    console.print(turn.summary, markup=False, highlight=False)
+    for label, ok, detail in turn.checks:
+        console.print(f"  turn check: {label}: {'PASS' if ok else 'FAIL'} ({detail})", markup=False)
+    passed = figures.all_passed and turn.passed
+    if passed:
         console.print("[bold green]All invariants hold.[/]")
     else:
         console.print(f"[bold red]Invariant violated[/]: see the FAIL rows; logs in {place.run_dir / 'logs'}")
     if place.on_sqlite:
         console.print(f"Look around: TOOLFENCE_HOME={place.run_dir} toolfence pending")
-    return EXIT_OK if figures.all_passed else EXIT_INVARIANT_FAILED
+        console.print(
+            f"  and the turn: TOOLFENCE_HOME={place.run_dir} toolfence turn show {turn.turn_id} --tenant acme"
+        )
+    return EXIT_OK if passed else EXIT_INVARIANT_FAILED
 
 
 def _report_crash(exc: Exception, place: Place | None) -> int:

@@ -1,0 +1,99 @@
+"""Native tool calling (pure): a provider response read through toolfence's own
+surface adapters (`executor.providers`), and the response's final text.
+
+The proposals come from the surface's `read_proposals`, the same reader a
+producer uses, so a turn admits exactly what `enqueue` would. The final text is
+the response's text blocks, which the adapters do not read (they only read
+calls); each surface's positions are spelt out here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from executor.providers import SURFACES
+from executor.turns.contract import ContractError, Final, Nothing, Parsed, excerpt, parse_native
+
+
+def _joined(parts: Iterable[Any]) -> str:
+    return "".join(p for p in parts if isinstance(p, str))
+
+
+def _chat_text(response: Mapping[str, Any]) -> str:
+    choices = response.get("choices") or []
+    if not choices or not isinstance(choices[0], dict):
+        return ""
+    content = (choices[0].get("message") or {}).get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return _joined(part.get("text") for part in content if isinstance(part, dict))
+    return ""
+
+
+def _responses_text(response: Mapping[str, Any]) -> str:
+    texts: list[Any] = []
+    for item in response.get("output") or []:
+        if isinstance(item, dict) and item.get("type") == "message":
+            texts.extend(
+                part.get("text") for part in item.get("content") or []
+                if isinstance(part, dict) and part.get("type") == "output_text"
+            )
+    return _joined(texts)
+
+
+def _anthropic_text(response: Mapping[str, Any]) -> str:
+    return _joined(
+        block.get("text") for block in response.get("content") or []
+        if isinstance(block, dict) and block.get("type") == "text"
+    )
+
+
+def _gemini_text(response: Mapping[str, Any]) -> str:
+    candidates = response.get("candidates") or []
+    if not candidates or not isinstance(candidates[0], dict):
+        return ""
+    parts = (candidates[0].get("content") or {}).get("parts") or []
+    return _joined(
+        part.get("text") for part in parts if isinstance(part, dict) and not part.get("thought")
+    )
+
+
+def _interactions_text(response: Mapping[str, Any]) -> str:
+    return _joined(
+        item.get("text") for item in response.get("outputs") or []
+        if isinstance(item, dict) and item.get("type") == "text"
+    )
+
+
+READ_TEXT: Mapping[str, Callable[[Mapping[str, Any]], str]] = {
+    "openai-chat": _chat_text,
+    "openai-responses": _responses_text,
+    "anthropic": _anthropic_text,
+    "gemini": _gemini_text,
+    "gemini-interactions": _interactions_text,
+}
+
+
+def _cut(response: Mapping[str, Any]) -> bool:
+    """Did the provider say it cut the response off (a token limit)? Its adapter
+    refuses cut tool calls; a cut *answer* must not pass as the final text either."""
+    candidates = response.get("candidates") or response.get("choices") or [{}]
+    first = candidates[0] if isinstance(candidates[0], dict) else {}
+    reason = first.get("finish_reason") or first.get("finishReason")
+    return (
+        reason in ("length", "MAX_TOKENS")
+        or response.get("stop_reason") == "max_tokens"
+        or response.get("status") == "incomplete"
+    )
+
+
+def parse_response(surface: str, response: Mapping[str, Any], known_names: Iterable[str]) -> Parsed:
+    """A native response: its calls through the surface's adapter, else its text."""
+    parsed = parse_native(response, SURFACES[surface].read_proposals, READ_TEXT[surface], known_names)
+    if isinstance(parsed, Final | Nothing) and _cut(response):
+        text = excerpt(json.dumps(response, default=str))
+        return ContractError("truncated_response", "the provider cut the response off", text)
+    return parsed

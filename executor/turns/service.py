@@ -1,0 +1,191 @@
+"""The turn API an application (or `toolfence serve`) calls: start a turn, read it.
+
+`start_turn` writes the turn row and its outbox row in the caller's transaction
+and returns at once (HTTP answers 202 with it); a worker runs the loop. A
+second running turn of the same user (or conversation, by setting) is refused
+`turn_in_progress` by the partial unique index, not by a check here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, Engine
+from sqlalchemy.orm import Session
+
+from executor.core.types import ErrorCode, ServerContext
+from executor.store import turns as turn_store
+from executor.store.engine import read_only
+from executor.turns.contract import proposals_from_json
+from executor.turns.values import StepOutcome, StepRecord, TurnOptions, Usage
+
+SCOPES = ("principal", "conversation")
+WHEN_BUSY = ("refuse", "queue")
+
+
+class TurnInProgress(Exception):
+    """The user (or conversation) already has a running turn: nothing was written."""
+
+    code = ErrorCode.TURN_IN_PROGRESS
+
+    def __init__(self, tenant: str, scope: str) -> None:
+        super().__init__(f"a turn of this {scope} is already running")
+        self.tenant = tenant
+        self.scope = scope
+
+
+@dataclass(frozen=True)
+class TurnHandle:
+    turn_id: str
+    state: str
+
+
+def scope_key(scope: str, context: ServerContext, conversation_id: str) -> str:
+    """What the unique index counts running turns over: the principal, or the
+    conversation (`TOOLFENCE_TURN_SCOPE`)."""
+    if scope == "principal":
+        return f"principal:{context.principal}"
+    if scope == "conversation":
+        return f"conversation:{conversation_id}"
+    raise ValueError(f"turn scope must be one of {SCOPES}")
+
+
+def _connection(session: Session | Connection) -> Connection:
+    return session.connection() if isinstance(session, Session) else session
+
+
+def start_turn(
+    session: Session | Connection,
+    context: ServerContext,
+    conversation_id: str,
+    message: str,
+    *,
+    driver: str | None = None,
+    options: TurnOptions | None = None,
+    scope: str | None = None,
+    when_busy: str | None = None,
+) -> TurnHandle:
+    """Write a running turn (and its outbox row) in the caller's transaction.
+
+    `context` is the server's: who asks (its roles reach admission, never the
+    prompt). `driver` names the model (`scripted:FILE`, `openai-chat:MODEL`, …;
+    default `TOOLFENCE_TURN_DRIVER`). When the scope already has a running turn:
+    `when_busy="refuse"` (default `TOOLFENCE_TURN_WHEN_BUSY`) raises
+    `TurnInProgress` and writes nothing, the caller's transaction staying usable;
+    `"queue"` writes the turn `queued`, to run once the scope is free.
+    """
+    from executor.settings import Settings
+
+    settings = Settings.from_env()
+    driver = driver or settings.turn_driver
+    if not driver:
+        raise ValueError("no driver: pass driver= or set TOOLFENCE_TURN_DRIVER")
+    options = options or TurnOptions(max_steps=settings.turn_max_steps)
+    scope = scope or settings.turn_scope
+    when_busy = when_busy or settings.turn_when_busy
+    if when_busy not in WHEN_BUSY:
+        raise ValueError(f"when_busy must be one of {WHEN_BUSY}")
+    conn = _connection(session)
+    turn_id = turn_store.new_turn_id()
+    stored_context = context.model_copy(
+        update={"conversation_id": conversation_id, "turn_id": turn_id}
+    ).to_json()
+    state = turn_store.insert_turn(
+        conn, turn_id=turn_id, tenant=context.tenant, principal=context.principal,
+        conversation_id=conversation_id, scope_key=scope_key(scope, context, conversation_id),
+        context=stored_context, message=message, driver=driver, options=options.to_json(),
+        queue_when_busy=when_busy == "queue",
+    )
+    if state is None:
+        from executor.telemetry import metrics
+
+        metrics.TURNS_REFUSED.labels(ErrorCode.TURN_IN_PROGRESS.value).inc()
+        raise TurnInProgress(context.tenant, scope)
+    return TurnHandle(turn_id, state.value)
+
+
+def step_record(row: Any) -> StepRecord:
+    return StepRecord(
+        step=row.step, outcome=StepOutcome(row.outcome),
+        proposals=proposals_from_json(json.loads(row.proposals)), request_id=row.request_id,
+        usage=Usage.from_json(json.loads(row.usage)), final_output=row.final_output,
+        error=json.loads(row.error) if row.error else None, verdict=row.verdict,
+    )
+
+
+def get_turn(
+    session: Session | Connection | Engine, tenant: str, turn_id: str
+) -> dict[str, Any] | None:
+    """The turn as a JSON-able dict, or None when the tenant has no such turn (another
+    tenant's turn is not seen). Steps with their calls' results, the end state,
+    reason and final output. Never the prompts or the model's raw responses."""
+    if isinstance(session, Engine):
+        with read_only(session).connect() as conn:
+            return get_turn(conn, tenant, turn_id)
+    from outbox.producer import results
+
+    conn = _connection(session)
+    row = turn_store.get_turn(conn, turn_id)
+    if row is None or row.tenant != tenant:
+        return None
+    steps: list[dict[str, Any]] = []
+    for step_row in turn_store.steps_of(conn, turn_id):
+        record = step_record(step_row)
+        statuses = results(conn, tenant, record.request_id) if record.proposals else []
+        steps.append({
+            "step": record.step,
+            "outcome": record.outcome.value,
+            "verdict": record.verdict,
+            "usage": record.usage.to_json(),
+            "final_output": record.final_output,
+            "error": record.error,
+            "calls": [s.model_dump(mode="json", exclude_none=True) for s in statuses],
+            "proposed": [{"call_id": p.call_id, "tool_name": p.tool_name} for p in record.proposals],
+        })
+    return {
+        "turn_id": row.turn_id,
+        "tenant": row.tenant,
+        "principal": row.principal,
+        "conversation_id": row.conversation_id,
+        "state": row.state,
+        "end_reason": row.end_reason,
+        "final_output": row.final_output,
+        "error": json.loads(row.error) if row.error else None,
+        "message": row.message,
+        "generation": row.generation,
+        "steps": steps,
+        "options": json.loads(row.options),
+        "created_at": row.created_at,
+        "finished_at": row.finished_at,
+    }
+
+
+def turn_summary(view: Mapping[str, Any]) -> str:
+    """`toolfence turn show` without --json: state, steps, calls with results, final."""
+    lines = [f"turn {view['turn_id']}  state {view['state']}"
+             + (f"  ({view['end_reason']})" if view.get("end_reason") else "")]
+    for step in view["steps"]:
+        usage = step["usage"]
+        head = f"  step {step['step']}: {step['outcome']}"
+        if step.get("verdict"):
+            head += f" {step['verdict']}"
+        head += f"  [{usage['model']} {usage['input_tokens']}+{usage['output_tokens']} tokens]"
+        lines.append(head)
+        for call in step["calls"]:
+            if call["status"] == "succeeded":
+                shown = json.dumps(call.get("output"), sort_keys=True)
+            elif call["status"] == "pending":
+                shown = call.get("state", "")
+            else:
+                shown = call["error"]["code"]
+            lines.append(f"    {call['call_id']} {call['tool_name']} {call['status']}: {shown[:200]}")
+        if step.get("final_output"):
+            lines.append(f"    final: {step['final_output'][:500]}")
+        if step.get("error"):
+            lines.append(f"    error: {json.dumps(step['error'])[:300]}")
+    if view.get("final_output") is not None:
+        lines.append(f"final output: {view['final_output']}")
+    return "\n".join(lines)

@@ -1,0 +1,454 @@
+"""Run one turn: reserve → (ask the model → checkpoint → enqueue → wait)* → end.
+
+The broker message carries only the turn id; the database is the truth. The
+loop's decisions are `executor.turns.loop.next_action` (pure); this module
+performs them under the turn's lease (`executor.store.turns`):
+
+- a model step is asked only when it is not recorded yet, and is checkpointed
+  (`record_step`, a CAS on the owner and the step count) *before* its calls are
+  enqueued, so a resumed turn reads the step back instead of asking again;
+- a step's calls are enqueued with request id `<turn>.s<step>` in a transaction
+  that first renews the turn's lease (the owner's fence): operation ids derive
+  from (tenant, request, call), so a resumed turn re-enqueues the same
+  operations and reads their stored results, and nothing runs twice;
+- waiting for calls holds the worker at most `turn_wait_seconds`, then the job
+  gives the turn back and schedules itself again (`release_turn`); a call
+  waiting for a person makes the turn `waiting_approval` (no owner) until the
+  reconciler sees the approval decided;
+- a worker that dies leaves its lease to expire: the next delivery of the
+  message (or the reconciler's requeue) takes the turn over with a new
+  generation, which fences every write of the dead one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine
+
+from executor.core.admission import exposed_to
+from executor.core.states import TurnState
+from executor.core.tools import Mode, Registry, Tool
+from executor.core.types import CallStatus, ServerContext
+from executor.providers import SURFACES
+from executor.settings import Settings
+from executor.store import new_owner_token
+from executor.store import turns as turn_store
+from executor.store.engine import read_only
+from executor.telemetry import metrics
+from executor.turns import audit as audit_hook
+from executor.turns.contract import (
+    ContractError,
+    Final,
+    Nothing,
+    Parsed,
+    ToolCalls,
+    parse_json_contract,
+    proposals_to_json,
+)
+from executor.turns.drivers import Driver, DriverError, load_driver
+from executor.turns.loop import Audit, AwaitCalls, CallModel, End, Enqueue, WaitApproval, next_action
+from executor.turns.native import parse_response
+from executor.turns.prompt import CompletedStep, assemble_prompt, audit_prompt, tool_specs
+from executor.turns.service import step_record
+from executor.turns.values import (
+    JSON_MODE,
+    EndReason,
+    ModelRequest,
+    ModelResponse,
+    StepOutcome,
+    StepRecord,
+    TurnOptions,
+    Usage,
+    step_request_id,
+)
+from executor.worker.faults import Faults
+from outbox.producer import enqueue, final, results
+
+log = logging.getLogger("toolfence.turns")
+
+MAX_TURN_ID_LENGTH = 64
+POLL_SECONDS = 0.1
+DRIVER_ATTEMPTS = 3
+RELEASE_DELAY_SECONDS = 0.5
+
+
+@dataclass(frozen=True)
+class TurnOutcome:
+    """What one turn message did (a bounded label, for metrics and tests)."""
+
+    label: str
+    state: str | None = None
+
+
+class _TurnHeartbeat(threading.Thread):
+    """Renews the turn's lease every third of it (CAS on turn, generation, owner)."""
+
+    def __init__(self, engine: Engine, lease: turn_store.TurnLease, lease_seconds: float) -> None:
+        super().__init__(name=f"turn-heartbeat-{lease.turn_id}", daemon=True)
+        self._engine, self._lease, self._seconds = engine, lease, lease_seconds
+        self._stop_event, self._lost = threading.Event(), threading.Event()
+        self._deadline = time.monotonic() + lease_seconds * 0.9
+
+    def owned(self) -> bool:
+        return not self._lost.is_set() and time.monotonic() < self._deadline
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self._seconds / 3.0):
+            sent_at = time.monotonic()
+            try:
+                with self._engine.begin() as conn:
+                    won = turn_store.renew_turn(
+                        conn, self._lease.turn_id, self._lease.generation, self._lease.owner_token,
+                        self._seconds,
+                    )
+            except Exception:
+                log.warning("turn lease renewal failed to reach the database", exc_info=True)
+                continue
+            if not won:
+                self._lost.set()
+                return
+            self._deadline = sent_at + self._seconds * 0.9
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        if self.is_alive():
+            self.join(timeout=5)
+
+
+class TurnRunner:
+    def __init__(
+        self,
+        settings: Settings,
+        registry: Registry,
+        engine: Engine,
+        *,
+        drivers: Callable[[str], Driver] = load_driver,
+    ) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.engine = engine
+        self.reader = read_only(engine)
+        self._load_driver = drivers
+        self._drivers: dict[str, Driver] = {}
+        self.faults = Faults(settings)
+
+    def drivers(self, spec: str) -> Driver:
+        """One driver per spec per process: an SDK driver keeps its client (and its
+        connection pool) from step to step."""
+        driver = self._drivers.get(spec)
+        if driver is None:
+            driver = self._drivers[spec] = self._load_driver(spec)
+        return driver
+
+    # ----------------------------------------------------------------- entry
+
+    def handle(self, turn_id: object) -> TurnOutcome:
+        outcome = self._handle(turn_id)
+        metrics.TURN_MESSAGES.labels(outcome.label).inc()
+        return outcome
+
+    def _handle(self, turn_id: object) -> TurnOutcome:
+        if not isinstance(turn_id, str) or not 0 < len(turn_id) <= MAX_TURN_ID_LENGTH:
+            return TurnOutcome("bad_message")
+        with self.reader.connect() as conn:
+            row = turn_store.get_turn(conn, turn_id)
+        if row is None:
+            return TurnOutcome("unknown_turn")
+        if row.state != TurnState.RUNNING.value:
+            # A duplicate or late delivery: waiting or ended, nothing to run.
+            return TurnOutcome("duplicate", row.state)
+        lease = self._acquire(turn_id)
+        if lease is None:
+            return TurnOutcome("owned_elsewhere", row.state)
+        if lease.took_over:
+            metrics.TURN_RESUMES.inc()
+        heartbeat = _TurnHeartbeat(self.engine, lease, self.settings.lease_seconds)
+        heartbeat.start()
+        try:
+            return self._run(row, lease, heartbeat)
+        finally:
+            heartbeat.stop()
+
+    def _acquire(self, turn_id: str) -> turn_store.TurnLease | None:
+        owner = new_owner_token()
+        with self.engine.begin() as conn:
+            lease = turn_store.reserve_turn(conn, turn_id, owner, self.settings.lease_seconds)
+        if lease is not None:
+            return lease
+        # A redelivered message (its worker died) usually arrives while the dead owner's
+        # lease still runs: wait it out once, then take over; a live owner renews
+        # meanwhile and the reservation simply loses.
+        with self.reader.connect() as conn:
+            remaining = turn_store.turn_lease_remaining(conn, turn_id)
+        if remaining is None or not 0 < remaining <= self.settings.lease_seconds:
+            return None
+        time.sleep(remaining + 0.05)
+        with self.engine.begin() as conn:
+            return turn_store.reserve_turn(conn, turn_id, owner, self.settings.lease_seconds)
+
+    # ----------------------------------------------------------------- the loop
+
+    def _run(self, row: Any, lease: turn_store.TurnLease, heartbeat: _TurnHeartbeat) -> TurnOutcome:
+        context = ServerContext.from_json(json.loads(row.context))
+        options = TurnOptions.from_json(json.loads(row.options))
+        wait_until = time.monotonic() + self.settings.turn_wait_seconds
+        enqueued: set[int] = set()
+        while True:
+            if not heartbeat.owned():
+                return TurnOutcome("lost_ownership")
+            with self.reader.connect() as conn:
+                steps = [step_record(r) for r in turn_store.steps_of(conn, lease.turn_id)]
+            action = next_action(steps, None, options)
+            if isinstance(action, Enqueue):
+                if action.step.step not in enqueued:
+                    if not self._enqueue(lease, context, action.step):
+                        return TurnOutcome("lost_ownership")
+                    enqueued.add(action.step.step)
+                action = next_action(steps, self._statuses(context, action.step), options)
+
+            if isinstance(action, AwaitCalls):
+                if time.monotonic() >= wait_until:
+                    with self.engine.begin() as conn:
+                        won = turn_store.release_turn(conn, lease, delay_seconds=RELEASE_DELAY_SECONDS)
+                    return TurnOutcome("released" if won else "lost_ownership")
+                time.sleep(POLL_SECONDS)
+                continue
+            if isinstance(action, WaitApproval):
+                with self.engine.begin() as conn:
+                    won = turn_store.wait_for_approval(conn, lease)
+                return TurnOutcome("waiting_approval" if won else "lost_ownership", "waiting_approval")
+            if isinstance(action, CallModel):
+                self.faults.fire("turn_before_model", f"step{action.step}")
+                recorded = self._model_step(row, lease, context, steps, action)
+                if recorded is None:
+                    return self._end(lease, steps, End(TurnState.FALLBACK, EndReason.DRIVER_FAILED),
+                                     options, error=self._driver_error)
+                if not recorded:
+                    return TurnOutcome("lost_ownership")
+                self.faults.fire("turn_step_recorded", f"step{action.step}")
+                continue
+            if isinstance(action, Audit):
+                if not self._audit_step(row, lease, context, steps, action, options):
+                    return TurnOutcome("lost_ownership")
+                continue
+            if isinstance(action, End):
+                return self._end(lease, steps, action, options)
+            raise AssertionError(f"unhandled action {action!r}")  # pragma: no cover
+
+    # ----------------------------------------------------------------- calls
+
+    def _enqueue(self, lease: turn_store.TurnLease, context: ServerContext, step: StepRecord) -> bool:
+        """The step's calls as operations, in a transaction fenced by the turn's lease."""
+        with self.engine.begin() as conn:
+            if not turn_store.renew_turn(
+                conn, lease.turn_id, lease.generation, lease.owner_token, self.settings.lease_seconds
+            ):
+                return False
+            enqueue(
+                conn, list(step.proposals), context.model_copy(update={"request_id": step.request_id}),
+                self.registry,
+            )
+        return True
+
+    def _statuses(self, context: ServerContext, step: StepRecord) -> list[CallStatus]:
+        return results(self.reader, context.tenant, step.request_id)
+
+    def _history(self, context: ServerContext, steps: Sequence[StepRecord]) -> list[CompletedStep]:
+        history: list[CompletedStep] = []
+        for step in steps:
+            if not step.proposals:
+                continue
+            by_call = {s.call_id: final(s) for s in self._statuses(context, step)}
+            history.append(CompletedStep(
+                step.step,
+                tuple((p, by_call[p.call_id]) for p in step.proposals if p.call_id in by_call),
+            ))
+        return history
+
+    def _exposed(self, context: ServerContext, *, reads_only: bool = False) -> list[Tool[Any]]:
+        exposed = []
+        for name in self.registry.names():
+            tool = self.registry.get(name)
+            if tool is None or not exposed_to(tool, context):
+                continue
+            if reads_only and tool.mode is not Mode.READ:
+                continue
+            exposed.append(tool)
+        return exposed
+
+    # ----------------------------------------------------------------- model steps
+
+    _driver_error: dict[str, Any] | None = None
+
+    def _ask(self, driver: Driver, request: ModelRequest) -> ModelResponse | None:
+        """The driver's answer, retrying a retryable failure; None when it kept failing."""
+        for attempt in range(DRIVER_ATTEMPTS):
+            started = time.perf_counter()
+            try:
+                response = driver.call(request)
+            except DriverError as exc:
+                metrics.MODEL_CALLS.labels(request.purpose, "driver_error").inc()
+                self._driver_error = {"code": exc.code, "message": str(exc)[:500]}
+                if not exc.retryable or attempt == DRIVER_ATTEMPTS - 1:
+                    return None
+                time.sleep(0.5 * 2**attempt)
+                continue
+            except Exception as exc:  # an SDK's own error type: the driver failed
+                metrics.MODEL_CALLS.labels(request.purpose, "driver_error").inc()
+                self._driver_error = {"code": "driver_exception", "message": type(exc).__name__}
+                if attempt == DRIVER_ATTEMPTS - 1:
+                    return None
+                time.sleep(0.5 * 2**attempt)
+                continue
+            metrics.MODEL_LATENCY_SECONDS.labels(request.purpose).observe(time.perf_counter() - started)
+            metrics.MODEL_TOKENS.labels(request.purpose, "input").inc(response.usage.input_tokens)
+            metrics.MODEL_TOKENS.labels(request.purpose, "output").inc(response.usage.output_tokens)
+            return response
+        return None
+
+    def _model_step(
+        self, row: Any, lease: turn_store.TurnLease, context: ServerContext,
+        steps: Sequence[StepRecord], action: CallModel,
+    ) -> bool | None:
+        """Ask for step `action.step` and checkpoint it. True: recorded; False: ownership
+        lost; None: the driver kept failing (nothing recorded)."""
+        try:
+            driver = self.drivers(row.driver)
+        except DriverError as exc:
+            self._driver_error = {"code": exc.code, "message": str(exc)[:500]}
+            return None
+        tools = self._exposed(context)
+        prompt = assemble_prompt(
+            requester=context.principal, message=row.message, tools=tool_specs(tools),
+            history=self._history(context, steps), mode=driver.mode,
+        )
+        native_tools: tuple[Any, ...] = ()
+        if driver.mode != JSON_MODE:
+            native_tools = tuple(SURFACES[driver.mode].export_tools(self.registry, context))
+        request = ModelRequest(
+            purpose="turn", prompt=prompt, tools=tool_specs(tools), turn_id=lease.turn_id,
+            call_index=action.call_index, native_tools=native_tools,
+        )
+        response = self._ask(driver, request)
+        if response is None:
+            return None
+        parsed = self._parse(driver, response)
+        outcome = {
+            ToolCalls: StepOutcome.TOOL_CALLS, Final: StepOutcome.FINAL, Nothing: StepOutcome.NOTHING,
+            ContractError: StepOutcome.CONTRACT_ERROR,
+        }[type(parsed)]
+        metrics.MODEL_CALLS.labels(
+            "turn", "contract_error" if isinstance(parsed, ContractError) else "ok"
+        ).inc()
+        with self.engine.begin() as conn:
+            return turn_store.record_step(
+                conn, lease, step=action.step, outcome=outcome.value,
+                proposals=proposals_to_json(parsed.proposals) if isinstance(parsed, ToolCalls) else [],
+                request_id=step_request_id(lease.turn_id, action.step), usage=response.usage.to_json(),
+                final_output=parsed.text if isinstance(parsed, Final) else None,
+                error=parsed.to_json() if isinstance(parsed, ContractError) else None,
+            )
+
+    def _parse(self, driver: Driver, response: ModelResponse) -> Parsed:
+        if driver.mode == JSON_MODE:
+            return parse_json_contract(response.text or "")
+        if response.raw is None:
+            return ContractError("no_response", "the native driver returned no response", "")
+        return parse_response(driver.mode, response.raw, self.registry.names())
+
+    def _audit_step(
+        self, row: Any, lease: turn_store.TurnLease, context: ServerContext,
+        steps: Sequence[StepRecord], action: Audit, options: TurnOptions,
+    ) -> bool:
+        """Ask the audit hook about the candidate and checkpoint its verdict. A failure
+        or a timeout is a verdict too (`failed`): the candidate is emitted."""
+        reads = self._exposed(context, reads_only=True)
+        started = time.perf_counter()
+        usage = Usage(model="", purpose="audit")
+        outcome = audit_hook.failed("audit_not_configured")
+        if options.audit_driver:
+            request = ModelRequest(
+                purpose="audit",
+                prompt=audit_prompt(
+                    requester=context.principal, message=row.message,
+                    candidate=action.candidate.final_output or "", read_tools=tool_specs(reads),
+                    history=self._history(context, steps),
+                ),
+                tools=tool_specs(reads), turn_id=lease.turn_id, call_index=action.call_index,
+                read_only_tools=True,
+            )
+            outcome, usage = self._run_audit(options, request, {t.name for t in reads})
+        metrics.AUDIT_VERDICTS.labels(outcome.verdict.value).inc()
+        error = None
+        if outcome.verdict is audit_hook.Verdict.FAILED:
+            error = {"failure": outcome.failure, "excerpt": outcome.excerpt}
+            usage = Usage(model=usage.model, purpose="audit", latency_seconds=time.perf_counter() - started)
+        with self.engine.begin() as conn:
+            return turn_store.record_step(
+                conn, lease, step=action.step, outcome=StepOutcome.AUDIT.value,
+                proposals=proposals_to_json(outcome.proposals),
+                request_id=step_request_id(lease.turn_id, action.step), usage=usage.to_json(),
+                final_output=outcome.question, error=error, verdict=outcome.verdict.value,
+            )
+
+    def _run_audit(
+        self, options: TurnOptions, request: ModelRequest, read_names: set[str]
+    ) -> tuple[audit_hook.AuditOutcome, Usage]:
+        assert options.audit_driver is not None
+        try:
+            driver = self.drivers(options.audit_driver)
+        except DriverError as exc:
+            return audit_hook.failed(exc.code), Usage(model="", purpose="audit")
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="turn-audit")
+        future = pool.submit(driver.call, request)
+        try:
+            response = future.result(timeout=options.audit_timeout_seconds)
+        except FutureTimeout:
+            metrics.MODEL_CALLS.labels("audit", "timeout").inc()
+            return audit_hook.failed("timeout"), Usage(model="", purpose="audit")
+        except Exception as exc:
+            metrics.MODEL_CALLS.labels("audit", "driver_error").inc()
+            code = exc.code if isinstance(exc, DriverError) else "driver_exception"
+            return audit_hook.failed(code), Usage(model="", purpose="audit")
+        finally:
+            # Never wait for a timed-out call: a driver executes nothing, so leaving it
+            # to finish in its own thread harms nothing.
+            pool.shutdown(wait=False)
+        metrics.MODEL_CALLS.labels("audit", "ok").inc()
+        metrics.MODEL_TOKENS.labels("audit", "input").inc(response.usage.input_tokens)
+        metrics.MODEL_TOKENS.labels("audit", "output").inc(response.usage.output_tokens)
+        return audit_hook.parse_verdict(response.text or "", read_names), response.usage
+
+    # ----------------------------------------------------------------- the end
+
+    def _end(
+        self, lease: turn_store.TurnLease, steps: Sequence[StepRecord], action: End,
+        options: TurnOptions, error: dict[str, Any] | None = None,
+    ) -> TurnOutcome:
+        output = action.output if action.state is TurnState.SUCCEEDED else options.fallback_output
+        if error is None and action.reason is EndReason.CONTRACT_ERROR and steps:
+            error = dict(steps[-1].error or {})
+        if error is None and action.reason is EndReason.AUDIT_FAILED and steps:
+            error = dict(steps[-1].error or {})
+        with self.engine.begin() as conn:
+            won = turn_store.end_turn(
+                conn, lease, state=action.state, end_reason=action.reason.value, final_output=output,
+                error=error,
+            )
+        if not won:
+            return TurnOutcome("lost_ownership")
+        model_steps = [s for s in steps if s.outcome is not StepOutcome.AUDIT]
+        metrics.TURNS_ENDED.labels(action.state.value, action.reason.value).inc()
+        metrics.TURN_STEPS.labels(action.state.value).observe(len(model_steps))
+        if action.state is TurnState.FALLBACK or action.reason is EndReason.AUDIT_FAILED:
+            metrics.TURN_FALLBACKS.labels(action.reason.value).inc()
+        return TurnOutcome(action.state.value, action.state.value)
