@@ -20,18 +20,17 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import make_url, select
+from sqlalchemy import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError, SQLAlchemyError
 
 from executor import store
 from executor.core.approvers import ApprovalDecision
-from executor.core.states import ApprovalState, State
+from executor.core.states import State
 from executor.core.tools import Registry
 from executor.core.types import ProposedCall, ServerContext
 from executor.settings import Settings, SettingsError
 from executor.store.engine import DatabaseUrlError, get_engine
 from executor.store.migrate import SchemaNotReady, migrate, require_schema
-from executor.store.schema import approvals, operations, receipts
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -317,16 +316,15 @@ def cmd_results(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    from executor.store import operator
+
     engine = _engine(_settings())
     with engine.connect() as conn:
-        row = store.get_operation(conn, args.operation_id)
-        if row is None or row.tenant != args.tenant:
-            # Another tenant's operation is answered like one that does not exist.
-            raise UserError(f"no operation {args.operation_id!r} for tenant {args.tenant!r}")
-        trail = store.audit_trail(conn, args.operation_id)
-        receipt_rows = conn.execute(
-            select(receipts).where(receipts.c.operation_id == args.operation_id)
-        ).all()
+        # Another tenant's operation is answered like one that does not exist.
+        record = operator.operation_record(conn, args.operation_id, tenant=args.tenant)
+    if record is None:
+        raise UserError(f"no operation {args.operation_id!r} for tenant {args.tenant!r}")
+    row = record.row
     _print_json(
         {
             "operation_id": row.operation_id,
@@ -338,13 +336,13 @@ def cmd_show(args: argparse.Namespace) -> int:
             "generation": row.generation,
             "attempts": row.attempts,
             "error_code": row.error_code,
-            "cause": _cause(row),
+            "cause": operator.operation_cause(row),
             # Operator view: for `approval_scope_exceeded`, the approved and changed sets.
             "error": json.loads(row.error) if row.error else None,
             "receipt": row.receipt,
             "receipts": [
                 {"receipt": r.receipt, "generation": r.generation, "accepted": r.accepted}
-                for r in receipt_rows
+                for r in record.receipts
             ],
             "audit": [
                 {
@@ -355,7 +353,7 @@ def cmd_show(args: argparse.Namespace) -> int:
                     "generation": e.generation,
                     "actor": e.actor,
                 }
-                for e in trail
+                for e in record.audit
             ],
         }
     )
@@ -363,14 +361,11 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_approvals(args: argparse.Namespace) -> int:
+    from executor.store import operator
+
     engine = _engine(_settings())
     with engine.connect() as conn:
-        rows = conn.execute(
-            select(approvals, operations.c.tool_name, operations.c.call_id)
-            .join(operations, operations.c.operation_id == approvals.c.operation_id)
-            .where(approvals.c.state == ApprovalState.PENDING.value)
-            .order_by(approvals.c.requested_at)
-        ).all()
+        rows = operator.pending_approvals(conn)
         hosted = store.pending_hosted_approvals(conn)
     _print_json(
         [
@@ -378,7 +373,7 @@ def cmd_approvals(args: argparse.Namespace) -> int:
                 "approval_id": r.approval_id,
                 "operation_id": r.operation_id,
                 "tool": r.tool_name,
-                "impact": json.loads(r.impact),
+                "impact": r.impact,
                 "intent_hash": r.intent_hash,
                 "expires_at": r.expires_at,
             }
@@ -521,32 +516,12 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cause(row: Any) -> str | None:
-    """Why an operation is where it is, as a stable code: the cause its error names
-    (a write beyond its approved set: `approval_scope_exceeded`), else the first
-    detail at path "" (an MCP call's `mcp_timeout`, `mcp_connection_lost`, ...),
-    else its error code."""
-    code = str(row.error_code) if row.error_code else None
-    error = json.loads(row.error) if row.error else {}
-    if not isinstance(error, dict):
-        return code
-    if error.get("cause"):
-        return str(error["cause"])
-    for detail in error.get("details") or []:
-        if isinstance(detail, dict) and detail.get("path") == "" and detail.get("code"):
-            return str(detail["code"])
-    return code
-
-
 def cmd_pending(args: argparse.Namespace) -> int:
+    from executor.store import operator
+
     engine = _engine(_settings())
     with engine.connect() as conn:
-        rows = conn.execute(
-            select(operations)
-            .where(operations.c.state == State.RECONCILIATION_PENDING.value)
-            .order_by(operations.c.updated_at)
-            .limit(args.limit)
-        ).all()
+        rows = operator.reconciliation_pending(conn, limit=args.limit)
     _print_json(
         [
             {
@@ -556,8 +531,8 @@ def cmd_pending(args: argparse.Namespace) -> int:
                 "call_id": r.call_id,
                 "generation": r.generation,
                 "since": r.updated_at,
-                "reason": json.loads(r.error).get("message") if r.error else None,
-                "cause": _cause(r),
+                "reason": operator.operation_reason(r),
+                "cause": operator.operation_cause(r),
             }
             for r in rows
         ]
@@ -566,30 +541,21 @@ def cmd_pending(args: argparse.Namespace) -> int:
 
 
 def cmd_resolve(args: argparse.Namespace) -> int:
+    from executor.store import operator
+
     engine = _engine(_settings())
-    to_state = {
-        "succeeded": State.SUCCEEDED,
-        "failed": State.FAILED_TERMINAL,
-        "requeue": State.QUEUED,
-    }[args.outcome]
+    to_state = operator.RESOLUTIONS[args.outcome]
     if to_state is State.SUCCEEDED and not args.reference:
         raise UserError("resolving as succeeded needs --reference (the downstream's id for the effect)")
     with engine.begin() as conn:
         if store.get_operation(conn, args.operation_id) is None:
             raise UserError(f"no operation {args.operation_id!r}")
-        won = store.resolve(
-            conn, args.operation_id, to_state=to_state, actor=args.actor,
-            reference=args.reference, message=args.note or "",
+        won = operator.resolve_pending(
+            conn, args.operation_id, outcome=args.outcome, actor=args.actor,
+            reference=args.reference, note=args.note or "",
         )
         if not won:
             raise UserError(f"operation {args.operation_id} is not reconciliation_pending")
-        if to_state is State.SUCCEEDED and args.reference:
-            resolved = store.get_operation(conn, args.operation_id)
-            assert resolved is not None
-            store.record_receipt(
-                conn, args.operation_id, resolved.generation, args.reference,
-                accepted=True, source="operator",
-            )
     print(f"resolved {args.operation_id} as {to_state.value}")
     return 0
 
