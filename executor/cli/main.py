@@ -570,6 +570,78 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    settings = _settings()
+    engine = _engine(settings)
+    registry = _registry(settings)
+    from executor.http.server import HttpSettings, create_app, run
+
+    http = HttpSettings.from_env()
+    app = create_app(settings, registry, http=http, hosted_policy=_hosted_policy(settings), engine=engine)
+    logging.getLogger("toolfence.serve").warning(
+        "toolfence serve on http://%s:%d (console: /console)", args.host, args.port
+    )
+    run(app, args.host, args.port, http, log_level=args.log_level)
+    return 0
+
+
+def cmd_keys_create(args: argparse.Namespace) -> int:
+    from executor.http.keys import create_key, parse_scopes
+
+    engine = _engine(_settings())
+    try:
+        scopes = parse_scopes(s for item in args.scope for s in item.split(","))
+        with engine.begin() as conn:
+            key = create_key(
+                conn, tenant=args.tenant, principal=args.principal,
+                roles=[r for item in args.role for r in item.split(",") if r],
+                scopes=scopes, label=args.label,
+            )
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    # The only time the secret is shown: it is stored as a hash.
+    print(key)
+    print("store it now: toolfence keeps only its hash", file=sys.stderr)
+    return 0
+
+
+def cmd_keys_list(args: argparse.Namespace) -> int:
+    from executor.store.api_keys import api_keys_of
+
+    engine = _engine(_settings())
+    with engine.connect() as conn:
+        records = api_keys_of(conn, args.tenant)
+    _print_json(
+        [
+            {
+                "key_id": r.key_id, "tenant": r.tenant, "principal": r.principal,
+                "roles": sorted(r.roles), "scopes": sorted(r.scopes), "label": r.label,
+                "created_at": r.created_at, "revoked_at": r.revoked_at,
+            }
+            for r in records
+        ]
+    )
+    return 0
+
+
+def cmd_keys_revoke(args: argparse.Namespace) -> int:
+    from executor.http.keys import KeyRefused, split_key
+    from executor.store.api_keys import revoke_api_key
+
+    key_id = args.key_id
+    if key_id.startswith("tfk_"):
+        try:
+            key_id = split_key(key_id)[0]
+        except KeyRefused:
+            raise UserError("that is not a toolfence key or key id") from None
+    engine = _engine(_settings())
+    with engine.begin() as conn:
+        if not revoke_api_key(conn, key_id):
+            raise UserError(f"no active key {key_id!r}")
+    print(f"revoked {key_id}")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from executor.cli.demo.run import run_demo
 
@@ -681,6 +753,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--conversation-id", default=None, help="server context: conversation (budgets, repeats)")
     p.add_argument("--turn-id", default=None, help="server context: the conversation turn")
     p.add_argument("--provider", default=None, help="read the file as a provider response envelope")
+
+    p = add("serve", cmd_serve, "Serve the HTTP API and the operator console (runs until SIGTERM).")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument(
+        "--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"]
+    )
+
+    keys = sub.add_parser(
+        "keys", help="API keys of `toolfence serve`.", description="API keys of `toolfence serve`."
+    )
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
+    p = keys_sub.add_parser(
+        "create", help="Create a key and print it (once).", description="Create a key and print it once."
+    )
+    p.set_defaults(func=cmd_keys_create)
+    p.add_argument("--tenant", required=True, help="the tenant the key acts for")
+    p.add_argument("--principal", required=True, help="who the key is (audited as the actor)")
+    p.add_argument(
+        "--role", action="append", default=[], metavar="ROLE", help="a role (repeat, or comma-separate)"
+    )
+    p.add_argument(
+        "--scope", action="append", required=True, metavar="SCOPE",
+        help="produce, approve, operate or read (repeat, or comma-separate)",
+    )
+    p.add_argument("--label", default=None, help="a note for `keys list`")
+    p = keys_sub.add_parser("list", help="List keys (never their secrets).", description="List keys.")
+    p.set_defaults(func=cmd_keys_list)
+    p.add_argument("--tenant", default=None)
+    p = keys_sub.add_parser(
+        "revoke", help="Revoke a key (at once, sessions included).", description="Revoke a key."
+    )
+    p.set_defaults(func=cmd_keys_revoke)
+    p.add_argument("key_id", help="the key's id (from `keys list`) or the key itself")
 
     p = add("results", cmd_results, "Show one result per call of a request, in proposal order.")
     p.add_argument("request_id")

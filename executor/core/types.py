@@ -40,6 +40,15 @@ class ErrorCode(StrEnum):
     APPROVER_NOT_ALLOWED = "approver_not_allowed"
     REPEATED_FAILED_CALL = "repeated_failed_call"
     CALL_BUDGET_EXCEEDED = "call_budget_exceeded"
+    # `toolfence serve`: the codes of its problem+json answers (no call result has them)
+    UNAUTHENTICATED = "unauthenticated"
+    NOT_FOUND = "not_found"
+    IDENTITY_IN_BODY = "identity_in_body"
+    INVALID_REQUEST = "invalid_request"
+    REQUEST_TOO_LARGE = "request_too_large"
+    RATE_LIMITED = "rate_limited"
+    NOT_PENDING = "not_pending"
+    NOT_READY = "not_ready"
 
 
 class _Frozen(BaseModel):

@@ -38,7 +38,9 @@ class PendingApproval:
     requester: str
     tenant: str
     impact: dict[str, Any]
-    resources: list[str] | None
+    resources: list[str] | None  # the set a write declaring `resources` was approved for
+    arguments: dict[str, Any]
+    context: dict[str, Any]
     intent_hash: str
     requested_at: float
     expires_at: float
@@ -50,6 +52,7 @@ def pending_approvals(conn: Connection, tenant: str | None = None) -> list[Pendi
         select(
             approvals, operations.c.tool_name, operations.c.call_id, operations.c.request_id,
             operations.c.tenant, operations.c.context, operations.c.approved_resources,
+            operations.c.arguments,
         )
         .join(operations, operations.c.operation_id == approvals.c.operation_id)
         .where(approvals.c.state == ApprovalState.PENDING.value)
@@ -66,6 +69,7 @@ def pending_approvals(conn: Connection, tenant: str | None = None) -> list[Pendi
             requester=str(json.loads(r.context).get("principal", "")), tenant=r.tenant,
             impact=json.loads(r.impact),
             resources=json.loads(r.approved_resources) if r.approved_resources else None,
+            arguments=json.loads(r.arguments), context=json.loads(r.context),
             intent_hash=r.intent_hash, requested_at=r.requested_at, expires_at=r.expires_at,
             age_seconds=max(0.0, now - r.requested_at),
         )

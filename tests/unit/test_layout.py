@@ -50,6 +50,11 @@ LAYERS: dict[str, set[str]] = {
     "executor.worker": {
         "executor.core", "executor.settings", "executor.store", "executor.telemetry", "executor.worker",
     },
+    # `toolfence serve`: admits through the producer API, decides through the store.
+    "executor.http": {
+        "executor.core", "executor.settings", "executor.store", "executor.telemetry",
+        "executor.providers", "executor.http", "outbox",
+    },
     "executor.cli": {"executor", "outbox", "reconciler", "ledger"},  # the top: anything
 }
 
