@@ -28,6 +28,7 @@ from executor.core.types import ErrorCode
 from executor.http.body import strict_json
 from executor.http.keys import Authenticator, Identity, KeyRefused, KeyScope, split_key
 from executor.http.models import (
+    ID_PATTERN,
     IDENTITY_FIELDS,
     MAX_WAIT_SECONDS,
     ApprovalList,
@@ -120,7 +121,7 @@ def _details(errors: Any) -> list[ProblemDetail]:
     ]
 
 
-IdPath = Annotated[str, Path(min_length=1, max_length=200)]
+IdPath = Annotated[str, Path(min_length=1, max_length=200, pattern=ID_PATTERN)]
 
 ALL_PROBLEMS = (400, 401, 403, 404, 409, 413, 422, 429)
 

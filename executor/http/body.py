@@ -97,12 +97,29 @@ class _Refused(ValueError):
         self.expected = expected
 
 
+def _storable(text: str) -> bool:
+    """Text a database column can hold: UTF-8-encodable (no lone surrogate, which a
+    JSON `\ud800` escape can produce) and without NUL (PostgreSQL refuses it)."""
+    if "\0" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _depth(value: Any, limit: int) -> int:
-    """Nesting depth, iteratively (a deep body must not exhaust the stack here)."""
+    """Nesting depth, iteratively (a deep body must not exhaust the stack here);
+    _Refused when a string or key is not storable text."""
     deepest = 0
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         node, depth = stack.pop()
+        if isinstance(node, str) and not _storable(node):
+            raise _Refused("invalid_text", "text without NUL or lone surrogates")
+        if isinstance(node, dict) and not all(_storable(k) for k in node):
+            raise _Refused("invalid_text", "text without NUL or lone surrogates")
         if isinstance(node, dict | list):
             deepest = max(deepest, depth)
             if deepest > limit:
@@ -133,6 +150,10 @@ def strict_json(raw: bytes, *, max_depth: int = MAX_DEPTH) -> Any:
         raise refuse("too_deep", f"at most {max_depth} levels of nesting") from None
     except ValueError:
         raise refuse("invalid_json", "a JSON document") from None
-    if _depth(value, max_depth) > max_depth:
+    try:
+        too_deep = _depth(value, max_depth) > max_depth
+    except _Refused as exc:
+        raise refuse(exc.code, exc.expected) from None
+    if too_deep:
         raise refuse("too_deep", f"at most {max_depth} levels of nesting")
     return value

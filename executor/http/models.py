@@ -22,13 +22,17 @@ MAX_CALLS = 256
 MAX_WAIT_SECONDS = 30.0
 
 
+# Ids and names: printable text (no control characters), as the database stores them.
+ID_PATTERN = r"^[^\x00-\x1f\x7f]+$"
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
 class NeutralCall(_Body):
-    call_id: str = Field(min_length=1, max_length=200)
-    tool_name: str = Field(min_length=1, max_length=200)
+    call_id: str = Field(min_length=1, max_length=200, pattern=ID_PATTERN)
+    tool_name: str = Field(min_length=1, max_length=200, pattern=ID_PATTERN)
     arguments: str | dict[str, Any] = Field(
         description="the arguments as the model wrote them: JSON text, or an object"
     )
@@ -38,7 +42,7 @@ class NeutralBatch(_Body):
     """Calls in toolfence's neutral format."""
 
     calls: list[NeutralCall] = Field(min_length=1, max_length=MAX_CALLS)
-    conversation_id: str | None = Field(default=None, min_length=1, max_length=200)
+    conversation_id: str | None = Field(default=None, min_length=1, max_length=200, pattern=ID_PATTERN)
 
 
 class ProviderEnvelope(_Body):
@@ -46,7 +50,7 @@ class ProviderEnvelope(_Body):
 
     provider: ProviderName
     response: dict[str, Any]
-    conversation_id: str | None = Field(default=None, min_length=1, max_length=200)
+    conversation_id: str | None = Field(default=None, min_length=1, max_length=200, pattern=ID_PATTERN)
 
 
 class DecisionBody(_Body):
@@ -56,7 +60,7 @@ class DecisionBody(_Body):
 class ResolveBody(_Body):
     outcome: Literal["succeeded", "failed", "requeue"]
     reference: str | None = Field(
-        default=None, min_length=1, max_length=200,
+        default=None, min_length=1, max_length=200, pattern=ID_PATTERN,
         description="the downstream's id for the effect (needed for succeeded)",
     )
     note: str | None = Field(default=None, max_length=1000)
