@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
+import threading
 from dataclasses import dataclass
 from types import FrameType
 
@@ -112,4 +114,8 @@ def run(app: FastAPI, host: str, port: int, http: HttpSettings, log_level: str =
         app, host=host, port=port, log_level=log_level, lifespan="off",
         timeout_graceful_shutdown=int(http.drain_seconds), server_header=False,
     )
+    if threading.current_thread() is threading.main_thread():
+        # uvicorn re-raises the signal it shut down for once it has drained; a drained
+        # SIGTERM is a clean stop, so that second delivery is swallowed (exit 0).
+        signal.signal(signal.SIGTERM, lambda signum, frame: None)
     _DrainingServer(config, app.state.service).run()
