@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import Served
+from servekit import Served
 from sqlalchemy import func, select
 
 from executor import store

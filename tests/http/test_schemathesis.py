@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 import schemathesis
-from conftest import free_port, start_in_thread
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import (
     content_type_conformance,
@@ -26,6 +25,7 @@ from schemathesis.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
+from servekit import free_port, start_in_thread
 
 from executor.http.keys import KeyScope, create_key
 from executor.http.server import HttpSettings, create_app

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import free_port, serve_subprocess
+from servekit import free_port, serve_subprocess
 from sqlalchemy import select
 
 from executor.store.schema import api_keys
