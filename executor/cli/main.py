@@ -645,7 +645,12 @@ def cmd_keys_revoke(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from executor.cli.demo.run import run_demo
 
-    return int(run_demo(calls=args.calls, workers=args.workers, lease_seconds=args.lease))
+    return int(
+        run_demo(
+            calls=args.calls, workers=args.workers, lease_seconds=args.lease,
+            serve_port=args.serve_port if args.serve else None,
+        )
+    )
 
 
 # ---------------------------------------------------------------------- plumbing
@@ -727,6 +732,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--calls", type=int, default=300, help="proposed calls in the workload")
     p.add_argument("--workers", type=int, default=2, help="worker processes")
     p.add_argument("--lease", type=float, default=3.0, help="lease seconds")
+    p.add_argument(
+        "--serve", action="store_true", help="also run the operator console, kept up after the report"
+    )
+    p.add_argument("--serve-port", type=int, default=8080, help="the console's port (with --serve)")
 
     p = add("worker", cmd_worker, "Start a Celery worker that executes operations.")
     p.add_argument("--concurrency", type=int, default=2)
