@@ -555,3 +555,24 @@ def test_health_and_ready__migrated_database__ok(served: Served) -> None:
         unknown = client.get("/v2/nothing")
     assert ready["status"] == "ready" and ready["revision"]
     assert_problem(unknown, 404, "not_found")
+
+
+def test_post_requests__same_idempotency_key_concurrently__one_request_created(served: Served) -> None:
+    # Given six clients retrying one POST with the same Idempotency-Key at the same moment
+    from concurrent.futures import ThreadPoolExecutor
+
+    key = served.key("acme", "alice", P)
+    body = {"calls": [balance("c1"), transfer("c2", 100)]}
+
+    def post(_: int) -> httpx.Response:
+        with served.client(key) as client:
+            return client.post("/v1/requests", json=body, headers={"Idempotency-Key": "racing"})
+
+    # When they all post
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        answers = list(pool.map(post, range(6)))
+    # Then every one is answered with the one request; exactly one created it
+    assert [a.status_code for a in answers] == [202] * 6
+    assert len({a.json()["request_id"] for a in answers}) == 1
+    assert sum("Idempotent-Replayed" not in a.headers for a in answers) == 1
+    assert counts(served)[:2] == (2, 2)
