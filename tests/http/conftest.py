@@ -63,3 +63,28 @@ def served_with(pg_url: str, book: Ledger, tmp_path: Path) -> Iterator[Callable[
 @pytest.fixture
 def served(served_with: Callable[..., Served]) -> Served:
     return served_with()
+
+
+@pytest.fixture
+def served_sqlite(sqlite_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Served]:
+    """The same server on the embedded default's SQLite (what `toolfence demo --serve` uses)."""
+    ledger = Ledger(sqlite_url)
+    monkeypatch.setattr(ledger_service, "_default", ledger)
+    ledger.create_schema()
+    ledger.open_account("acme-1", "acme", 1_000_000)
+    ledger.open_account("acme-2", "acme", 0)
+    settings = Settings(database_url=sqlite_url, broker_url=f"filesystem://{tmp_path / 'broker'}")
+    engine = make_engine(sqlite_url)
+    app = create_app(
+        settings,
+        ledger_tools.registry,
+        engine=engine,
+        http=HttpSettings(session_secret=b"s" * 32, rate_limit="10000/minute"),
+    )
+    port = free_port()
+    server, thread = start_in_thread(app, port)
+    yield Served(f"http://127.0.0.1:{port}", engine, settings)
+    server.should_exit = True
+    thread.join(timeout=10)
+    engine.dispose()
+    ledger.engine.dispose()

@@ -576,3 +576,31 @@ def test_post_requests__same_idempotency_key_concurrently__one_request_created(s
     assert len({a.json()["request_id"] for a in answers}) == 1
     assert sum("Idempotent-Replayed" not in a.headers for a in answers) == 1
     assert counts(served)[:2] == (2, 2)
+
+
+def test_sqlite__post_replay_approve_resolve__same_answers_as_postgresql(served_sqlite: Served) -> None:
+    # Given the server on SQLite, a producer and an approver/operator of acme
+    served = served_sqlite
+    alice = served.key("acme", "alice", P)
+    carol = served.key("acme", "carol", A, OP, R, roles=("approver",))
+    body = {"calls": [transfer("c1", 900_000)]}
+    with served.client(alice) as producer, served.client(carol) as person:
+        # When a transfer is posted twice under one Idempotency-Key, then approved
+        first = producer.post("/v1/requests", json=body, headers={"Idempotency-Key": "sq-1"})
+        again = producer.post("/v1/requests", json=body, headers={"Idempotency-Key": "sq-1"})
+        conflict = producer.post(
+            "/v1/requests", json={"calls": [balance("c1")]}, headers={"Idempotency-Key": "sq-1"}
+        )
+        [pay] = first.json()["calls"]
+        approved = person.post(f"/v1/approvals/{pay['approval_id']}/approve")
+        # And an unsafe write with an unknown outcome is resolved
+        [note] = producer.post("/v1/requests", json={"calls": [notice("n1")]}).json()["calls"]
+        to_reconciliation_pending(served, note["operation_id"])
+        resolved = person.post(f"/v1/operations/{note['operation_id']}/resolve", json={"outcome": "failed"})
+    # Then each is answered as on PostgreSQL
+    assert first.status_code == again.status_code == 202
+    assert again.json()["request_id"] == first.json()["request_id"]
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert_problem(conflict, 409, "idempotency_conflict")
+    assert approved.json()["state"] == "queued" and approved.json()["decided_by"] == "carol"
+    assert resolved.json()["state"] == "failed_terminal"
