@@ -229,13 +229,13 @@ def build_api(service: Service, authenticator: Authenticator, limiter: RateLimit
         return JSONResponse(answer.model_dump(mode="json"), status_code=202, headers=headers)
 
     @v1.get("/requests/{request_id}", response_model=RequestAnswer, summary="One result per call")
-    def get_request(
+    async def get_request(
         request_id: IdPath,
         who: Identity = reader,
         provider: ProviderName | None = None,
         wait: Annotated[float, Query(ge=0, le=MAX_WAIT_SECONDS, description="long-poll seconds")] = 0.0,
     ) -> RequestAnswer:
-        return service.request(who, request_id, provider=provider, wait=wait)
+        return await service.request(who, request_id, provider=provider, wait=wait)
 
     @v1.get("/approvals", response_model=ApprovalList, summary="Calls waiting for a person's approval")
     def get_approvals(who: Identity = approvals_reader) -> ApprovalList:

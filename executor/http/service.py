@@ -9,6 +9,7 @@ exactly like an id that does not exist.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import threading
 import time
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Engine
+from starlette.concurrency import run_in_threadpool
 
 from executor import store
 from executor.core.approvers import ApprovalDecision
@@ -46,6 +48,8 @@ from executor.store.api_keys import claim_idempotency_key
 from executor.store.engine import read_only
 from executor.telemetry import metrics
 from outbox.producer import HostedCalls, InvalidBatch, enqueue, final, request_exists, results, settled
+
+POLL_SECONDS = 0.05
 
 
 def not_found(what: str) -> ProblemError:
@@ -115,19 +119,20 @@ class Service:
                 ) from None
         return _answer(handle.request_id, [c.status for c in handle.calls]), False
 
-    def request(
+    async def request(
         self, who: Identity, request_id: str, *, provider: str | None, wait: float
     ) -> RequestAnswer:
-        with read_only(self.engine).connect() as conn:
-            if not request_exists(conn, who.tenant, request_id):
-                raise not_found("request")
+        """One status per call; with `wait`, long-polled until all are settled. The
+        wait itself holds no thread (only each read does), so long-polls are cheap;
+        it ends early, with what is known, once the server begins to drain."""
+        if not await run_in_threadpool(self._exists, who, request_id):
+            raise not_found("request")
         deadline = time.monotonic() + wait
         while True:
-            statuses = results(self.engine, who.tenant, request_id)
-            if all(settled(s) for s in statuses) or time.monotonic() >= deadline:
+            statuses = await run_in_threadpool(results, self.engine, who.tenant, request_id)
+            if all(settled(s) for s in statuses) or time.monotonic() >= deadline or self.draining.is_set():
                 break
-            if self.draining.wait(0.05):
-                break  # shutting down: answer what is known now
+            await asyncio.sleep(POLL_SECONDS)
         answer = _answer(request_id, statuses)
         if provider is None:
             return answer
@@ -143,6 +148,10 @@ class Service:
                 errors=[ProblemDetail(path="provider", code=exc.code.value)],
             ) from None
         return answer.model_copy(update={"provider": provider, "results": written})
+
+    def _exists(self, who: Identity, request_id: str) -> bool:
+        with read_only(self.engine).connect() as conn:
+            return request_exists(conn, who.tenant, request_id)
 
     # ------------------------------------------------------------ approvals
 
