@@ -604,3 +604,30 @@ def test_sqlite__post_replay_approve_resolve__same_answers_as_postgresql(served_
     assert_problem(conflict, 409, "idempotency_conflict")
     assert approved.json()["state"] == "queued" and approved.json()["decided_by"] == "carol"
     assert resolved.json()["state"] == "failed_terminal"
+
+
+def test_get_request__fifty_long_polls_waiting__other_requests_still_answered_at_once(served: Served) -> None:
+    # Given a request that stays unsettled (no worker), and fifty clients long-polling it
+    # (more than the threadpool's forty threads)
+    from concurrent.futures import ThreadPoolExecutor
+
+    key = served.key("acme", "alice", P, R)
+    with served.client(key) as client:
+        request_id = client.post("/v1/requests", json={"calls": [balance("c1")]}).json()["request_id"]
+
+    def long_poll(_: int) -> int:
+        with served.client(key) as poller:
+            return poller.get(f"/v1/requests/{request_id}", params={"wait": 4}).status_code
+
+    with ThreadPoolExecutor(max_workers=50) as pool:
+        polls = [pool.submit(long_poll, i) for i in range(50)]
+        time.sleep(1.0)
+        # When another request arrives while they all wait
+        started = time.monotonic()
+        with served.client(key) as client:
+            other = client.get("/v1/approvals")
+        took = time.monotonic() - started
+        statuses = [p.result() for p in polls]
+    # Then it is answered at once (the waits hold no thread), and every poll is answered
+    assert other.status_code == 200 and took < 1.5, took
+    assert statuses == [200] * 50
