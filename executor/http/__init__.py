@@ -7,6 +7,7 @@
 - `service`: what each endpoint and console page does, tenant-scoped;
 - `api`: the `/v1` routes, authentication and per-key rate limits;
 - `console`: the server-rendered operator console under `/console`;
+- `observe`: the response counters (toolfence_http_*);
 - `server`: the app factory and the uvicorn runner that drains on SIGTERM.
 """
 

@@ -33,6 +33,7 @@ from executor.core.tools import Registry
 from executor.http.api import RateLimiter, build_api
 from executor.http.body import BodySizeLimit
 from executor.http.keys import Authenticator
+from executor.http.observe import CountResponses
 from executor.http.service import Service
 from executor.providers.hosted import NO_HOSTED_TOOLS, HostedPolicy
 from executor.settings import Settings, SettingsError
@@ -94,6 +95,7 @@ def create_app(
     app = build_api(service, authenticator, limiter)
     mount_console(app, service, authenticator, limiter, http)
     app.add_middleware(BodySizeLimit, max_bytes=http.max_body_bytes)
+    app.add_middleware(CountResponses)  # added last: outermost, sees every answer
     return app
 
 

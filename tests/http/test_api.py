@@ -631,3 +631,33 @@ def test_get_request__fifty_long_polls_waiting__other_requests_still_answered_at
     # Then it is answered at once (the waits hold no thread), and every poll is answered
     assert other.status_code == 200 and took < 1.5, took
     assert statuses == [200] * 50
+
+
+def test_metrics__responses__counted_by_route_template_and_status(served: Served) -> None:
+    # Given the counters before; when a key reads a request that is not there, and a path nothing serves
+    from prometheus_client import REGISTRY
+
+    def count(route: str, status: str) -> float:
+        return (
+            REGISTRY.get_sample_value("toolfence_http_responses_total", {"route": route, "status": status})
+            or 0.0
+        )
+
+    before = (
+        count("/v1/requests/{request_id}", "404"),
+        count("unmatched", "404"),
+        count("/v1/requests", "401"),
+    )
+    key = served.key("acme", "alice", R)
+    with served.client(key) as client:
+        client.get("/v1/requests/req_nowhere")
+        client.get("/v2/nothing")
+    with served.client() as anonymous:
+        anonymous.post("/v1/requests", json={"calls": [balance("c1")]})
+    # Then each is counted under its route template (never the id), refusals included
+    after = (
+        count("/v1/requests/{request_id}", "404"),
+        count("unmatched", "404"),
+        count("/v1/requests", "401"),
+    )
+    assert [a - b for a, b in zip(after, before, strict=True)] == [1.0, 1.0, 1.0]
