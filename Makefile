@@ -18,8 +18,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
+# `make demo DEMO_FLAGS=--serve` also runs the operator console (its URL is printed).
+DEMO_FLAGS ?=
+
 demo: $(STAMP)
-	$(BIN)/toolfence demo
+	$(BIN)/toolfence demo $(DEMO_FLAGS)
 
 deps:
 	sh scripts/ci-deps.sh

@@ -12,6 +12,7 @@
 #   rabbitmq-server                      rabbitmq-server    scripts/services.sh
 #   promtool, prometheus                 prometheus         tests/integration/test_ops_prometheus.py
 #   setpriv                              util-linux         tests/integration/test_setup_scripts.py
+#   chromium                             chromium           tests/http (the console, via Playwright)
 #
 # Idempotent and silent when everything is there. Not root and something is
 # missing: one line on stderr naming the packages to install, exit 1. Commands
@@ -57,6 +58,7 @@ check() {
     need prometheus promtool "$(has promtool)"
     need prometheus prometheus "$(has prometheus)"
     need util-linux setpriv "$(has setpriv)"
+    need chromium chromium "$(has chromium)"
 }
 
 check

@@ -20,14 +20,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import make_url, select
+from sqlalchemy import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError, SQLAlchemyError
 
 from executor import store
 from executor.core.approvers import ApprovalDecision
 from executor.core.identifiers import InvalidIdentifier
 from executor.core.sanitize import exception_summary, sanitize_error_text
-from executor.core.states import ApprovalState, State
+from executor.core.states import State
 from executor.core.strictjson import StrictJSONError, loads_strict
 from executor.core.tools import Registry
 from executor.core.types import ProposedCall, ServerContext
@@ -35,7 +35,6 @@ from executor.settings import Settings, SettingsError
 from executor.store.engine import DatabaseUrlError, get_engine
 from executor.store.errors import StoreDatabaseError
 from executor.store.migrate import SchemaNotReady, migrate, require_schema
-from executor.store.schema import approvals, operations, receipts
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -330,16 +329,15 @@ def cmd_results(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    from executor.store import operator
+
     engine = _engine(_settings())
     with engine.connect() as conn:
-        row = store.get_operation(conn, args.operation_id)
-        if row is None or row.tenant != args.tenant:
-            # Another tenant's operation is answered like one that does not exist.
-            raise UserError(f"no operation {args.operation_id!r} for tenant {args.tenant!r}")
-        trail = store.audit_trail(conn, args.operation_id)
-        receipt_rows = conn.execute(
-            select(receipts).where(receipts.c.operation_id == args.operation_id)
-        ).all()
+        # Another tenant's operation is answered like one that does not exist.
+        record = operator.operation_record(conn, args.operation_id, tenant=args.tenant)
+    if record is None:
+        raise UserError(f"no operation {args.operation_id!r} for tenant {args.tenant!r}")
+    row = record.row
     _print_json(
         {
             "operation_id": row.operation_id,
@@ -351,13 +349,13 @@ def cmd_show(args: argparse.Namespace) -> int:
             "generation": row.generation,
             "attempts": row.attempts,
             "error_code": row.error_code,
-            "cause": _cause(row),
+            "cause": operator.operation_cause(row),
             # Operator view: for `approval_scope_exceeded`, the approved and changed sets.
             "error": json.loads(row.error) if row.error else None,
             "receipt": _shown(row.receipt),
             "receipts": [
                 {"receipt": _shown(r.receipt), "generation": r.generation, "accepted": r.accepted}
-                for r in receipt_rows
+                for r in record.receipts
             ],
             "audit": [
                 {
@@ -368,7 +366,7 @@ def cmd_show(args: argparse.Namespace) -> int:
                     "generation": e.generation,
                     "actor": _shown(e.actor),
                 }
-                for e in trail
+                for e in record.audit
             ],
         }
     )
@@ -376,14 +374,11 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_approvals(args: argparse.Namespace) -> int:
+    from executor.store import operator
+
     engine = _engine(_settings())
     with engine.connect() as conn:
-        rows = conn.execute(
-            select(approvals, operations.c.tool_name, operations.c.call_id)
-            .join(operations, operations.c.operation_id == approvals.c.operation_id)
-            .where(approvals.c.state == ApprovalState.PENDING.value)
-            .order_by(approvals.c.requested_at)
-        ).all()
+        rows = operator.pending_approvals(conn)
         hosted = store.pending_hosted_approvals(conn)
     _print_json(
         [
@@ -391,7 +386,7 @@ def cmd_approvals(args: argparse.Namespace) -> int:
                 "approval_id": r.approval_id,
                 "operation_id": r.operation_id,
                 "tool": r.tool_name,
-                "impact": json.loads(r.impact),
+                "impact": r.impact,
                 "intent_hash": r.intent_hash,
                 "expires_at": r.expires_at,
             }
@@ -534,32 +529,12 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cause(row: Any) -> str | None:
-    """Why an operation is where it is, as a stable code: the cause its error names
-    (a write beyond its approved set: `approval_scope_exceeded`), else the first
-    detail at path "" (an MCP call's `mcp_timeout`, `mcp_connection_lost`, ...),
-    else its error code."""
-    code = str(row.error_code) if row.error_code else None
-    error = json.loads(row.error) if row.error else {}
-    if not isinstance(error, dict):
-        return code
-    if error.get("cause"):
-        return str(error["cause"])
-    for detail in error.get("details") or []:
-        if isinstance(detail, dict) and detail.get("path") == "" and detail.get("code"):
-            return str(detail["code"])
-    return code
-
-
 def cmd_pending(args: argparse.Namespace) -> int:
+    from executor.store import operator
+
     engine = _engine(_settings())
     with engine.connect() as conn:
-        rows = conn.execute(
-            select(operations)
-            .where(operations.c.state == State.RECONCILIATION_PENDING.value)
-            .order_by(operations.c.updated_at)
-            .limit(args.limit)
-        ).all()
+        rows = operator.reconciliation_pending(conn, limit=args.limit)
     _print_json(
         [
             {
@@ -569,8 +544,8 @@ def cmd_pending(args: argparse.Namespace) -> int:
                 "call_id": r.call_id,
                 "generation": r.generation,
                 "since": r.updated_at,
-                "reason": json.loads(r.error).get("message") if r.error else None,
-                "cause": _cause(r),
+                "reason": operator.operation_reason(r),
+                "cause": operator.operation_cause(r),
             }
             for r in rows
         ]
@@ -579,30 +554,21 @@ def cmd_pending(args: argparse.Namespace) -> int:
 
 
 def cmd_resolve(args: argparse.Namespace) -> int:
+    from executor.store import operator
+
     engine = _engine(_settings())
-    to_state = {
-        "succeeded": State.SUCCEEDED,
-        "failed": State.FAILED_TERMINAL,
-        "requeue": State.QUEUED,
-    }[args.outcome]
+    to_state = operator.RESOLUTIONS[args.outcome]
     if to_state is State.SUCCEEDED and not args.reference:
         raise UserError("resolving as succeeded needs --reference (the downstream's id for the effect)")
     with engine.begin() as conn:
         if store.get_operation(conn, args.operation_id) is None:
             raise UserError(f"no operation {args.operation_id!r}")
-        won = store.resolve(
-            conn, args.operation_id, to_state=to_state, actor=args.actor,
-            reference=args.reference, message=args.note or "",
+        won = operator.resolve_pending(
+            conn, args.operation_id, outcome=args.outcome, actor=args.actor,
+            reference=args.reference, note=args.note or "",
         )
         if not won:
             raise UserError(f"operation {args.operation_id} is not reconciliation_pending")
-        if to_state is State.SUCCEEDED and args.reference:
-            resolved = store.get_operation(conn, args.operation_id)
-            assert resolved is not None
-            store.record_receipt(
-                conn, args.operation_id, resolved.generation, args.reference,
-                accepted=True, source="operator",
-            )
     print(f"resolved {args.operation_id} as {to_state.value}")
     return 0
 
@@ -675,10 +641,87 @@ def cmd_turn_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    settings = _settings()
+    engine = _engine(settings)
+    registry = _registry(settings)
+    from executor.http.server import HttpSettings, create_app, run
+
+    http = HttpSettings.from_env()
+    app = create_app(settings, registry, http=http, hosted_policy=_hosted_policy(settings), engine=engine)
+    logging.getLogger("toolfence.serve").warning(
+        "toolfence serve on http://%s:%d (console: /console)", args.host, args.port
+    )
+    run(app, args.host, args.port, http, log_level=args.log_level)
+    return 0
+
+
+def cmd_keys_create(args: argparse.Namespace) -> int:
+    from executor.http.keys import create_key, parse_scopes
+
+    engine = _engine(_settings())
+    try:
+        scopes = parse_scopes(s for item in args.scope for s in item.split(","))
+        with engine.begin() as conn:
+            key = create_key(
+                conn, tenant=args.tenant, principal=args.principal,
+                roles=[r for item in args.role for r in item.split(",") if r],
+                scopes=scopes, label=args.label,
+            )
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    # The only time the secret is shown: it is stored as a hash.
+    print(key)
+    print("store it now: toolfence keeps only its hash", file=sys.stderr)
+    return 0
+
+
+def cmd_keys_list(args: argparse.Namespace) -> int:
+    from executor.store.api_keys import api_keys_of
+
+    engine = _engine(_settings())
+    with engine.connect() as conn:
+        records = api_keys_of(conn, args.tenant)
+    _print_json(
+        [
+            {
+                "key_id": r.key_id, "tenant": r.tenant, "principal": r.principal,
+                "roles": sorted(r.roles), "scopes": sorted(r.scopes), "label": r.label,
+                "created_at": r.created_at, "revoked_at": r.revoked_at,
+            }
+            for r in records
+        ]
+    )
+    return 0
+
+
+def cmd_keys_revoke(args: argparse.Namespace) -> int:
+    from executor.http.keys import KeyRefused, split_key
+    from executor.store.api_keys import revoke_api_key
+
+    key_id = args.key_id
+    if key_id.startswith("tfk_"):
+        try:
+            key_id = split_key(key_id)[0]
+        except KeyRefused:
+            raise UserError("that is not a toolfence key or key id") from None
+    engine = _engine(_settings())
+    with engine.begin() as conn:
+        if not revoke_api_key(conn, key_id):
+            raise UserError(f"no active key {key_id!r}")
+    print(f"revoked {key_id}")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from executor.cli.demo.run import run_demo
 
-    return int(run_demo(calls=args.calls, workers=args.workers, lease_seconds=args.lease))
+    return int(
+        run_demo(
+            calls=args.calls, workers=args.workers, lease_seconds=args.lease,
+            serve_port=args.serve_port if args.serve else None,
+        )
+    )
 
 
 # ---------------------------------------------------------------------- plumbing
@@ -779,6 +822,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--calls", type=int, default=300, help="proposed calls in the workload")
     p.add_argument("--workers", type=int, default=2, help="worker processes")
     p.add_argument("--lease", type=float, default=3.0, help="lease seconds")
+    p.add_argument(
+        "--serve", action="store_true", help="also run the operator console, kept up after the report"
+    )
+    p.add_argument("--serve-port", type=int, default=8080, help="the console's port (with --serve)")
 
     p = add("worker", cmd_worker, "Start a Celery worker that executes operations.")
     p.add_argument("--concurrency", type=int, default=2)
@@ -805,6 +852,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--conversation-id", default=None, help="server context: conversation (budgets, repeats)")
     p.add_argument("--turn-id", default=None, help="server context: the conversation turn")
     p.add_argument("--provider", default=None, help="read the file as a provider response envelope")
+
+    p = add("serve", cmd_serve, "Serve the HTTP API and the operator console (runs until SIGTERM).")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument(
+        "--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"]
+    )
+
+    keys = sub.add_parser(
+        "keys", help="API keys of `toolfence serve`.", description="API keys of `toolfence serve`."
+    )
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
+    p = keys_sub.add_parser(
+        "create", help="Create a key and print it (once).", description="Create a key and print it once."
+    )
+    p.set_defaults(func=cmd_keys_create)
+    p.add_argument("--tenant", required=True, help="the tenant the key acts for")
+    p.add_argument("--principal", required=True, help="who the key is (audited as the actor)")
+    p.add_argument(
+        "--role", action="append", default=[], metavar="ROLE", help="a role (repeat, or comma-separate)"
+    )
+    p.add_argument(
+        "--scope", action="append", required=True, metavar="SCOPE",
+        help="produce, approve, operate or read (repeat, or comma-separate)",
+    )
+    p.add_argument("--label", default=None, help="a note for `keys list`")
+    p = keys_sub.add_parser("list", help="List keys (never their secrets).", description="List keys.")
+    p.set_defaults(func=cmd_keys_list)
+    p.add_argument("--tenant", default=None)
+    p = keys_sub.add_parser(
+        "revoke", help="Revoke a key (at once, sessions included).", description="Revoke a key."
+    )
+    p.set_defaults(func=cmd_keys_revoke)
+    p.add_argument("key_id", help="the key's id (from `keys list`) or the key itself")
 
     p = add("results", cmd_results, "Show one result per call of a request, in proposal order.")
     p.add_argument("request_id")

@@ -44,6 +44,15 @@ class ErrorCode(StrEnum):
     # terminal can print (executor/core/identifiers.py): answered per call.
     INVALID_IDENTIFIER = "invalid_identifier"
     TURN_IN_PROGRESS = "turn_in_progress"
+    # `toolfence serve`: the codes of its problem+json answers (no call result has them)
+    UNAUTHENTICATED = "unauthenticated"
+    NOT_FOUND = "not_found"
+    IDENTITY_IN_BODY = "identity_in_body"
+    INVALID_REQUEST = "invalid_request"
+    REQUEST_TOO_LARGE = "request_too_large"
+    RATE_LIMITED = "rate_limited"
+    NOT_PENDING = "not_pending"
+    NOT_READY = "not_ready"
 
 
 class _Frozen(BaseModel):

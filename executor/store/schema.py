@@ -387,3 +387,34 @@ turn_steps = Table(
     Column("generation", Integer, nullable=False),
     Column("recorded_at", Float, nullable=False),
 )
+
+# `toolfence serve` (migration 0008). One row per API key: the identity it stands
+# for, its scopes, and only a slow hash of its secret; `key_id` is the key's public
+# lookup prefix. Revoked keys stay, with `revoked_at`, for the audit's sake.
+api_keys = Table(
+    "toolfence_api_keys",
+    metadata,
+    Column("key_id", String(32), primary_key=True),
+    Column("tenant", String(200), nullable=False),
+    Column("principal", String(200), nullable=False),
+    Column("roles", Text, nullable=False),
+    Column("scopes", Text, nullable=False),
+    Column("secret_hash", String(200), nullable=False),
+    Column("label", String(200)),
+    Column("created_at", Float, nullable=False),
+    Column("revoked_at", Float),
+)
+Index("ix_toolfence_api_keys_tenant", api_keys.c.tenant, api_keys.c.created_at)
+
+# A producer's Idempotency-Key, per (tenant, principal): the request it created and
+# the digest of the body it came with.
+http_idempotency = Table(
+    "toolfence_http_idempotency",
+    metadata,
+    Column("tenant", String(200), primary_key=True),
+    Column("principal", String(200), primary_key=True),
+    Column("idempotency_key", String(200), primary_key=True),
+    Column("request_id", String(200), nullable=False),
+    Column("body_digest", String(64), nullable=False),
+    Column("created_at", Float, nullable=False),
+)

@@ -179,6 +179,19 @@ TURN_RESUMES = Counter(
     "Turn jobs that took over a turn from an earlier generation (its worker died or gave it back).",
     [],
 )
+# `toolfence serve`: route is the route's template (`/v1/requests/{request_id}`), or
+# `unmatched`, so its values are bounded; status is the HTTP status code.
+HTTP_RESPONSES = Counter(
+    "toolfence_http_responses_total",
+    "Responses of toolfence serve, by route template and status code.",
+    ["route", "status"],
+)
+HTTP_SECONDS = Histogram(
+    "toolfence_http_request_seconds",
+    "Time to answer a request of toolfence serve (long-polls included), by route template.",
+    ["route"],
+    buckets=LATENCY_BUCKETS,
+)
 
 
 def count_approval_decision(decision: Decision, verb: ApprovalDecision) -> None:

@@ -39,7 +39,7 @@ from outbox.relay import Relay
 
 COMMANDS = [
     "migrate", "demo", "worker", "relay", "reconcile", "metrics", "enqueue", "results",
-    "show", "approvals", "approve", "deny", "pending", "resolve", "turn",
+    "show", "approvals", "approve", "deny", "pending", "resolve", "turn", "serve", "keys",
 ]
 WHO = ["--tenant", "acme", "--principal", "alice"]
 

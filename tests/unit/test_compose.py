@@ -29,6 +29,7 @@ EXPECTED_COMMANDS = {
     "worker": ["toolfence", "worker", "--concurrency", "2"],
     "reconciler": ["toolfence", "reconcile", "--every", "15"],
     "exporter": ["toolfence", "metrics", "--port", "9464"],
+    "serve": ["toolfence", "serve", "--host", "0.0.0.0", "--port", "8080"],
 }
 
 
@@ -120,7 +121,7 @@ def test_compose__migrate_runs_once_before_every_toolfence_process() -> None:
     all_services = services()
     assert all_services["migrate"]["restart"] == "no"
     assert all_services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
-    for name in ("relay", "worker", "reconciler", "exporter"):
+    for name in ("relay", "worker", "reconciler", "exporter", "serve"):
         depends_on = all_services[name]["depends_on"]
         assert depends_on["migrate"]["condition"] == "service_completed_successfully", name
 

@@ -58,6 +58,11 @@ LAYERS: dict[str, set[str]] = {
         "executor.core", "executor.settings", "executor.store", "executor.telemetry", "executor.worker",
         "executor.providers", "executor.turns", "outbox.producer",
     },
+    # `toolfence serve`: admits through the producer API, decides through the store.
+    "executor.http": {
+        "executor.core", "executor.settings", "executor.store", "executor.telemetry",
+        "executor.providers", "executor.http", "outbox",
+    },
     "executor.cli": {"executor", "outbox", "reconciler", "ledger"},  # the top: anything
 }
 

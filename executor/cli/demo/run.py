@@ -47,6 +47,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from executor.cli.demo.choreography import DemoRun
+from executor.cli.demo.console import DemoConsole, demo_console
 from executor.cli.demo.constants import (
     EXIT_INTERRUPTED,
     EXIT_INVARIANT_FAILED,
@@ -115,7 +116,9 @@ def _console() -> Console:
     return console if console.is_terminal else Console(width=160, no_color=True)
 
 
-def run_demo(calls: int = 300, workers: int = 2, lease_seconds: float = 3.0) -> int:
+def run_demo(
+    calls: int = 300, workers: int = 2, lease_seconds: float = 3.0, serve_port: int | None = None
+) -> int:
     console = _console()
     if calls < 1 or workers < 1 or lease_seconds < 1.0:
         _error_console().print("toolfence demo: needs --calls ≥ 1, --workers ≥ 1 and --lease ≥ 1 second")
@@ -129,7 +132,8 @@ def run_demo(calls: int = 300, workers: int = 2, lease_seconds: float = 3.0) -> 
             place = prepare_place(os.environ)
             with _environment(place.fleet_env(lease_seconds)):
                 run = DemoRun(console, place, requests, workers, lease_seconds)
-                outcome = _run(run, requests)
+                with demo_console(place, console, serve_port) as served:
+                    outcome = _run(run, requests, served)
         except KeyboardInterrupt:
             outcome = EXIT_INTERRUPTED
         except _Terminated:
@@ -145,7 +149,7 @@ def run_demo(calls: int = 300, workers: int = 2, lease_seconds: float = 3.0) -> 
     return outcome
 
 
-def _run(run: DemoRun, requests: Sequence[DemoRequest]) -> int:
+def _run(run: DemoRun, requests: Sequence[DemoRequest], served: DemoConsole) -> int:
     console, place = run.console, run.place
     console.print(
         f"[bold]toolfence demo[/]: {_n(run.total_calls, 'call')} in {_n(len(requests), 'request')} "
@@ -154,6 +158,7 @@ def _run(run: DemoRun, requests: Sequence[DemoRequest]) -> int:
     console.print(f"  {place.describe()}")
     console.print(f"  run directory {place.run_dir} (logs in logs/)")
     run.setup()
+    served.start()  # --serve only: the console on this run's database
     console.print("  schema migrated, ledger opened with 7 accounts; starting relay, workers, reconciler…")
     run.start_fleet()
     waves = split_waves(requests)
@@ -217,6 +222,7 @@ def _run(run: DemoRun, requests: Sequence[DemoRequest]) -> int:
         console.print(
             f"  and the turn: TOOLFENCE_HOME={place.run_dir} toolfence turn show {turn.turn_id} --tenant acme"
         )
+    served.hold()
     return EXIT_OK if passed else EXIT_INVARIANT_FAILED
 
 

@@ -1,0 +1,111 @@
+"""`toolfence demo --serve`: the operator console beside the demo's fleet.
+
+Once the demo's schema exists, `toolfence serve` starts on the demo's database
+(log: `logs/serve-0.log` in the run directory), a key of tenant `acme` with the
+`approve`, `operate` and `read` scopes is created for an approver, and the
+console's URL and that key are printed. The server stays up while the demo runs
+(its approvals and the `reconciliation_pending` queue show up as they happen)
+and after the report, until Ctrl-C or SIGTERM, so a person can resolve the
+notice the killed worker left for a person. Without `--serve` nothing here runs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from rich.console import Console
+
+from executor.cli.demo.constants import _Terminated
+from executor.cli.demo.place import Place
+from executor.store.engine import make_engine
+
+APPROVER = "demo-approver"
+
+
+@dataclass
+class DemoConsole:
+    place: Place
+    console: Console
+    port: int | None
+    process: subprocess.Popen[bytes] | None = field(default=None, init=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/console"
+
+    def start(self) -> None:
+        """Start the server and print how to sign in (the schema must exist)."""
+        if self.port is None:
+            return
+        from executor.http.keys import KeyScope, create_key
+
+        logs = self.place.run_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        with (logs / "serve-0.log").open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "executor.cli", "serve", "--host", "127.0.0.1",
+                 "--port", str(self.port)],
+                env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        self._wait_healthy()
+        engine = make_engine(self.place.database_url)
+        try:
+            with engine.begin() as conn:
+                key = create_key(
+                    conn, tenant="acme", principal=APPROVER, roles=("approver",),
+                    scopes=(KeyScope.APPROVE, KeyScope.OPERATE, KeyScope.READ), label="toolfence demo",
+                )
+        finally:
+            engine.dispose()
+        self.console.print(f"  console [bold]{self.url}[/] — sign in with the key {key}")
+
+    def _wait_healthy(self, timeout: float = 30.0) -> None:
+        assert self.process is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"toolfence serve exited {self.process.returncode} (see logs/serve-0.log)")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"toolfence serve did not answer on port {self.port} (see logs/serve-0.log)")
+
+    def hold(self) -> None:
+        """Keep the console up after the report until Ctrl-C or SIGTERM."""
+        if self.process is None:
+            return
+        self.console.print(f"The console stays up at {self.url}: Ctrl-C to stop.")
+        try:
+            while self.process.poll() is None:
+                time.sleep(0.5)
+        except (KeyboardInterrupt, _Terminated):
+            pass
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=5)
+
+
+@contextmanager
+def demo_console(place: Place, console: Console, port: int | None) -> Iterator[DemoConsole]:
+    served = DemoConsole(place, console, port)
+    try:
+        yield served
+    finally:
+        served.stop()

@@ -1,0 +1,334 @@
+"""The HTTP API of `toolfence serve` (FastAPI): routes, authentication, rate limits.
+
+Every `/v1` route takes its caller from `Authorization: Bearer <key>` and checks
+the key's scopes; nothing in a body or a query names who the caller is. Bodies
+are read by the strict reader (executor/http/body.py), checked for identity
+fields, then validated by the route's model, so a body naming a tenant is
+`identity_in_body` and not merely "unexpected field".
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+from fastapi import APIRouter, Depends, FastAPI, Header, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPBearer
+from limits import RateLimitItem, parse, storage, strategies
+from pydantic import BaseModel, TypeAdapter, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from executor.core.approvers import ApprovalDecision
+from executor.core.types import ErrorCode
+from executor.http.body import strict_json
+from executor.http.keys import Authenticator, Identity, KeyRefused, KeyScope, split_key
+from executor.http.models import (
+    ID_PATTERN,
+    IDENTITY_FIELDS,
+    MAX_WAIT_SECONDS,
+    ApprovalList,
+    DecisionBody,
+    DecisionOut,
+    Health,
+    NeutralBatch,
+    OperationOut,
+    PendingList,
+    ProviderEnvelope,
+    ProviderName,
+    Ready,
+    RequestAnswer,
+    ResolveBody,
+    ResolveOut,
+)
+from executor.http.problems import (
+    Problem,
+    ProblemDetail,
+    ProblemError,
+    problem_doc,
+    problem_handler,
+    problem_response,
+)
+from executor.http.service import Service, body_digest
+
+M = TypeVar("M", bound=BaseModel)
+
+API_TITLE = "toolfence"
+API_VERSION = "1"
+
+_bearer = HTTPBearer(auto_error=False, description="an API key from `toolfence keys create`")
+# Declares the scheme in the OpenAPI document; the dependency reads the header itself
+# (FastAPI's own answer to a missing key is not problem+json).
+_documented_bearer = Depends(_bearer)
+
+
+class RateLimiter:
+    """Per-key request budget (the `limits` package, moving window). Storage is
+    `memory://` (per process) unless TOOLFENCE_HTTP_RATE_LIMIT_STORAGE names a shared
+    one (`redis://…`) for several server processes."""
+
+    def __init__(self, rate: str, storage_uri: str = "memory://") -> None:
+        self.item: RateLimitItem = parse(rate)
+        self.limiter = strategies.MovingWindowRateLimiter(storage.storage_from_string(storage_uri))
+
+    def hit(self, key_id: str) -> float | None:
+        """None when within budget, else the seconds until the next request may pass."""
+        if self.limiter.hit(self.item, key_id):
+            return None
+        stats = self.limiter.get_window_stats(self.item, key_id)
+        return max(1.0, stats.reset_time - time.time())
+
+
+def read_body(raw: bytes, model: type[M] | TypeAdapter[Any], *, empty_ok: bool = False) -> tuple[Any, Any]:
+    """(validated body, parsed JSON) of a request; ProblemError otherwise."""
+    value: Any = {} if (empty_ok and not raw.strip()) else strict_json(raw)
+    if isinstance(value, dict):
+        named = sorted(IDENTITY_FIELDS & value.keys())
+        calls = value.get("calls")
+        if isinstance(calls, list):
+            for call in calls:
+                if isinstance(call, dict):
+                    named += sorted(IDENTITY_FIELDS & call.keys())
+        if named:
+            raise ProblemError(
+                400, ErrorCode.IDENTITY_IN_BODY,
+                "who the caller is comes from the API key; the body may not name it",
+                errors=[ProblemDetail(path=f"/{name}", code="identity_field") for name in sorted(set(named))],
+            )
+    try:
+        if isinstance(model, TypeAdapter):
+            return model.validate_python(value), value
+        return model.model_validate(value), value
+    except ValidationError as exc:
+        raise ProblemError(
+            422, ErrorCode.INVALID_REQUEST, "the body does not match the schema",
+            errors=_details(exc.errors(include_input=False, include_url=False)),
+        ) from None
+
+
+def _details(errors: Any) -> list[ProblemDetail]:
+    return [
+        ProblemDetail(
+            path="/" + "/".join(str(p) for p in e.get("loc", ()) if p != "body"),
+            code=str(e.get("type", "invalid")),
+            expected=str(e.get("msg", ""))[:200] or None,
+        )
+        for e in list(errors)[:20]
+    ]
+
+
+IdPath = Annotated[str, Path(min_length=1, max_length=200, pattern=ID_PATTERN)]
+
+ALL_PROBLEMS = (400, 401, 403, 404, 409, 413, 422, 429)
+
+
+def build_api(service: Service, authenticator: Authenticator, limiter: RateLimiter) -> FastAPI:
+    app = FastAPI(
+        title=API_TITLE, version=API_VERSION,
+        description=(
+            "Any-language producers for toolfence: admit and enqueue tool calls, read "
+            "their results, decide approvals and settle operations waiting for a person. "
+            "Errors are RFC 9457 problem+json with toolfence's stable codes."
+        ),
+        docs_url=None, redoc_url=None, openapi_url="/openapi.json",
+    )
+    app.state.service = service
+    app.add_exception_handler(ProblemError, problem_handler)
+
+    async def http_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        code = ErrorCode.NOT_FOUND if exc.status_code == 404 else ErrorCode.INVALID_REQUEST
+        return problem_response(request.url.path, exc.status_code, code, str(exc.detail))
+
+    async def validation_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        return problem_response(
+            request.url.path, 422, ErrorCode.INVALID_REQUEST, "the request does not match the schema",
+            errors=_details(exc.errors()),
+        )
+
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
+
+    def caller(*scopes: KeyScope) -> Callable[..., Identity]:
+        def dependency(request: Request, _: Any = _documented_bearer) -> Identity:
+            header = request.headers.get("authorization", "")
+            scheme, _, key_text = header.partition(" ")
+            challenge = {"WWW-Authenticate": 'Bearer realm="toolfence"'}
+            if scheme.lower() != "bearer" or not key_text.strip():
+                raise ProblemError(401, ErrorCode.UNAUTHENTICATED, "send Authorization: Bearer <key>",
+                                   headers=challenge)
+            try:
+                key_id, _secret = split_key(key_text.strip())
+                # Counted before the slow hash check: guessing one key's secret is throttled too.
+                wait = limiter.hit(key_id)
+                if wait is not None:
+                    raise ProblemError(
+                        429, ErrorCode.RATE_LIMITED, "this key's request budget is spent for now",
+                        headers={"Retry-After": str(math.ceil(wait))},
+                    )
+                who = authenticator.identity(key_text.strip())
+            except KeyRefused as exc:
+                detail = "the key is revoked" if exc.reason == "revoked" else "the key is not valid"
+                raise ProblemError(401, ErrorCode.UNAUTHENTICATED, detail, headers=challenge) from None
+            if not who.may(*scopes):
+                raise ProblemError(
+                    403, ErrorCode.PERMISSION_DENIED,
+                    f"this needs a key with one of the scopes: {', '.join(s.value for s in scopes)}",
+                )
+            return who
+
+        return dependency
+
+    producer = Depends(caller(KeyScope.PRODUCE))
+    reader = Depends(caller(KeyScope.PRODUCE, KeyScope.READ))
+    approvals_reader = Depends(caller(KeyScope.APPROVE, KeyScope.READ))
+    approver = Depends(caller(KeyScope.APPROVE))
+    operator_reader = Depends(caller(KeyScope.OPERATE, KeyScope.READ))
+    operator = Depends(caller(KeyScope.OPERATE))
+    anyone = Depends(caller(*KeyScope))
+
+    v1 = APIRouter(prefix="/v1", responses=problem_doc(*ALL_PROBLEMS))
+    batch_or_envelope: TypeAdapter[NeutralBatch | ProviderEnvelope] = TypeAdapter(
+        NeutralBatch | ProviderEnvelope
+    )
+
+    @v1.post(
+        "/requests", status_code=202, response_model=RequestAnswer,
+        summary="Admit and enqueue a batch of calls, or a provider response's calls",
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": {"anyOf": [
+                    {"$ref": "#/components/schemas/NeutralBatch"},
+                    {"$ref": "#/components/schemas/ProviderEnvelope"},
+                ]}}},
+            },
+        },
+        responses={202: {"headers": {"Idempotent-Replayed": {
+            "schema": {"type": "string", "enum": ["true"]},
+            "description": "present when this answers a retried POST of the same Idempotency-Key",
+        }}}},
+    )
+    async def post_requests(
+        request: Request,
+        who: Identity = producer,
+        idempotency_key: Annotated[
+            str | None, Header(min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$")
+        ] = None,
+    ) -> JSONResponse:
+        raw = await request.body()
+        body, value = read_body(raw, batch_or_envelope)
+        digest = body_digest(value, raw)
+        answer, replayed = await _in_thread(service.submit, who, body, digest, idempotency_key)
+        headers = {"Idempotent-Replayed": "true"} if replayed else None
+        return JSONResponse(answer.model_dump(mode="json"), status_code=202, headers=headers)
+
+    @v1.get("/requests/{request_id}", response_model=RequestAnswer, summary="One result per call")
+    async def get_request(
+        request_id: IdPath,
+        who: Identity = reader,
+        provider: ProviderName | None = None,
+        wait: Annotated[float, Query(ge=0, le=MAX_WAIT_SECONDS, description="long-poll seconds")] = 0.0,
+    ) -> RequestAnswer:
+        return await service.request(who, request_id, provider=provider, wait=wait)
+
+    @v1.get("/approvals", response_model=ApprovalList, summary="Calls waiting for a person's approval")
+    def get_approvals(who: Identity = approvals_reader) -> ApprovalList:
+        return ApprovalList(approvals=service.approvals(who))
+
+    decision_body = {
+        "requestBody": {
+            "required": False,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/DecisionBody"}}},
+        }
+    }
+
+    @v1.post("/approvals/{approval_id}/approve", response_model=DecisionOut, openapi_extra=decision_body)
+    async def approve(request: Request, approval_id: IdPath, who: Identity = approver) -> DecisionOut:
+        body, _ = read_body(await request.body(), DecisionBody, empty_ok=True)
+        decided: DecisionOut = await _in_thread(
+            service.decide, who, approval_id, ApprovalDecision.APPROVE, body.reason
+        )
+        return decided
+
+    @v1.post("/approvals/{approval_id}/deny", response_model=DecisionOut, openapi_extra=decision_body)
+    async def deny(request: Request, approval_id: IdPath, who: Identity = approver) -> DecisionOut:
+        body, _ = read_body(await request.body(), DecisionBody, empty_ok=True)
+        decided: DecisionOut = await _in_thread(
+            service.decide, who, approval_id, ApprovalDecision.DENY, body.reason
+        )
+        return decided
+
+    @v1.get("/pending", response_model=PendingList, summary="Operations waiting for a person")
+    def get_pending(
+        who: Identity = operator_reader, limit: Annotated[int, Query(ge=1, le=500)] = 100
+    ) -> PendingList:
+        return PendingList(operations=service.pending(who, limit))
+
+    @v1.post(
+        "/operations/{operation_id}/resolve", response_model=ResolveOut,
+        openapi_extra={"requestBody": {"required": True, "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/ResolveBody"}}
+        }}},
+    )
+    async def resolve(request: Request, operation_id: IdPath, who: Identity = operator) -> ResolveOut:
+        body, _ = read_body(await request.body(), ResolveBody)
+        resolved: ResolveOut = await _in_thread(
+            service.resolve, who, operation_id, body.outcome, body.reference, body.note
+        )
+        return resolved
+
+    @v1.get("/operations/{operation_id}", response_model=OperationOut)
+    def get_operation(operation_id: IdPath, who: Identity = anyone) -> OperationOut:
+        return service.operation(who, operation_id)
+
+    app.include_router(v1)
+
+    @app.get("/healthz", response_model=Health, summary="The process is up")
+    def healthz() -> Health:
+        return Health(status="ok")
+
+    @app.get("/readyz", response_model=Ready, responses=problem_doc(503),
+             summary="The database is reachable and its schema current")
+    def readyz() -> Ready:
+        from executor.store.migrate import current_revision, head_revision
+
+        try:
+            current = current_revision(service.engine)
+        except Exception:
+            raise ProblemError(503, ErrorCode.NOT_READY, "the database is not reachable") from None
+        head = head_revision(service.settings.database_url)
+        if current != head:
+            raise ProblemError(
+                503, ErrorCode.NOT_READY, f"schema at {current or 'nothing'}, expected {head}"
+            )
+        return Ready(status="ready", revision=head)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(
+                title=app.title, version=app.version, description=app.description, routes=app.routes,
+            )
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for model in (NeutralBatch, ProviderEnvelope, DecisionBody, ResolveBody, Problem):
+                found = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                for name, definition in found.pop("$defs", {}).items():
+                    components.setdefault(name, definition)
+                components[model.__name__] = found
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return app
+
+
+async def _in_thread(function: Callable[..., Any], *args: Any) -> Any:
+    """Blocking database work off the event loop."""
+    from starlette.concurrency import run_in_threadpool
+
+    return await run_in_threadpool(function, *args)

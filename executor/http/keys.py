@@ -1,0 +1,162 @@
+"""API keys: who a caller of `toolfence serve` is, from the credential alone.
+
+A key reads `tfk_<key_id>_<secret>`. `key_id` is public, the lookup prefix the
+row is found by; the secret is 32 random bytes, shown once when the key is
+created and stored only as an argon2id hash. Verifying a hash costs tens of
+milliseconds on purpose, so a process remembers, per key id, the SHA-256 of the
+secret it last verified and compares later requests' with it in constant time;
+the row itself is read on every request, so a revocation holds at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+
+from argon2 import PasswordHasher
+from argon2.exceptions import InvalidHashError, VerificationError
+from sqlalchemy import Connection, Engine
+
+from executor.core.types import ServerContext
+from executor.store.api_keys import ApiKeyRecord, api_key, insert_api_key
+from executor.store.engine import read_only
+
+KEY_PREFIX = "tfk"
+
+
+class KeyScope(StrEnum):
+    """What a key may do. `read` sees requests, approvals, the pending queue and
+    operations of its tenant; each of the others adds the action it names."""
+
+    PRODUCE = "produce"
+    APPROVE = "approve"
+    OPERATE = "operate"
+    READ = "read"
+
+
+_SCOPE_NAMES = frozenset(s.value for s in KeyScope)
+
+# OWASP's argon2id minimum (19 MiB, 2 passes): slow for a guesser, ~20 ms here.
+_HASHER = PasswordHasher(time_cost=2, memory_cost=19 * 1024, parallelism=1)
+
+
+@dataclass(frozen=True)
+class Identity:
+    """The caller as its key says: never taken from a request body."""
+
+    key_id: str
+    tenant: str
+    principal: str
+    roles: frozenset[str]
+    scopes: frozenset[KeyScope]
+
+    def context(self, request_id: str, conversation_id: str | None = None) -> ServerContext:
+        return ServerContext(
+            principal=self.principal, tenant=self.tenant, roles=self.roles,
+            request_id=request_id, conversation_id=conversation_id,
+        )
+
+    def may(self, *scopes: KeyScope) -> bool:
+        return bool(self.scopes & set(scopes))
+
+
+class KeyRefused(Exception):
+    """The presented key is not one (malformed, unknown, wrong secret) or revoked."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def parse_scopes(names: Iterable[str]) -> frozenset[KeyScope]:
+    try:
+        return frozenset(KeyScope(n.strip()) for n in names if n.strip())
+    except ValueError:
+        raise ValueError(f"scopes are {', '.join(s.value for s in KeyScope)}") from None
+
+
+def create_key(
+    conn: Connection,
+    *,
+    tenant: str,
+    principal: str,
+    roles: Iterable[str],
+    scopes: Iterable[KeyScope],
+    label: str | None = None,
+) -> str:
+    """Store a new key and return its text: the only time anyone sees the secret."""
+    if not tenant or not principal:
+        raise ValueError("a key needs a tenant and a principal")
+    scope_set = frozenset(scopes)
+    if not scope_set:
+        raise ValueError("a key needs at least one scope")
+    key_id = secrets.token_hex(8)
+    secret = secrets.token_urlsafe(32)
+    insert_api_key(
+        conn, key_id=key_id, tenant=tenant, principal=principal, roles=roles,
+        scopes=[s.value for s in scope_set], secret_hash=_HASHER.hash(secret), label=label,
+    )
+    return f"{KEY_PREFIX}_{key_id}_{secret}"
+
+
+def split_key(text: str) -> tuple[str, str]:
+    """(key_id, secret) of a key's text; KeyRefused when it is not shaped like one."""
+    prefix, _, rest = text.partition("_")
+    key_id, _, secret = rest.partition("_")
+    if prefix != KEY_PREFIX or len(key_id) != 16 or not secret or len(text) > 200:
+        raise KeyRefused("malformed")
+    return key_id, secret
+
+
+class Authenticator:
+    """Turns a presented key into an Identity, or refuses it."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = read_only(engine)
+        self._verified: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+
+    def identity(self, key_text: str) -> Identity:
+        key_id, secret = split_key(key_text)
+        with self._engine.connect() as conn:
+            record = api_key(conn, key_id)
+        if record is None:
+            raise KeyRefused("unknown")
+        if record.revoked:
+            raise KeyRefused("revoked")
+        self._check_secret(record, secret)
+        return identity_of(record)
+
+    def by_key_id(self, key_id: str) -> Identity:
+        """The identity of a key already verified (a console session): still refused
+        once revoked."""
+        with self._engine.connect() as conn:
+            record = api_key(conn, key_id)
+        if record is None or record.revoked:
+            raise KeyRefused("revoked" if record is not None else "unknown")
+        return identity_of(record)
+
+    def _check_secret(self, record: ApiKeyRecord, secret: str) -> None:
+        digest = hashlib.sha256(secret.encode()).digest()
+        with self._lock:
+            known = self._verified.get(record.key_id)
+        if known is not None and hmac.compare_digest(known, digest):
+            return
+        try:
+            _HASHER.verify(record.secret_hash, secret)  # constant time in the secret
+        except (VerificationError, InvalidHashError):
+            raise KeyRefused("wrong secret") from None
+        with self._lock:
+            self._verified[record.key_id] = digest
+
+
+def identity_of(record: ApiKeyRecord) -> Identity:
+    return Identity(
+        key_id=record.key_id, tenant=record.tenant, principal=record.principal,
+        roles=record.roles, scopes=frozenset(KeyScope(s) for s in record.scopes if s in _SCOPE_NAMES),
+    )

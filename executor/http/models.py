@@ -1,0 +1,178 @@
+"""The API's request and response bodies (pydantic): what the OpenAPI document says.
+
+Request bodies forbid unknown fields, and none of them has a field for who the
+caller is: identity comes from the API key (a body naming `tenant`,
+`principal`, `roles` or `scopes` is refused before it is validated).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from executor.core.types import CallStatus
+
+ProviderName = Literal["openai-chat", "openai-responses", "anthropic", "gemini", "gemini-interactions"]
+"""The provider surfaces (executor.providers.SURFACES; a unit test keeps them equal)."""
+
+IDENTITY_FIELDS = frozenset({"tenant", "principal", "roles", "scopes"})
+
+MAX_CALLS = 256
+MAX_WAIT_SECONDS = 30.0
+
+
+# Ids and names: printable text (no control characters), as the database stores them.
+ID_PATTERN = r"^[^\x00-\x1f\x7f]+$"
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class NeutralCall(_Body):
+    call_id: str = Field(min_length=1, max_length=200, pattern=ID_PATTERN)
+    tool_name: str = Field(min_length=1, max_length=200, pattern=ID_PATTERN)
+    arguments: str | dict[str, Any] = Field(
+        description="the arguments as the model wrote them: JSON text, or an object"
+    )
+
+
+class NeutralBatch(_Body):
+    """Calls in toolfence's neutral format."""
+
+    calls: list[NeutralCall] = Field(min_length=1, max_length=MAX_CALLS)
+    conversation_id: str | None = Field(default=None, min_length=1, max_length=200, pattern=ID_PATTERN)
+
+
+class ProviderEnvelope(_Body):
+    """A provider's response, as its API returned it; `provider` names the surface."""
+
+    provider: ProviderName
+    response: dict[str, Any]
+    conversation_id: str | None = Field(default=None, min_length=1, max_length=200, pattern=ID_PATTERN)
+
+
+class DecisionBody(_Body):
+    reason: str | None = Field(default=None, max_length=1000)
+
+
+class ResolveBody(_Body):
+    outcome: Literal["succeeded", "failed", "requeue"]
+    reference: str | None = Field(
+        default=None, min_length=1, max_length=200, pattern=ID_PATTERN,
+        description="the downstream's id for the effect (needed for succeeded)",
+    )
+    note: str | None = Field(default=None, max_length=1000)
+
+
+class RequestAnswer(BaseModel):
+    """One status per call, in proposal order: rejected calls' terminal results,
+    admitted calls' operation ids and states."""
+
+    request_id: str
+    calls: list[CallStatus]
+    settled: bool
+    provider: ProviderName | None = None
+    results: list[dict[str, Any]] | None = Field(
+        default=None, description="with ?provider=: the results in that provider's shape"
+    )
+
+
+class ApprovalOut(BaseModel):
+    approval_id: str
+    kind: Literal["operation", "hosted"]
+    operation_id: str | None
+    request_id: str
+    call_id: str | None
+    tool: str
+    requester: str
+    impact: dict[str, Any]
+    resources: list[str] | None
+    intent_hash: str
+    requested_at: float
+    expires_at: float
+    age_seconds: float
+
+
+class ApprovalList(BaseModel):
+    approvals: list[ApprovalOut]
+
+
+class DecisionOut(BaseModel):
+    approval_id: str
+    decision: Literal["approved", "denied"]
+    decided_by: str
+    operation_id: str | None
+    state: str | None
+
+
+class ReceiptOut(BaseModel):
+    receipt: str
+    generation: int
+    accepted: bool
+    source: str
+
+
+class PendingOut(BaseModel):
+    operation_id: str
+    request_id: str
+    call_id: str
+    tool: str
+    generation: int
+    since: float
+    reason: str | None
+    cause: str | None
+    receipts: list[ReceiptOut]
+
+
+class PendingList(BaseModel):
+    operations: list[PendingOut]
+
+
+class AuditEventOut(BaseModel):
+    at: float
+    from_state: str | None
+    to_state: str
+    decision: str
+    generation: int
+    actor: str | None
+
+
+class RequestCallOut(BaseModel):
+    call_id: str
+    tool_name: str
+    operation_id: str | None
+    gate: str | None
+
+
+class OperationOut(BaseModel):
+    operation_id: str
+    request_id: str
+    call_id: str
+    tool: str
+    state: str
+    generation: int
+    attempts: int
+    error_code: str | None
+    cause: str | None
+    receipt: str | None
+    receipts: list[ReceiptOut]
+    side_effects: int = Field(description="distinct accepted receipts (I1: at most one)")
+    audit: list[AuditEventOut]
+    request_calls: list[RequestCallOut]
+
+
+class ResolveOut(BaseModel):
+    operation_id: str
+    state: str
+    resolved_by: str
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class Ready(BaseModel):
+    status: Literal["ready"]
+    revision: str

@@ -1,0 +1,123 @@
+"""The app factory and the runner of `toolfence serve`.
+
+Settings of the server itself (read here, not in executor/settings.py, because
+only this process reads them):
+
+- `TOOLFENCE_HTTP_MAX_BODY_BYTES` (default 1 MiB): larger bodies are 413;
+- `TOOLFENCE_HTTP_RATE_LIMIT` (default `600/minute`): per key, `limits` syntax;
+- `TOOLFENCE_HTTP_RATE_LIMIT_STORAGE` (default `memory://`): `redis://…` to share
+  the budget between several server processes;
+- `TOOLFENCE_HTTP_SESSION_SECRET`: signs console sessions and CSRF tokens (unset:
+  a random one per process, so a restart signs everyone out);
+- `TOOLFENCE_HTTP_SESSION_SECONDS` (default 8 h): a console session's lifetime.
+
+On SIGTERM or SIGINT the server stops accepting connections, tells long-polls
+to answer what they have, waits for requests in flight (up to
+`TOOLFENCE_HTTP_DRAIN_SECONDS`, default 30) and exits 0.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import threading
+from dataclasses import dataclass
+from types import FrameType
+
+import uvicorn
+from fastapi import FastAPI
+from sqlalchemy import Engine
+
+from executor.core.tools import Registry
+from executor.http.api import RateLimiter, build_api
+from executor.http.body import BodySizeLimit
+from executor.http.keys import Authenticator
+from executor.http.observe import CountResponses
+from executor.http.service import Service
+from executor.providers.hosted import NO_HOSTED_TOOLS, HostedPolicy
+from executor.settings import Settings, SettingsError
+from executor.store.engine import get_engine
+
+
+@dataclass(frozen=True)
+class HttpSettings:
+    max_body_bytes: int = 1024 * 1024
+    rate_limit: str = "600/minute"
+    rate_limit_storage: str = "memory://"
+    session_secret: bytes = b""
+    session_seconds: float = 8 * 3600.0
+    drain_seconds: float = 30.0
+
+    @classmethod
+    def from_env(cls) -> HttpSettings:
+        def number(name: str, default: float) -> float:
+            raw = os.environ.get(name, "")
+            try:
+                return float(raw) if raw else default
+            except ValueError:
+                raise SettingsError(f"{name}={raw!r} is not a number") from None
+
+        secret = os.environ.get("TOOLFENCE_HTTP_SESSION_SECRET", "")
+        settings = cls(
+            max_body_bytes=int(number("TOOLFENCE_HTTP_MAX_BODY_BYTES", cls.max_body_bytes)),
+            rate_limit=os.environ.get("TOOLFENCE_HTTP_RATE_LIMIT") or cls.rate_limit,
+            rate_limit_storage=os.environ.get("TOOLFENCE_HTTP_RATE_LIMIT_STORAGE") or cls.rate_limit_storage,
+            session_secret=secret.encode() if secret else secrets.token_bytes(32),
+            session_seconds=number("TOOLFENCE_HTTP_SESSION_SECONDS", cls.session_seconds),
+            drain_seconds=number("TOOLFENCE_HTTP_DRAIN_SECONDS", cls.drain_seconds),
+        )
+        try:
+            RateLimiter(settings.rate_limit, settings.rate_limit_storage)
+        except Exception as exc:
+            raise SettingsError(
+                f"TOOLFENCE_HTTP_RATE_LIMIT={settings.rate_limit!r} / _STORAGE="
+                f"{settings.rate_limit_storage!r}: {exc}"
+            ) from None
+        return settings
+
+
+def create_app(
+    settings: Settings,
+    registry: Registry,
+    *,
+    http: HttpSettings | None = None,
+    hosted_policy: HostedPolicy = NO_HOSTED_TOOLS,
+    engine: Engine | None = None,
+) -> FastAPI:
+    from executor.http.console import mount_console
+
+    http = http or HttpSettings(session_secret=secrets.token_bytes(32))
+    engine = engine or get_engine(settings.database_url)
+    service = Service(settings, engine, registry, hosted_policy)
+    authenticator = Authenticator(engine)
+    limiter = RateLimiter(http.rate_limit, http.rate_limit_storage)
+    app = build_api(service, authenticator, limiter)
+    mount_console(app, service, authenticator, limiter, http)
+    app.add_middleware(BodySizeLimit, max_bytes=http.max_body_bytes)
+    app.add_middleware(CountResponses)  # added last: outermost, sees every answer
+    return app
+
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn's server, telling long-polls to finish as soon as shutdown begins."""
+
+    def __init__(self, config: uvicorn.Config, service: Service) -> None:
+        super().__init__(config)
+        self._service = service
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._service.draining.set()
+        super().handle_exit(sig, frame)
+
+
+def run(app: FastAPI, host: str, port: int, http: HttpSettings, log_level: str = "warning") -> None:
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level=log_level, lifespan="off",
+        timeout_graceful_shutdown=int(http.drain_seconds), server_header=False,
+    )
+    if threading.current_thread() is threading.main_thread():
+        # uvicorn re-raises the signal it shut down for once it has drained; a drained
+        # SIGTERM is a clean stop, so that second delivery is swallowed (exit 0).
+        signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    _DrainingServer(config, app.state.service).run()

@@ -1,0 +1,349 @@
+"""What the API and the console do, as plain functions over an Identity.
+
+The routes (executor/http/api.py) and the console's pages
+(executor/http/console.py) both call these, so an approval decided in a page
+and one decided through the API go through the same checks. Every function is
+tenant-scoped by the caller's identity: another tenant's id is `not_found`,
+exactly like an id that does not exist.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Engine
+from starlette.concurrency import run_in_threadpool
+
+from executor import store
+from executor.core.approvers import ApprovalDecision
+from executor.core.canonical import NotCanonicalizable, canonical_json
+from executor.core.tools import Registry
+from executor.core.types import CallStatus, ErrorCode, ProposedCall, ServerContext
+from executor.http.keys import Identity
+from executor.http.models import (
+    ApprovalOut,
+    AuditEventOut,
+    DecisionOut,
+    NeutralBatch,
+    OperationOut,
+    PendingOut,
+    ProviderEnvelope,
+    ReceiptOut,
+    RequestAnswer,
+    RequestCallOut,
+    ResolveOut,
+)
+from executor.http.problems import ProblemDetail, ProblemError
+from executor.providers.hosted import NO_HOSTED_TOOLS, HostedPolicy
+from executor.settings import Settings
+from executor.store import operator
+from executor.store.api_keys import claim_idempotency_key
+from executor.store.engine import read_only
+from executor.telemetry import metrics
+from outbox.producer import HostedCalls, InvalidBatch, enqueue, final, request_exists, results, settled
+
+POLL_SECONDS = 0.05
+
+
+def not_found(what: str) -> ProblemError:
+    return ProblemError(404, ErrorCode.NOT_FOUND, f"no {what} for this tenant")
+
+
+@dataclass
+class Service:
+    settings: Settings
+    engine: Engine
+    registry: Registry
+    hosted_policy: HostedPolicy = NO_HOSTED_TOOLS
+    # Set when the server begins to shut down: long-polls answer what they have.
+    draining: threading.Event = field(default_factory=threading.Event)
+
+    # ------------------------------------------------------------ requests
+
+    def submit(
+        self, who: Identity, body: NeutralBatch | ProviderEnvelope, digest: str, idempotency_key: str | None
+    ) -> tuple[RequestAnswer, bool]:
+        """Admit and enqueue in one transaction; (answer, replayed). A retried POST with
+        the same Idempotency-Key is answered from the request it created."""
+        from executor.providers import SURFACES, AdapterError
+
+        hosted: HostedCalls | None = None
+        if isinstance(body, ProviderEnvelope):
+            surface = SURFACES[body.provider]
+            try:
+                calls = surface.read_proposals(body.response, known_names=self.registry.names())
+                hosted = HostedCalls(surface.read_hosted_calls(body.response), self.hosted_policy)
+            except AdapterError as exc:
+                raise ProblemError(
+                    400, ErrorCode.INVALID_REQUEST, f"the {surface.name} response was refused",
+                    errors=[ProblemDetail(path="/response", code=exc.code.value)],
+                ) from None
+        else:
+            calls = [
+                ProposedCall(call_id=c.call_id, tool_name=c.tool_name, arguments=c.arguments)
+                for c in body.calls
+            ]
+        request_id = (
+            request_id_for(who, idempotency_key) if idempotency_key else f"req_{uuid.uuid4().hex[:24]}"
+        )
+        context = who.context(request_id, body.conversation_id)
+        with self.engine.begin() as conn:
+            if idempotency_key:
+                claim = claim_idempotency_key(
+                    conn, tenant=who.tenant, principal=who.principal,
+                    idempotency_key=idempotency_key, request_id=request_id, body_digest=digest,
+                )
+                if claim.body_digest != digest:
+                    raise ProblemError(
+                        409, ErrorCode.IDEMPOTENCY_CONFLICT,
+                        "this Idempotency-Key was used with a different body",
+                    )
+                if not claim.created:
+                    statuses = results(conn, who.tenant, claim.request_id)
+                    return _answer(claim.request_id, statuses), True
+            try:
+                handle = enqueue(
+                    conn, calls, context, self.registry, budgets=self.settings.budgets, hosted=hosted,
+                )
+            except InvalidBatch as exc:
+                raise ProblemError(
+                    400, ErrorCode.INVALID_REQUEST, str(exc),
+                    errors=[ProblemDetail(path="/calls", code=exc.code)],
+                ) from None
+        return _answer(handle.request_id, [c.status for c in handle.calls]), False
+
+    async def request(
+        self, who: Identity, request_id: str, *, provider: str | None, wait: float
+    ) -> RequestAnswer:
+        """One status per call; with `wait`, long-polled until all are settled. The
+        wait itself holds no thread (only each read does), so long-polls are cheap;
+        it ends early, with what is known, once the server begins to drain."""
+        if not await run_in_threadpool(self._exists, who, request_id):
+            raise not_found("request")
+        deadline = time.monotonic() + wait
+        while True:
+            statuses = await run_in_threadpool(results, self.engine, who.tenant, request_id)
+            if all(settled(s) for s in statuses) or time.monotonic() >= deadline or self.draining.is_set():
+                break
+            await asyncio.sleep(POLL_SECONDS)
+        answer = _answer(request_id, statuses)
+        if provider is None:
+            return answer
+        from executor.providers import SURFACES, AdapterError
+
+        surface = SURFACES[provider]
+        proposals = [ProposedCall(call_id=s.call_id, tool_name=s.tool_name, arguments="{}") for s in statuses]
+        try:
+            written = surface.write_results(proposals, [final(s) for s in statuses])
+        except AdapterError as exc:
+            raise ProblemError(
+                400, ErrorCode.INVALID_REQUEST, f"cannot write these results in the {provider} shape",
+                errors=[ProblemDetail(path="provider", code=exc.code.value)],
+            ) from None
+        return answer.model_copy(update={"provider": provider, "results": written})
+
+    def _exists(self, who: Identity, request_id: str) -> bool:
+        with read_only(self.engine).connect() as conn:
+            return request_exists(conn, who.tenant, request_id)
+
+    # ------------------------------------------------------------ approvals
+
+    def approvals(self, who: Identity) -> list[ApprovalOut]:
+        with read_only(self.engine).connect() as conn:
+            rows = operator.pending_approvals(conn, tenant=who.tenant)
+            hosted = [h for h in store.pending_hosted_approvals(conn) if h.tenant == who.tenant]
+            now = store.read_now(conn) if hosted else 0.0
+        found = [
+            ApprovalOut(
+                approval_id=r.approval_id, kind="operation", operation_id=r.operation_id,
+                request_id=r.request_id, call_id=r.call_id, tool=r.tool_name, requester=r.requester,
+                impact=r.impact, resources=self._resources(r), intent_hash=r.intent_hash,
+                requested_at=r.requested_at, expires_at=r.expires_at, age_seconds=r.age_seconds,
+            )
+            for r in rows
+        ]
+        found += [
+            ApprovalOut(
+                approval_id=h.approval_id, kind="hosted", operation_id=None, request_id=h.request_id,
+                call_id=None, tool=store.HOSTED_APPROVAL_TOOL,
+                requester=str(h.requester.get("principal", "")), impact=h.impact, resources=None,
+                intent_hash=h.intent_hash, requested_at=h.requested_at, expires_at=h.expires_at,
+                age_seconds=max(0.0, now - h.requested_at),
+            )
+            for h in hosted
+        ]
+        return found
+
+    def _resources(self, approval: operator.PendingApproval) -> list[str] | None:
+        """What the call will touch: the approved set of a write declaring `resources`,
+        else the tool's canonical resource ids (those its intent hash binds)."""
+        if approval.resources is not None:
+            return approval.resources
+        tool = self.registry.get(approval.tool_name)
+        if tool is None or tool.resource_ids is None:
+            return None
+        try:
+            args = tool.input_model.model_validate(approval.arguments)
+            context = ServerContext.from_json(approval.context)
+            return sorted(set(tool.resource_ids(args, context)))
+        except Exception:
+            return None  # a tool changed since admission: show none rather than guess
+
+    def decide(
+        self, who: Identity, approval_id: str, verb: ApprovalDecision, reason: str | None
+    ) -> DecisionOut:
+        """approve or deny as the key's principal, through the store's approver check;
+        a refusal is committed (it is audited) before it is answered 403."""
+        approver = who.context("http-approval")
+        hosted = approval_id.startswith(store.HOSTED_APPROVAL_PREFIX)
+        operation_id: str | None = None
+        with self.engine.begin() as conn:
+            if hosted:
+                record = store.get_hosted_approval(conn, approval_id)
+                if record is None or record.tenant != who.tenant:
+                    raise not_found("approval")
+                approvers_for = self.hosted_policy.approvers_for
+                if verb is ApprovalDecision.APPROVE:
+                    decision = store.approve_hosted(
+                        conn, approval_id, approver=approver, approvers_for=approvers_for,
+                        registry=self.registry,
+                    )
+                else:
+                    decision = store.deny_hosted(
+                        conn, approval_id, approver=approver, approvers_for=approvers_for,
+                        registry=self.registry, reason=reason or "denied",
+                    )
+            else:
+                if operator.approval_tenant(conn, approval_id) != who.tenant:
+                    raise not_found("approval")
+                approval = store.get_approval(conn, approval_id)
+                assert approval is not None
+                operation_id = approval.operation_id
+                if verb is ApprovalDecision.APPROVE:
+                    decision = store.approve(conn, approval_id, approver=approver, registry=self.registry)
+                else:
+                    decision = store.deny(
+                        conn, approval_id, approver=approver, registry=self.registry,
+                        reason=reason or "denied",
+                    )
+        metrics.count_approval_decision(decision, verb)
+        if decision.outcome is store.DecisionOutcome.APPROVER_NOT_ALLOWED:
+            refusal = decision.refusal.value if decision.refusal else "refused"
+            raise ProblemError(
+                403, ErrorCode.APPROVER_NOT_ALLOWED,
+                f"{who.principal} may not {verb.value} this approval; it stays pending",
+                errors=[ProblemDetail(path="", code=refusal)],
+            )
+        if decision.outcome is store.DecisionOutcome.NOT_PENDING:
+            raise ProblemError(409, ErrorCode.NOT_PENDING, "the approval is no longer pending")
+        state = None
+        if operation_id is not None:
+            with read_only(self.engine).connect() as conn:
+                row = store.get_operation(conn, operation_id)
+            state = row.state if row is not None else None
+        return DecisionOut(
+            approval_id=approval_id,
+            decision="approved" if verb is ApprovalDecision.APPROVE else "denied",
+            decided_by=who.principal, operation_id=operation_id, state=state,
+        )
+
+    # ------------------------------------------------------------ needs a person
+
+    def pending(self, who: Identity, limit: int = 100) -> list[PendingOut]:
+        with read_only(self.engine).connect() as conn:
+            rows = operator.reconciliation_pending(conn, tenant=who.tenant, limit=limit)
+            receipts = {r.operation_id: operator.receipts_of(conn, r.operation_id) for r in rows}
+        return [
+            PendingOut(
+                operation_id=r.operation_id, request_id=r.request_id, call_id=r.call_id,
+                tool=r.tool_name, generation=r.generation, since=r.updated_at,
+                reason=operator.operation_reason(r), cause=operator.operation_cause(r),
+                receipts=[_receipt(x) for x in receipts[r.operation_id]],
+            )
+            for r in rows
+        ]
+
+    def resolve(
+        self, who: Identity, operation_id: str, outcome: str, reference: str | None, note: str | None
+    ) -> ResolveOut:
+        if outcome == "succeeded" and not reference:
+            raise ProblemError(
+                400, ErrorCode.INVALID_REQUEST, "resolving as succeeded needs the downstream's reference",
+                errors=[ProblemDetail(path="/reference", code="missing", expected="the downstream's id")],
+            )
+        with self.engine.begin() as conn:
+            row = store.get_operation(conn, operation_id)
+            if row is None or row.tenant != who.tenant:
+                raise not_found("operation")
+            won = operator.resolve_pending(
+                conn, operation_id, outcome=outcome, actor=who.principal, reference=reference,
+                note=note or "",
+            )
+            if not won:
+                raise ProblemError(409, ErrorCode.NOT_PENDING, "the operation is not reconciliation_pending")
+            resolved = store.get_operation(conn, operation_id)
+        assert resolved is not None
+        return ResolveOut(operation_id=operation_id, state=resolved.state, resolved_by=who.principal)
+
+    def operation(self, who: Identity, operation_id: str) -> OperationOut:
+        with read_only(self.engine).connect() as conn:
+            record = operator.operation_record(conn, operation_id, tenant=who.tenant)
+        if record is None:
+            raise not_found("operation")
+        row = record.row
+        return OperationOut(
+            operation_id=row.operation_id, request_id=row.request_id, call_id=row.call_id,
+            tool=row.tool_name, state=row.state, generation=row.generation, attempts=row.attempts,
+            error_code=row.error_code, cause=operator.operation_cause(row), receipt=row.receipt,
+            receipts=[_receipt(r) for r in record.receipts], side_effects=record.side_effects,
+            audit=[
+                AuditEventOut(
+                    at=e.at, from_state=e.from_state, to_state=e.to_state, decision=e.decision_code,
+                    generation=e.generation, actor=e.actor,
+                )
+                for e in record.audit
+            ],
+            request_calls=[
+                RequestCallOut(
+                    call_id=c.call_id, tool_name=c.tool_name, operation_id=c.operation_id, gate=c.gate
+                )
+                for c in record.request_calls
+            ],
+        )
+
+
+def _receipt(row: Any) -> ReceiptOut:
+    return ReceiptOut(
+        receipt=row.receipt, generation=row.generation, accepted=bool(row.accepted), source=row.source
+    )
+
+
+def _answer(request_id: str, statuses: Sequence[CallStatus]) -> RequestAnswer:
+    return RequestAnswer(
+        request_id=request_id, calls=list(statuses), settled=all(settled(s) for s in statuses)
+    )
+
+
+def request_id_for(who: Identity, idempotency_key: str) -> str:
+    """The request an Idempotency-Key stands for, per (tenant, principal): the same
+    key of two principals names two requests."""
+    digest = hashlib.sha256(f"{who.tenant}\0{who.principal}\0{idempotency_key}".encode()).hexdigest()
+    return f"req_{digest[:32]}"
+
+
+def body_digest(value: Any, raw: bytes) -> str:
+    """The body's identity for Idempotency-Key: its canonical JSON (so key order and
+    spacing do not matter), or its bytes when it has no canonical form."""
+    try:
+        data = canonical_json(value)
+    except NotCanonicalizable:
+        data = raw
+    return hashlib.sha256(data).hexdigest()
+

@@ -1,0 +1,129 @@
+"""API keys of `toolfence serve` and the HTTP Idempotency-Key map: their statements.
+
+The store never sees a key's secret: callers hash it (executor/http/keys.py) and
+hand over the hash. A key is found by its public `key_id` (the lookup prefix);
+whether the presented secret matches is the caller's constant-time check.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, insert, select, update
+
+from executor.store.clock import DATABASE_CLOCK, Clock
+from executor.store.engine import insert_ignore
+from executor.store.schema import api_keys, http_idempotency
+
+
+@dataclass(frozen=True)
+class ApiKeyRecord:
+    key_id: str
+    tenant: str
+    principal: str
+    roles: frozenset[str]
+    scopes: frozenset[str]
+    secret_hash: str
+    label: str | None
+    created_at: float
+    revoked_at: float | None
+
+    @property
+    def revoked(self) -> bool:
+        return self.revoked_at is not None
+
+
+def _record(row: object) -> ApiKeyRecord:
+    data = dict(row._mapping)  # type: ignore[attr-defined]
+    return ApiKeyRecord(
+        key_id=data["key_id"], tenant=data["tenant"], principal=data["principal"],
+        roles=frozenset(json.loads(data["roles"])), scopes=frozenset(json.loads(data["scopes"])),
+        secret_hash=data["secret_hash"], label=data["label"], created_at=data["created_at"],
+        revoked_at=data["revoked_at"],
+    )
+
+
+def insert_api_key(
+    conn: Connection,
+    *,
+    key_id: str,
+    tenant: str,
+    principal: str,
+    roles: Iterable[str],
+    scopes: Iterable[str],
+    secret_hash: str,
+    label: str | None = None,
+    clock: Clock = DATABASE_CLOCK,
+) -> None:
+    conn.execute(
+        insert(api_keys).values(
+            key_id=key_id, tenant=tenant, principal=principal,
+            roles=json.dumps(sorted(set(roles))), scopes=json.dumps(sorted(set(scopes))),
+            secret_hash=secret_hash, label=label, created_at=clock.now(), revoked_at=None,
+        )
+    )
+
+
+def api_key(conn: Connection, key_id: str) -> ApiKeyRecord | None:
+    row = conn.execute(select(api_keys).where(api_keys.c.key_id == key_id)).one_or_none()
+    return None if row is None else _record(row)
+
+
+def api_keys_of(conn: Connection, tenant: str | None = None) -> list[ApiKeyRecord]:
+    query = select(api_keys).order_by(api_keys.c.tenant, api_keys.c.created_at)
+    if tenant is not None:
+        query = query.where(api_keys.c.tenant == tenant)
+    return [_record(row) for row in conn.execute(query)]
+
+
+def revoke_api_key(conn: Connection, key_id: str, clock: Clock = DATABASE_CLOCK) -> bool:
+    """Active → revoked, once; False when there is no such key or it was revoked already."""
+    row = conn.execute(
+        update(api_keys)
+        .where(api_keys.c.key_id == key_id, api_keys.c.revoked_at.is_(None))
+        .values(revoked_at=clock.now())
+        .returning(api_keys.c.key_id)
+    ).first()
+    return row is not None
+
+
+@dataclass(frozen=True)
+class IdempotencyClaim:
+    """What an Idempotency-Key stands for: `created` when this call claimed it, else
+    the request and body digest it was claimed with first."""
+
+    request_id: str
+    body_digest: str
+    created: bool
+
+
+def claim_idempotency_key(
+    conn: Connection,
+    *,
+    tenant: str,
+    principal: str,
+    idempotency_key: str,
+    request_id: str,
+    body_digest: str,
+    clock: Clock = DATABASE_CLOCK,
+) -> IdempotencyClaim:
+    """Insert the key's row unless it exists (on PostgreSQL a concurrent claim waits
+    for the first one's transaction), then answer what the key stands for."""
+    created = insert_ignore(
+        conn, http_idempotency,
+        {
+            "tenant": tenant, "principal": principal, "idempotency_key": idempotency_key,
+            "request_id": request_id, "body_digest": body_digest, "created_at": clock.now(),
+        },
+        key=["tenant", "principal", "idempotency_key"],
+    )
+    row = conn.execute(
+        select(http_idempotency.c.request_id, http_idempotency.c.body_digest).where(
+            http_idempotency.c.tenant == tenant,
+            http_idempotency.c.principal == principal,
+            http_idempotency.c.idempotency_key == idempotency_key,
+        )
+    ).one()
+    return IdempotencyClaim(row.request_id, row.body_digest, created)

@@ -1,0 +1,79 @@
+"""Helpers for `toolfence serve` tests (tests/http and tests/fleet): a free port,
+uvicorn in a thread, `toolfence serve` as a subprocess, and a handle on a server."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import uvicorn
+from sqlalchemy import Engine
+
+from executor.http.keys import KeyScope, create_key
+from executor.settings import Settings
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Served:
+    url: str
+    engine: Engine
+    settings: Settings
+
+    def key(
+        self, tenant: str, principal: str, *scopes: KeyScope, roles: tuple[str, ...] = ("member",)
+    ) -> str:
+        with self.engine.begin() as conn:
+            return create_key(conn, tenant=tenant, principal=principal, roles=roles, scopes=scopes)
+
+    def client(self, key: str | None = None) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
+
+
+def start_in_thread(app: object, port: int) -> tuple[uvicorn.Server, threading.Thread]:
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")  # type: ignore[arg-type]
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if time.monotonic() > deadline:
+            raise AssertionError("uvicorn did not start")
+        time.sleep(0.02)
+    return server, thread
+
+
+def serve_subprocess(env: dict[str, str], port: int, log: Path) -> subprocess.Popen[bytes]:
+    """`toolfence serve` as a real process, waited for until /healthz answers."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "executor.cli.main", "serve", "--host", "127.0.0.1", "--port", str(port)],
+        env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        if process.poll() is not None:
+            raise AssertionError(f"toolfence serve exited {process.returncode}: {log.read_text()}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                return process
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            process.kill()
+            raise AssertionError(f"toolfence serve did not answer: {log.read_text()}")
+        time.sleep(0.1)
