@@ -41,6 +41,7 @@ from sqlalchemy import (
     insert,
     literal,
     select,
+    tuple_,
     update,
 )
 
@@ -318,6 +319,37 @@ def renew(
         .values(lease_expires_at=now + lease_seconds, updated_at=now)
         .returning(operations.c.lease_expires_at)
     ).scalar_one_or_none()
+
+
+def renew_many(
+    conn: Connection,
+    held: Sequence[tuple[str, int, str]],
+    lease_seconds: float,
+    clock: Clock = DATABASE_CLOCK,
+) -> set[str]:
+    """`renew` for many leases in one statement: the ids whose lease was extended.
+
+    `held` is (operation id, generation, owner token) per lease. Each row is
+    renewed under exactly `renew`'s condition (still `started`, that generation
+    and owner, lease not yet expired); an id missing from the answer has lost
+    its ownership. One statement per worker per tick, not one per operation.
+    """
+    if not held:
+        return set()
+    now = clock.now()
+    rows = conn.execute(
+        update(operations)
+        .where(
+            tuple_(operations.c.operation_id, operations.c.generation, operations.c.owner_token).in_(
+                list(held)
+            ),
+            operations.c.state == State.STARTED.value,
+            operations.c.lease_expires_at > now,
+        )
+        .values(lease_expires_at=now + lease_seconds, updated_at=now)
+        .returning(operations.c.operation_id)
+    ).scalars()
+    return set(rows)
 
 
 def still_owner(
