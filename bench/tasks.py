@@ -18,7 +18,6 @@ import time
 from typing import Any
 
 import psycopg
-
 import redis
 from celery import signals
 
