@@ -48,7 +48,7 @@ from sqlalchemy import (
 from executor.core.states import SETTLED, TERMINAL, ApprovalState, State
 from executor.core.tools import Mode
 from executor.core.types import ErrorCode
-from executor.store.audit import AUDIT_COLUMNS, DECISION_CODE, append_event, dumps
+from executor.store.audit import AUDIT_COLUMNS, DECISION_CODE, append_event, dumps, event_from
 from executor.store.clock import DATABASE_CLOCK, Clock
 from executor.store.engine import insert_ignore
 from executor.store.intake import add_outbox_row
@@ -97,7 +97,7 @@ def _transition(
     CAS lost: then nothing changed and nothing was appended. Store-internal.
     """
     ends_ownership = from_state is State.STARTED and to_state is not State.STARTED
-    row = conn.execute(
+    moved = (
         update(operations)
         .where(
             operations.c.operation_id == operation_id,
@@ -111,10 +111,20 @@ def _transition(
             **values,
         )
         .returning(*AUDIT_COLUMNS, *returning)
-    ).one_or_none()
-    if row is None:
-        return None
-    append_event(conn, row, from_state, to_state, decision, clock, actor=actor, duration_ms=duration_ms)
+    )
+    if conn.dialect.name == "postgresql":
+        # The CAS and its audit event in one statement (a data-modifying CTE runs
+        # exactly once, and only for the row the UPDATE changed): one round trip.
+        cte = moved.cte("moved")
+        event = event_from(cte, from_state, to_state, decision, clock, actor=actor, duration_ms=duration_ms)
+        row = conn.execute(select(cte).add_cte(event.cte("logged"))).one_or_none()
+        if row is None:
+            return None
+    else:
+        row = conn.execute(moved).one_or_none()
+        if row is None:
+            return None
+        append_event(conn, row, from_state, to_state, decision, clock, actor=actor, duration_ms=duration_ms)
     if to_state is State.QUEUED:
         add_outbox_row(conn, operation_id, clock)
     elif to_state in SETTLED:
