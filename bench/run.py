@@ -5,7 +5,8 @@ same number of worker processes (2, prefork, concurrency 1), and is reported as
 a ratio against the baselines measured minutes apart. Nothing here is a timed
 assertion: the numbers are printed and written to bench/RESULTS.md.
 
-    python -m bench.run [--ops 2000] [--quick] [--skip-dbos] [--skip-scale]
+    python -m bench.run [--ops 2000] [--io-ops 5000] [--in-flight 1000] [--quick]
+                        [--skip-dbos] [--skip-scale] [--skip-rabbitmq]
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ from sqlalchemy import Engine, event, func, select, text
 ROOT = Path(__file__).resolve().parent.parent
 PG_ADMIN = os.environ.get("BENCH_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+AMQP_URL = os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
+BROKERS = {"redis": REDIS_URL, "rabbitmq": AMQP_URL}
+BENCH_TOOLS = "bench.tools:registry"
+IO_SLEEP_SECONDS = 0.1
+IO_CONCURRENCY = 32
 DB_NAME = "toolfence_bench"
 DBOS_DB_NAME = "toolfence_bench_dbos"
 WORKERS = 2
@@ -62,6 +68,7 @@ class Result:
     seconds: float
     latencies_ms: list[float] = field(default_factory=list)
     note: str = ""
+    overhead_ms: list[float] = field(default_factory=list)
 
     @property
     def per_second(self) -> float:
@@ -115,9 +122,12 @@ def processes(commands: list[list[str]], env: dict[str, str], ready: str, log_di
                 proc.wait(5)
 
 
-def celery_workers(module: str, env: dict[str, str], log_dir: Path) -> Any:
+def celery_workers(
+    module: str, env: dict[str, str], log_dir: Path, pool: str = "prefork", concurrency: int = 1
+) -> Any:
     commands = [
-        [sys.executable, "-m", "celery", "-A", module, "worker", "--concurrency", "1", "-P", "prefork",
+        [sys.executable, "-m", "celery", "-A", module, "worker", "--concurrency", str(concurrency),
+         "-P", pool,
          "-Q", env["TOOLFENCE_QUEUE"], "-n", f"bench{i}-{uuid.uuid4().hex[:6]}@%h", "--loglevel", "INFO",
          "--without-gossip", "--without-mingle", "--without-heartbeat"]
         for i in range(WORKERS)
@@ -125,10 +135,10 @@ def celery_workers(module: str, env: dict[str, str], log_dir: Path) -> Any:
     return processes(commands, env, "ready.", log_dir)
 
 
-def base_env(queue: str) -> dict[str, str]:
+def base_env(queue: str, broker: str = "redis") -> dict[str, str]:
     return {
         "TOOLFENCE_DATABASE_URL": pg_url(DB_NAME),
-        "TOOLFENCE_BROKER_URL": REDIS_URL,
+        "TOOLFENCE_BROKER_URL": BROKERS[broker],
         "TOOLFENCE_QUEUE": queue,
         "BENCH_REDIS_URL": REDIS_URL,
         "TOOLFENCE_LEASE_SECONDS": "10",
@@ -197,11 +207,15 @@ def bench_floor(n: int, engine: Engine, log_dir: Path) -> Result:
     return Result("floor (reserve CAS + complete CAS)", n, elapsed)
 
 
+POLLS = {"count": 0}
+
+
 def wait_terminal(engine: Engine, condition: Any, n: int, timeout: float = 600) -> None:
     from executor.store.schema import operations
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        POLLS["count"] += 1
         with engine.connect() as conn:
             done = conn.execute(
                 select(func.count()).select_from(operations).where(
@@ -274,13 +288,20 @@ def enqueue_one(engine: Engine, request_id: str, i: int) -> None:
 
 
 @contextmanager
-def toolfence_fleet(log_dir: Path) -> Iterator[str]:
+def toolfence_fleet(
+    log_dir: Path, *, broker: str = "redis", pool: str = "prefork", concurrency: int = 1,
+    relays: int = 1, extra_env: dict[str, str] | None = None,
+) -> Iterator[str]:
     from executor.cli.fleet import Fleet
 
     queue = f"bench-tf-{uuid.uuid4().hex[:6]}"
-    env = base_env(queue)
+    env = base_env(queue, broker)
     apply_env(env)
-    fleet = Fleet(env=env, log_dir=log_dir, workers=WORKERS, concurrency=1, reconcile_every=None)
+    fleet = Fleet(
+        env={**env, "TOOLFENCE_TOOLS": BENCH_TOOLS, "PYTHONPATH": str(ROOT), **(extra_env or {})},
+        log_dir=log_dir, workers=WORKERS, concurrency=concurrency, pool=pool,
+        reconcile_every=None, relays=relays,
+    )
     try:
         fleet.start()
         yield queue
@@ -302,11 +323,13 @@ def latencies_for(engine: Engine, prefix: str) -> tuple[list[float], float, int]
     return lat, span, len(rows)
 
 
-def bench_toolfence_saturation(n: int, engine: Engine, log_dir: Path, label: str) -> Result:
+def bench_toolfence_saturation(
+    n: int, engine: Engine, log_dir: Path, label: str, broker: str = "redis"
+) -> Result:
     from executor.store.schema import operations
 
     prefix = f"sat-{uuid.uuid4().hex[:6]}"
-    with toolfence_fleet(log_dir):
+    with toolfence_fleet(log_dir, broker=broker):
         for i in range(n):
             enqueue_one(engine, f"{prefix}-{i}", i)
         wait_terminal(engine, operations.c.request_id.like(f"{prefix}-%"), n)
@@ -330,7 +353,232 @@ def bench_toolfence_fixed(rate: float, seconds: float, engine: Engine, log_dir: 
             enqueue_one(engine, f"{prefix}-{i}", i)
         wait_terminal(engine, operations.c.request_id.like(f"{prefix}-%"), n)
     lat, span, count = latencies_for(engine, prefix)
-    return Result(f"toolfence end to end, {rate:.0f} ops/s offered", count, span, lat)
+    durations = tool_durations(engine, prefix)
+    overhead = overhead_for(engine, prefix, durations)
+    result = Result(f"toolfence end to end, {rate:.0f} ops/s offered", count, span, lat)
+    result.overhead_ms = overhead
+    return result
+
+
+def overhead_for(engine: Engine, prefix: str, durations: dict[str, float]) -> list[float]:
+    """Enqueue-to-result minus the tool's own time, per operation."""
+    from executor.store.schema import operations
+
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(operations.c.operation_id, operations.c.created_at, operations.c.finished_at).where(
+                operations.c.request_id.like(f"{prefix}-%"), operations.c.state == "succeeded"
+            )
+        ).all()
+    return [(f - c) * 1000 - durations.get(o, 0.0) for o, c, f in rows]
+
+
+def bench_plain_floor(n: int, log_dir: Path) -> Result:
+    """Two single-row UPDATEs per operation on a bare table, in plain SQL (bench.plain_floor)."""
+    queue = f"bench-plain-{uuid.uuid4().hex[:6]}"
+    env = base_env(queue)
+    apply_env(env)
+    from bench.tasks import app
+
+    prefix = f"plain-{uuid.uuid4().hex[:6]}"
+    url = pg_url(DB_NAME).replace("+psycopg", "")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS bench_plain (id text PRIMARY KEY, state text NOT NULL, "
+            "generation integer NOT NULL DEFAULT 0, owner text)"
+        )
+        conn.execute(
+            "INSERT INTO bench_plain (id, state) "
+            "SELECT %s || '-' || g, 'queued' FROM generate_series(1, %s) g",
+            (prefix, n),
+        )
+    workers = celery_workers("bench.tasks:app", env, log_dir / "plain")
+    with workers, psycopg.connect(url, autocommit=True) as conn:
+        started = time.perf_counter()
+        for i in range(1, n + 1):
+            app.send_task("bench.plain_floor", args=[f"{prefix}-{i}"], queue=queue)
+        while conn.execute(
+            "SELECT count(*) FROM bench_plain WHERE id LIKE %s AND state = 'succeeded'", (f"{prefix}-%",)
+        ).fetchone()[0] < n:
+            POLLS["count"] += 1
+            time.sleep(0.02)
+        elapsed = time.perf_counter() - started
+    return Result("plain-SQL floor (2 single-row UPDATEs, no audit)", n, elapsed)
+
+
+def enqueue_calls(engine: Engine, tool: str, n: int, prefix: str) -> list[str]:
+    """n one-call requests of `tool`, admitted by the real producer; their operation ids."""
+    from bench.tools import registry
+    from executor.core.types import ProposedCall, ServerContext
+    from outbox.producer import enqueue
+
+    ids = []
+    for i in range(n):
+        if tool == "ledger.transfer":
+            call = transfer_call(i)
+        else:
+            call = ProposedCall(call_id=f"c{i}", tool_name=tool, arguments=json.dumps({"n": i}))
+        ctx = ServerContext(
+            principal="bench", tenant="bench", roles=frozenset({"member"}), request_id=f"{prefix}-{i}"
+        )
+        with engine.begin() as conn:
+            handle = enqueue(conn, [call], ctx, registry)
+        [admitted] = handle.calls
+        assert admitted.operation_id is not None, admitted
+        ids.append(admitted.operation_id)
+    return ids
+
+
+def bench_toolfence_direct(
+    n: int, tool: str, engine: Engine, log_dir: Path, label: str, *, pool: str = "prefork",
+    concurrency: int = 1, broker: str = "redis",
+) -> Result:
+    """Enqueued before the clock starts, published straight to the broker as the floors are
+    (no relay): the worker's path only, apples to apples with the floors."""
+    from executor.settings import Settings
+    from executor.store.schema import operations
+    from executor.worker.celery_app import TASK_NAME, make_celery
+
+    prefix = f"pre-{uuid.uuid4().hex[:6]}"
+    ids = enqueue_calls(engine, tool, n, prefix)
+    with toolfence_fleet(log_dir, broker=broker, pool=pool, concurrency=concurrency, relays=0) as queue:
+        app = make_celery(Settings.from_env())
+        started = time.perf_counter()
+        for operation_id in ids:
+            app.send_task(TASK_NAME, args=[operation_id], queue=queue)
+        wait_terminal(engine, operations.c.request_id.like(f"{prefix}-%"), n)
+        elapsed = time.perf_counter() - started
+    return Result(label, n, elapsed, note=f"{pool} x{concurrency}")
+
+
+def bench_raw_sleep(n: int, log_dir: Path) -> Result:
+    queue = f"bench-sleep-{uuid.uuid4().hex[:6]}"
+    env = base_env(queue)
+    apply_env(env)
+    run_id = uuid.uuid4().hex
+    counter = redis.Redis.from_url(REDIS_URL)
+    from bench.tasks import app
+
+    workers = celery_workers(
+        "bench.tasks:app", env, log_dir / "sleep", pool="threads", concurrency=IO_CONCURRENCY
+    )
+    with workers:
+        started = time.perf_counter()
+        for _ in range(n):
+            app.send_task("bench.sleep", args=[run_id, IO_SLEEP_SECONDS], queue=queue)
+        while int(counter.get(f"bench:{run_id}") or 0) < n:
+            time.sleep(0.005)
+        elapsed = time.perf_counter() - started
+    return Result(f"raw Celery, sleep {IO_SLEEP_SECONDS * 1000:.0f} ms", n, elapsed,
+                  note=f"threads x{IO_CONCURRENCY}")
+
+
+def tool_durations(engine: Engine, prefix: str) -> dict[str, float]:
+    """operation id → the tool's own time (the completion's audit `duration_ms`)."""
+    from executor.store.schema import audit_events, operations
+
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(audit_events.c.operation_id, audit_events.c.duration_ms)
+            .join(operations, operations.c.operation_id == audit_events.c.operation_id)
+            .where(operations.c.request_id.like(f"{prefix}-%"), audit_events.c.to_state == "succeeded")
+        ).all()
+    return {r.operation_id: float(r.duration_ms or 0.0) for r in rows}
+
+
+def bench_in_flight(
+    total: int, log_dir: Path, engine: Engine, sleep_seconds: float = 12.0
+) -> dict[str, float]:
+    """`total` long operations in flight at once: lease-renewal statements per second per worker."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client import multiprocess as prometheus_multiprocess
+
+    from executor.settings import Settings
+    from executor.store.schema import operations
+    from executor.worker.celery_app import TASK_NAME, make_celery
+
+    metrics_dir = log_dir / "inflight-metrics"
+    metrics_dir.mkdir(parents=True, exist_ok=True)
+    for f in metrics_dir.glob("*.db"):
+        f.unlink()
+    lease = 3.0
+    prefix = f"fly-{uuid.uuid4().hex[:6]}"
+    ids = enqueue_calls(engine, "bench.sleep_read", total, prefix)
+    per_worker = total // WORKERS
+
+    def renewals() -> float:
+        registry = CollectorRegistry()
+        prometheus_multiprocess.MultiProcessCollector(registry, str(metrics_dir))  # type: ignore[no-untyped-call]
+        value = registry.get_sample_value("toolfence_lease_renewal_statements_total")
+        return float(value or 0.0)
+
+    extra = {
+        "BENCH_SLEEP_SECONDS": str(sleep_seconds), "TOOLFENCE_LEASE_SECONDS": str(lease),
+        "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
+    }
+    with toolfence_fleet(log_dir / "inflight", pool="threads", concurrency=per_worker, relays=0,
+                         extra_env=extra) as queue:
+        app = make_celery(Settings.from_env())
+        for operation_id in ids:
+            app.send_task(TASK_NAME, args=[operation_id], queue=queue)
+        deadline = time.monotonic() + sleep_seconds
+        started = 0
+        while time.monotonic() < deadline:
+            with engine.connect() as conn:
+                started = conn.execute(
+                    select(func.count()).select_from(operations).where(
+                        operations.c.request_id.like(f"{prefix}-%"), operations.c.state == "started"
+                    )
+                ).scalar_one()
+            if started >= total:
+                break
+            time.sleep(0.1)
+        window = max(1.0, min(2 * lease, deadline - time.monotonic() - 0.5))
+        before = renewals()
+        time.sleep(window)
+        delta = renewals() - before
+        wait_terminal(engine, operations.c.request_id.like(f"{prefix}-%"), total, timeout=120)
+    return {
+        f"in flight at once (of {total})": float(started),
+        "lease-renewal statements per second per worker": delta / window / WORKERS,
+        "lease-renewal statements per second per worker, one per operation would be": (
+            started / (lease / 3) / WORKERS
+        ),
+    }
+
+
+# ----------------------------------------------------------------------- commits
+
+
+def database_counters() -> tuple[int, int]:
+    """(transactions committed in the bench database, WAL syncs of the whole cluster)."""
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        commits = conn.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = %s", (DB_NAME,)
+        ).fetchone()[0]
+        wal_sync = conn.execute("SELECT wal_sync FROM pg_stat_wal").fetchone()[0]
+    return int(commits), int(wal_sync)
+
+
+@contextmanager
+def counted(engine: Engine, into: dict[str, float], label: str, ops: int) -> Iterator[None]:
+    """Commits and WAL syncs per operation, from PostgreSQL's own statistics.
+
+    Backends flush their statistics when they exit: the fleet is stopped inside the
+    block, and this process's connections are closed before each reading. The
+    benchmark's own polls (each a transaction) are subtracted.
+    """
+    engine.dispose()
+    time.sleep(1.0)
+    commits0, syncs0 = database_counters()
+    polls0 = POLLS["count"]
+    yield
+    engine.dispose()
+    time.sleep(1.5)
+    commits1, syncs1 = database_counters()
+    commits = commits1 - commits0 - (POLLS["count"] - polls0)
+    into[f"{label}: commits/op (pg_stat_database)"] = commits / ops
+    into[f"{label}: WAL syncs/op (pg_stat_wal, cluster-wide)"] = (syncs1 - syncs0) / ops
 
 
 # ----------------------------------------------------------------------- scale
@@ -424,7 +672,14 @@ def count_round_trips(engine: Engine, n: int = 50) -> dict[str, float]:
         settings = Settings.from_env()
         runner = OperationRunner(settings, load_registry(settings.tools_module), engine)
         counts.update(statements=0, commits=0)
-        mine = [p for p in published if p]
+        from executor.store.schema import operations
+
+        with engine.connect() as conn:
+            ours = set(conn.execute(
+                select(operations.c.operation_id).where(operations.c.request_id.like(f"{prefix}-%"))
+            ).scalars())
+        # The relay also published what the pre-enqueued scenarios (no relay) left.
+        mine = [p for p in published if p in ours]
         for operation_id in mine:
             runner.handle(operation_id)
         # The ledger uses its own engine; these are toolfence's own round trips.
@@ -489,16 +744,22 @@ def render(results: list[Result], ratios: dict[str, float], extras: dict[str, An
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--ops", type=int, default=2000)
-    parser.add_argument("--rate", type=float, default=50.0)
+    parser.add_argument("--io-ops", type=int, default=5000)
+    parser.add_argument("--in-flight", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     parser.add_argument("--skip-dbos", action="store_true")
     parser.add_argument("--skip-scale", action="store_true")
+    parser.add_argument("--skip-rabbitmq", action="store_true")
     parser.add_argument("--write", default=str(ROOT / "bench" / "RESULTS.md"))
     args = parser.parse_args(argv)
     n = 200 if args.quick else args.ops
+    io_n = 500 if args.quick else args.io_ops
+    in_flight = 200 if args.quick else args.in_flight
     seconds = 5.0 if args.quick else args.seconds
     log_dir = Path(os.environ.get("BENCH_LOG_DIR", "/tmp/toolfence-bench"))
+    began = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    load_before = os.getloadavg()[0]
 
     recreate_database(DB_NAME)
     from executor.store.engine import make_engine
@@ -510,60 +771,100 @@ def main(argv: list[str] | None = None) -> int:
     engine = make_engine(pg_url(DB_NAME))
 
     results: list[Result] = []
-    noop = bench_raw_celery(n, log_dir)
-    results.append(noop)
-    print(f"raw celery: {noop.per_second:.1f}/s", flush=True)
-    floor = bench_floor(n, engine, log_dir)
-    results.append(floor)
-    print(f"floor: {floor.per_second:.1f}/s", flush=True)
-    sat = bench_toolfence_saturation(n, engine, log_dir / "tf-sat", "toolfence end to end, saturation")
-    results.append(sat)
-    print(f"toolfence saturation: {sat.per_second:.1f}/s", flush=True)
-    fixed = bench_toolfence_fixed(args.rate, seconds, engine, log_dir / "tf-fixed")
-    results.append(fixed)
-    print(f"toolfence fixed: p50 {fixed.p50:.1f} ms p99 {fixed.p99:.1f} ms", flush=True)
+    extras: dict[str, Any] = {}
+
+    def row(result: Result) -> Result:
+        results.append(result)
+        print(f"{result.name}: {result.per_second:.1f}/s", flush=True)
+        return result
+
+    noop = row(bench_raw_celery(n, log_dir))
+    with counted(engine, extras, "plain-SQL floor", n):
+        plain = row(bench_plain_floor(n, log_dir))
+    floor = row(bench_floor(n, engine, log_dir))
+    with counted(engine, extras, "toolfence no-op write, pre-enqueued", n):
+        noop_write = row(bench_toolfence_direct(
+            n, "bench.noop_write", engine, log_dir / "tf-noop",
+            "toolfence no-op idempotent write, pre-enqueued",
+        ))
+    with counted(engine, extras, "toolfence fenced ledger write, pre-enqueued", n):
+        fenced = row(bench_toolfence_direct(
+            n, "ledger.transfer", engine, log_dir / "tf-fenced",
+            "toolfence fenced ledger write, pre-enqueued",
+        ))
+    with counted(engine, extras, "toolfence end to end", n):
+        sat = row(bench_toolfence_saturation(n, engine, log_dir / "tf-sat", "toolfence end to end, Redis"))
+    sat_amqp: Result | None = None
+    if not args.skip_rabbitmq:
+        sat_amqp = row(bench_toolfence_saturation(
+            n, engine, log_dir / "tf-sat-amqp", "toolfence end to end, RabbitMQ", broker="rabbitmq",
+        ))
+    rate = max(1.0, round(0.1 * sat.per_second, 1))
+    fixed = row(bench_toolfence_fixed(rate, seconds, engine, log_dir / "tf-fixed"))
+    fixed.note = f"10 % of {sat.per_second:.0f} ops/s"
     dbos: Result | None = None
     if not args.skip_dbos:
-        dbos = bench_dbos(n, log_dir)
-        results.append(dbos)
-        print(f"dbos: {dbos.per_second:.1f}/s", flush=True)
+        dbos = row(bench_dbos(n, log_dir))
+    raw_sleep = row(bench_raw_sleep(io_n, log_dir))
+    io = row(bench_toolfence_direct(
+        io_n, "bench.sleep_read", engine, log_dir / "tf-io",
+        f"toolfence read, sleep {IO_SLEEP_SECONDS * 1000:.0f} ms",
+        pool="threads", concurrency=IO_CONCURRENCY,
+    ))
+    ideal = WORKERS * IO_CONCURRENCY / IO_SLEEP_SECONDS
+    extras.update(bench_in_flight(in_flight, log_dir, engine))
 
     ratios = {
-        "toolfence / floor (throughput)": sat.per_second / floor.per_second,
-        "toolfence / raw Celery (throughput)": sat.per_second / noop.per_second,
+        "toolfence no-op write (pre-enqueued) / plain-SQL floor": noop_write.per_second / plain.per_second,
+        "toolfence fenced write (pre-enqueued) / plain-SQL floor": fenced.per_second / plain.per_second,
+        "toolfence end to end / plain-SQL floor": sat.per_second / plain.per_second,
+        "toolfence floor (reserve+complete) / plain-SQL floor": floor.per_second / plain.per_second,
+        "toolfence end to end / raw Celery": sat.per_second / noop.per_second,
+        "I/O-bound: toolfence / raw Celery, same pool": io.per_second / raw_sleep.per_second,
+        f"I/O-bound: toolfence / ideal ({ideal:.0f} ops/s)": io.per_second / ideal,
     }
     if dbos:
-        ratios["toolfence / DBOS (throughput)"] = sat.per_second / dbos.per_second
-    extras: dict[str, Any] = dict(count_round_trips(engine))
+        ratios["toolfence fenced write (pre-enqueued) / DBOS"] = fenced.per_second / dbos.per_second
+        ratios["toolfence end to end / DBOS"] = sat.per_second / dbos.per_second
+    if sat_amqp:
+        ratios["toolfence end to end, RabbitMQ / Redis"] = sat_amqp.per_second / sat.per_second
+    for q in (0.5, 0.99):
+        extras[f"latency at 10 % of capacity: overhead above the tool, p{q * 100:.0f} (ms)"] = (
+            percentile(fixed.overhead_ms, q)
+        )
+    extras.update(count_round_trips(engine))
     if not args.skip_scale:
         small, large = (2_000, 50_000) if args.quick else (10_000, 1_000_000)
         fill_operations(small)
         sweep_small = sweep_time(engine)
-        scale_small = bench_toolfence_saturation(
+        scale_small = row(bench_toolfence_saturation(
             n // 2, engine, log_dir / "tf-small", f"toolfence at {small:,} rows"
-        )
+        ))
         fill_operations(large)
         sweep_large = sweep_time(engine)
-        scale_large = bench_toolfence_saturation(
+        scale_large = row(bench_toolfence_saturation(
             n // 2, engine, log_dir / "tf-large", f"toolfence at {large:,} rows"
+        ))
+        ratios[f"throughput at {large:,} / at {small:,} rows"] = (
+            scale_large.per_second / scale_small.per_second
         )
-        results += [scale_small, scale_large]
-        throughput_ratio = scale_large.per_second / scale_small.per_second
-        ratios[f"throughput at {large:,} / at {small:,} rows"] = throughput_ratio
         extras[f"reconciler sweep, 10 stale in {small:,} rows (ms)"] = sweep_small * 1000
         extras[f"reconciler sweep, 10 stale in {large:,} rows (ms)"] = sweep_large * 1000
         ratios[f"sweep time {large:,} / {small:,} rows"] = sweep_large / sweep_small
+    load_after = os.getloadavg()[0]
     table = render(results, ratios, extras)
     print(table)
     info = machine()
     report = [
         "# Benchmark results",
         "",
-        "Written by `make bench` (`python -m bench.run`). One script, one sitting, "
-        "same PostgreSQL and Redis;",
-        f"{WORKERS} worker processes (prefork, concurrency 1) for every queue-based scenario.",
+        f"Written by `make bench` (`python -m bench.run`), {began}. One script, one sitting, "
+        "same PostgreSQL, Redis and RabbitMQ;",
+        f"{WORKERS} worker processes for every queue-based scenario (prefork, concurrency 1, unless the "
+        "note says threads).",
         "",
-        "Machine: " + "; ".join(f"{k}: {v}" for k, v in info.items()),
+        "Machine: " + "; ".join(f"{k}: {v}" for k, v in info.items())
+        + f"; load average {load_before:.1f} before, {load_after:.1f} after",
         "",
         table,
         "",

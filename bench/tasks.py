@@ -2,15 +2,22 @@
 
 - `bench.noop`: raw Celery, the least a queue costs (one Redis INCR so the
   benchmark can see it finished).
-- `bench.floor`: a reserve CAS and a complete CAS on PostgreSQL, the least any
-  correct executor pays per operation.
+- `bench.floor`: toolfence's own `reserve` and `complete` (with their audit rows),
+  on PostgreSQL.
+- `bench.plain_floor`: two single-row UPDATEs on a bare table in plain SQL, reserve
+  CAS then complete CAS, no audit rows: the physical floor for "reserve by CAS,
+  complete by CAS" with this worker configuration.
+- `bench.sleep`: raw Celery with a task that sleeps like the I/O-bound tool.
 """
 
 from __future__ import annotations
 
 import os
+import threading
+import time
 from typing import Any
 
+import psycopg
 import redis
 from celery import signals
 
@@ -22,6 +29,7 @@ from executor.worker.celery_app import make_celery
 settings = Settings.from_env()
 app = make_celery(settings)
 _redis: Any = None
+_plain = threading.local()
 
 
 def _counter() -> Any:
@@ -36,6 +44,7 @@ def _after_fork(**_: Any) -> None:
     global _redis
     dispose_engines()
     _redis = None
+    _plain.__dict__.clear()
 
 
 @app.task(name="bench.noop", acks_late=True, ignore_result=True)
@@ -56,3 +65,37 @@ def floor(operation_id: str, intent_hash: str) -> None:
             conn, operation_id, reservation.generation, owner, intent_hash,
             succeeded=True, result={"ok": True},
         )
+
+
+def _plain_connection() -> psycopg.Connection[Any]:
+    conn = getattr(_plain, "conn", None)
+    if conn is None:
+        url = settings.database_url.replace("postgresql+psycopg://", "postgresql://", 1)
+        conn = _plain.conn = psycopg.connect(url)
+    return conn
+
+
+@app.task(name="bench.plain_floor", acks_late=True, ignore_result=True)
+def plain_floor(operation_id: str) -> None:
+    conn = _plain_connection()
+    owner = f"{os.getpid()}-{threading.get_ident()}"
+    with conn.transaction():
+        row = conn.execute(
+            "UPDATE bench_plain SET state = 'started', generation = generation + 1, owner = %s "
+            "WHERE id = %s AND state = 'queued' RETURNING generation",
+            (owner, operation_id),
+        ).fetchone()
+    if row is None:
+        return
+    with conn.transaction():
+        conn.execute(
+            "UPDATE bench_plain SET state = 'succeeded', owner = NULL "
+            "WHERE id = %s AND state = 'started' AND generation = %s AND owner = %s",
+            (operation_id, row[0], owner),
+        )
+
+
+@app.task(name="bench.sleep", acks_late=True, ignore_result=True)
+def sleep(run_id: str, seconds: float) -> None:
+    time.sleep(seconds)
+    _counter().incr(f"bench:{run_id}")

@@ -97,6 +97,7 @@ class Fleet:
     log_dir: Path
     workers: int = 2
     concurrency: int = 1
+    pool: str = "prefork"
     reconcile_every: float | None = 1.0
     relays: int = 1
     # Extra environment per role ("worker", "relay", "reconciler"), over `env`: the
@@ -130,7 +131,8 @@ class Fleet:
         index = index if index is not None else len(self.by_role("worker"))
         return self._spawn(
             "worker", index,
-            ["worker", "--concurrency", str(self.concurrency), "--name", f"w{index}-{os.getpid()}@%h"],
+            ["worker", "--concurrency", str(self.concurrency), "--pool", self.pool,
+             "--name", f"w{index}-{os.getpid()}@%h"],
         )
 
     def start_relay(self, index: int | None = None) -> Member:

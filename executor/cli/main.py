@@ -148,6 +148,9 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    if args.pool == "threads":
+        # One engine for all the threads of the process: a connection per thread at most.
+        os.environ.setdefault("TOOLFENCE_DB_POOL_SIZE", str(max(5, min(args.concurrency, 64))))
     settings = _settings()
     _engine(settings)
     _registry(settings)  # fail here, not in the first task, when the tools do not load

@@ -7,9 +7,13 @@ import re
 from typing import Any
 
 from sqlalchemy import (
+    CTE,
     Connection,
+    Insert,
     Row,
+    cast,
     insert,
+    literal,
     select,
 )
 
@@ -61,6 +65,36 @@ def append_event(
             at=clock.now(),
             duration_ms=duration_ms,
         )
+    )
+
+
+def event_from(
+    moved: CTE,
+    from_state: State | None,
+    to_state: State,
+    decision_code: str,
+    clock: Clock,
+    *,
+    actor: str | None = None,
+    duration_ms: float | None = None,
+) -> Insert:
+    """`append_event` as an INSERT … SELECT from a CTE of the updated row (PostgreSQL):
+    the transition and its event in one statement, with the same columns."""
+    c = audit_events.c
+
+    def value(v: Any, column: Any) -> Any:
+        return cast(literal(v, column.type), column.type)
+
+    return insert(audit_events).from_select(
+        ["operation_id", "call_id", "tool_name", "schema_version", "from_state", "to_state",
+         "decision_code", "generation", "intent_hash", "actor", "at", "duration_ms"],
+        select(
+            moved.c.operation_id, moved.c.call_id, moved.c.tool_name, moved.c.schema_version,
+            value(from_state.value if from_state else None, c.from_state),
+            value(to_state.value, c.to_state), value(decision_code, c.decision_code),
+            moved.c.generation, moved.c.intent_hash, value(actor, c.actor), clock.now(),
+            value(duration_ms, c.duration_ms),
+        ),
     )
 
 

@@ -6,6 +6,7 @@ view of an engine (`read_only`) takes no write lock. Nothing here knows a table.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -78,7 +79,10 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
 
         return engine
     kwargs.setdefault("pool_pre_ping", True)
-    kwargs.setdefault("pool_size", 5)
+    # A threads-pool worker sizes the pool from its concurrency (`toolfence worker`
+    # sets TOOLFENCE_DB_POOL_SIZE); connections are held per statement, never across
+    # a downstream call, so the pool need not exceed the threads.
+    kwargs.setdefault("pool_size", int(os.environ.get("TOOLFENCE_DB_POOL_SIZE", "5")))
     kwargs.setdefault("max_overflow", 10)
     return create_engine(url, **kwargs)
 

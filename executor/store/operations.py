@@ -41,13 +41,14 @@ from sqlalchemy import (
     insert,
     literal,
     select,
+    tuple_,
     update,
 )
 
 from executor.core.states import SETTLED, TERMINAL, ApprovalState, State
 from executor.core.tools import Mode
 from executor.core.types import ErrorCode
-from executor.store.audit import AUDIT_COLUMNS, DECISION_CODE, append_event, dumps
+from executor.store.audit import AUDIT_COLUMNS, DECISION_CODE, append_event, dumps, event_from
 from executor.store.clock import DATABASE_CLOCK, Clock
 from executor.store.engine import insert_ignore
 from executor.store.intake import add_outbox_row
@@ -96,7 +97,7 @@ def _transition(
     CAS lost: then nothing changed and nothing was appended. Store-internal.
     """
     ends_ownership = from_state is State.STARTED and to_state is not State.STARTED
-    row = conn.execute(
+    moved = (
         update(operations)
         .where(
             operations.c.operation_id == operation_id,
@@ -110,10 +111,20 @@ def _transition(
             **values,
         )
         .returning(*AUDIT_COLUMNS, *returning)
-    ).one_or_none()
-    if row is None:
-        return None
-    append_event(conn, row, from_state, to_state, decision, clock, actor=actor, duration_ms=duration_ms)
+    )
+    if conn.dialect.name == "postgresql":
+        # The CAS and its audit event in one statement (a data-modifying CTE runs
+        # exactly once, and only for the row the UPDATE changed): one round trip.
+        cte = moved.cte("moved")
+        event = event_from(cte, from_state, to_state, decision, clock, actor=actor, duration_ms=duration_ms)
+        row = conn.execute(select(cte).add_cte(event.cte("logged"))).one_or_none()
+        if row is None:
+            return None
+    else:
+        row = conn.execute(moved).one_or_none()
+        if row is None:
+            return None
+        append_event(conn, row, from_state, to_state, decision, clock, actor=actor, duration_ms=duration_ms)
     if to_state is State.QUEUED:
         add_outbox_row(conn, operation_id, clock)
     elif to_state in SETTLED:
@@ -318,6 +329,37 @@ def renew(
         .values(lease_expires_at=now + lease_seconds, updated_at=now)
         .returning(operations.c.lease_expires_at)
     ).scalar_one_or_none()
+
+
+def renew_many(
+    conn: Connection,
+    held: Sequence[tuple[str, int, str]],
+    lease_seconds: float,
+    clock: Clock = DATABASE_CLOCK,
+) -> set[str]:
+    """`renew` for many leases in one statement: the ids whose lease was extended.
+
+    `held` is (operation id, generation, owner token) per lease. Each row is
+    renewed under exactly `renew`'s condition (still `started`, that generation
+    and owner, lease not yet expired); an id missing from the answer has lost
+    its ownership. One statement per worker per tick, not one per operation.
+    """
+    if not held:
+        return set()
+    now = clock.now()
+    rows = conn.execute(
+        update(operations)
+        .where(
+            tuple_(operations.c.operation_id, operations.c.generation, operations.c.owner_token).in_(
+                list(held)
+            ),
+            operations.c.state == State.STARTED.value,
+            operations.c.lease_expires_at > now,
+        )
+        .values(lease_expires_at=now + lease_seconds, updated_at=now)
+        .returning(operations.c.operation_id)
+    ).scalars()
+    return set(rows)
 
 
 def still_owner(

@@ -20,13 +20,17 @@ input.
 
 from __future__ import annotations
 
+import functools
 from enum import StrEnum
+from typing import Any
 
 from sqlalchemy import (
     ColumnElement,
     Connection,
     FromClause,
+    Select,
     and_,
+    bindparam,
     exists,
     func,
     literal,
@@ -55,6 +59,11 @@ def _is_write(table: FromClause) -> ColumnElement[bool]:
     return table.c.mode == sql_literal(Mode.WRITE)
 
 
+# The predicates below are built once per (table or alias, states) and reused: a
+# SQLAlchemy construct is immutable, and building these (an alias and its column
+# collection, a correlated EXISTS) on every reserve and completion was a fifth of
+# the worker's CPU per operation.
+@functools.cache
 def waiting_on_earlier(
     outer: FromClause, *, write_after_write: frozenset[State] = TERMINAL
 ) -> ColumnElement[bool]:
@@ -89,6 +98,7 @@ def waiting_on_earlier(
     )
 
 
+@functools.cache
 def runnable_queued(outer: FromClause) -> ColumnElement[bool]:
     """SQL: `queued` and not waiting on an earlier call, so a worker should take it.
 
@@ -141,14 +151,22 @@ def release_successors(conn: Connection, operation_id: str, clock: Clock) -> Non
     They had no message while they waited (see `waiting_on_earlier`); a fresh one
     lets a worker run them now, or end a write `predecessor_failed`.
     """
+    successors = conn.execute(_successors_statement(), {"settled_id": operation_id}).scalars()
+    for successor in successors:
+        add_outbox_row(conn, successor, clock)
+
+
+@functools.cache
+def _successors_statement() -> Select[Any]:
+    """The runnable queued operations after `:settled_id` in its request (built once)."""
     settled = operations.alias("settled")
-    successors = conn.execute(
+    return (
         select(operations.c.operation_id)
         .select_from(
             operations.join(
                 settled,
                 and_(
-                    settled.c.operation_id == operation_id,
+                    settled.c.operation_id == bindparam("settled_id"),
                     operations.c.tenant == settled.c.tenant,
                     operations.c.request_id == settled.c.request_id,
                     operations.c.position > settled.c.position,
@@ -156,6 +174,4 @@ def release_successors(conn: Connection, operation_id: str, clock: Clock) -> Non
             )
         )
         .where(runnable_queued(operations))
-    ).scalars()
-    for successor in successors:
-        add_outbox_row(conn, successor, clock)
+    )

@@ -41,6 +41,10 @@ STALE_WRITES_FENCED = Counter(
     "Writes from a stale generation that were refused.",
     ["stage"],  # downstream | renew | complete
 )
+LEASE_RENEWAL_STATEMENTS = Counter(
+    "toolfence_lease_renewal_statements_total",
+    "Lease renewal statements sent (one per worker process per tick, whatever it holds).",
+)
 LEASE_TAKEOVERS = Counter(
     "toolfence_lease_takeovers_total",
     "Operations whose expired lease was taken over by a new generation.",

@@ -37,6 +37,7 @@ from executor.core.sanitize import exception_summary, seal_error
 from executor.core.scope import check_scope
 from executor.core.states import TERMINAL, ApprovalState, State
 from executor.core.tools import (
+    Effect,
     InvalidResult,
     LookupAnswer,
     LostOwnership,
@@ -263,14 +264,23 @@ class OperationRunner:
         error: dict[str, Any] | None = None,
         duration_ms: float | None = None,
         decision: str | None = None,
+        record_receipt: bool = False,
     ) -> Outcome:
-        """complete (CAS). A stale owner's completion changes nothing and is counted."""
+        """complete (CAS). A stale owner's completion changes nothing and is counted.
+
+        `record_receipt`: record `receipt` in the completing transaction, whether the
+        CAS wins or not (a stale owner's receipt is evidence too, I1)."""
         side_effects: list[int] = []
         if error is not None:
             error = seal_error(error)  # a tool wrote its text: the model will read it
 
         def attempt() -> bool:
             with self.engine.begin() as conn:
+                if record_receipt and receipt is not None:
+                    store.record_receipt(
+                        conn, row.operation_id, reservation.generation, receipt,
+                        accepted=True, source="worker",
+                    )
                 won = store.complete(
                     conn, row.operation_id, reservation.generation, reservation.owner_token,
                     row.intent_hash, succeeded=succeeded, result=result, receipt=receipt,
@@ -568,16 +578,28 @@ class OperationRunner:
                     error={"message": "a write must return its downstream receipt"},
                 )
             receipt = value.receipt
-            self._record_receipt(row.operation_id, reservation.generation, receipt)
+            # An `unsafe` write's receipt is recorded at once: after a crash it is the
+            # only evidence a person has. Any other contract gets it back from the
+            # downstream (a repeated key, a fence, a lookup), so on the way to
+            # `succeeded` it is recorded in the completing transaction: one commit fewer.
+            deferred = Effect.UNSAFE not in tool.effects
+            if not deferred:
+                self._record_receipt(row.operation_id, reservation.generation, receipt)
             metrics.SIDE_EFFECTS.labels(tool.name, ",".join(sorted(tool.effects))).inc()
             written, value = value, value.output
             self.faults.fire("after_effect", tool.name)
-            outside = self._outside_approved_scope(row, tool, reservation, written)
+            outside = self._outside_approved_scope(
+                row, tool, reservation, written, record_receipt=deferred,
+            )
             if outside is not None:
                 return outside
+        else:
+            deferred = False
         try:
             result = tool.stored_result(value)
         except InvalidResult as exc:
+            if deferred and receipt is not None:
+                self._record_receipt(row.operation_id, reservation.generation, receipt)
             return self._finish(
                 row, reservation, succeeded=False, error_code=ErrorCode.INVALID_RESULT,
                 error={"message": str(exc)}, receipt=receipt,
@@ -585,23 +607,28 @@ class OperationRunner:
         self.faults.fire("before_complete", tool.name)
         return self._finish(
             row, reservation, succeeded=True, receipt=receipt, duration_ms=duration_ms,
-            result=result,
+            result=result, record_receipt=deferred,
         )
 
     def _outside_approved_scope(
         self, row: store.OperationRow, tool: Tool[Any], reservation: store.Reservation,
-        written: Written,
+        written: Written, *, record_receipt: bool,
     ) -> Outcome | None:
         """Approved set = changed set. Only for an operation admitted with a set (a tool
         declaring `resources`); None when the write stayed inside it (fewer is fine).
 
         The effect has happened and its receipt is recorded either way: a write that
         does not say what it changed is `invalid_result`, one that changed more than
-        it was approved for goes to a person, never `succeeded`.
+        it was approved for goes to a person, never `succeeded`. `record_receipt`:
+        the caller deferred it to the completion, so any other ending records it here.
         """
         approved = _approved_resources(row)
         if approved is None:
             return None
+        if record_receipt and (
+            written.changed_resources is None or check_scope(approved, written.changed_resources)
+        ):
+            self._record_receipt(row.operation_id, reservation.generation, written.receipt)
         if written.changed_resources is None:
             return self._finish(
                 row, reservation, succeeded=False, error_code=ErrorCode.INVALID_RESULT,
