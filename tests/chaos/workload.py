@@ -38,6 +38,7 @@ from executor.core.types import (
     ProposedCall,
     ServerContext,
 )
+from executor.store.errors import StoreDatabaseError
 from executor.store.schema import calls as calls_table
 from executor.store.schema import operations
 from outbox.producer import enqueue, request_exists, results, settled
@@ -221,7 +222,7 @@ class Workload:
                     for c in handle.calls
                 ]
                 break
-            except (OperationalError, DBAPIError):
+            except (OperationalError, DBAPIError, StoreDatabaseError):
                 # Did the commit land before the connection failed? Ask until we can.
                 landed = self._request_landed(context)
                 if landed is None:
@@ -254,7 +255,7 @@ class Workload:
             try:
                 with self.engine.connect() as conn:
                     return request_exists(conn, context.tenant, context.request_id)
-            except (OperationalError, DBAPIError):
+            except (OperationalError, DBAPIError, StoreDatabaseError):
                 time.sleep(0.2)
         return None
 
@@ -270,7 +271,7 @@ class Workload:
                         .order_by(calls_table.c.position)
                     ).all()
                 break
-            except (OperationalError, DBAPIError):
+            except (OperationalError, DBAPIError, StoreDatabaseError):
                 time.sleep(0.2)
         admitted = []
         for row in rows:
@@ -306,7 +307,7 @@ class Workload:
                     time.sleep(0.15)
                     continue
                 statuses = results(self.engine, context)
-            except (OperationalError, DBAPIError):
+            except (OperationalError, DBAPIError, StoreDatabaseError):
                 time.sleep(0.2)
                 continue
             if statuses and all(settled(s) for s in statuses):
