@@ -87,7 +87,9 @@ def test_turn_over_http__curl_posts_a_message__worker_runs_it_and_get_shows_the_
         if view["terminal"]:
             break
     # Then it succeeded with the model's final text
-    assert (view["state"], view["final_output"]) == ("succeeded", "acme-2 has been credited 5.00."), fleet.logs()
+    assert (view["state"], view["final_output"]) == (
+        "succeeded", "acme-2 has been credited 5.00."
+    ), fleet.logs()
     assert [s["outcome"] for s in view["steps"]] == ["tool_calls", "tool_calls", "final"]
     # And the write's result is on its step: succeeded, its effect exactly once
     [read] = view["steps"][0]["calls"]
@@ -101,5 +103,6 @@ def test_turn_over_http__curl_posts_a_message__worker_runs_it_and_get_shows_the_
     # And each scripted model call was asked once
     assert asked(script) == {1: 1, 2: 1, 3: 1}
     # And another tenant's key sees no such turn
-    status, problem = curl("-G", f"{server}/v1/turns/{started['turn_id']}", "-H", f"Authorization: Bearer {other}")
+    status, problem = curl("-G", f"{server}/v1/turns/{started['turn_id']}",
+                           "-H", f"Authorization: Bearer {other}")
     assert (status, problem["code"]) == (404, "not_found")
