@@ -53,6 +53,7 @@ class ErrorCode(StrEnum):
     RATE_LIMITED = "rate_limited"
     NOT_PENDING = "not_pending"
     NOT_READY = "not_ready"
+    TURNS_NOT_CONFIGURED = "turns_not_configured"
 
 
 class _Frozen(BaseModel):

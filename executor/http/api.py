@@ -44,6 +44,9 @@ from executor.http.models import (
     RequestAnswer,
     ResolveBody,
     ResolveOut,
+    TurnBody,
+    TurnOut,
+    TurnStarted,
 )
 from executor.http.problems import (
     Problem,
@@ -83,8 +86,15 @@ class RateLimiter:
         return max(1.0, stats.reset_time - time.time())
 
 
-def read_body(raw: bytes, model: type[M] | TypeAdapter[Any], *, empty_ok: bool = False) -> tuple[Any, Any]:
-    """(validated body, parsed JSON) of a request; ProblemError otherwise."""
+def read_body(
+    raw: bytes,
+    model: type[M] | TypeAdapter[Any],
+    *,
+    empty_ok: bool = False,
+    server_fields: frozenset[str] = frozenset(),
+) -> tuple[Any, Any]:
+    """(validated body, parsed JSON) of a request; ProblemError otherwise. A body naming
+    one of `server_fields` (what only the server's settings decide) is refused too."""
     value: Any = {} if (empty_ok and not raw.strip()) else strict_json(raw)
     if isinstance(value, dict):
         named = sorted(IDENTITY_FIELDS & value.keys())
@@ -98,6 +108,13 @@ def read_body(raw: bytes, model: type[M] | TypeAdapter[Any], *, empty_ok: bool =
                 400, ErrorCode.IDENTITY_IN_BODY,
                 "who the caller is comes from the API key; the body may not name it",
                 errors=[ProblemDetail(path=f"/{name}", code="identity_field") for name in sorted(set(named))],
+            )
+        settings_named = sorted(server_fields & value.keys())
+        if settings_named:
+            raise ProblemError(
+                400, ErrorCode.INVALID_REQUEST,
+                "the server's settings decide this, never a request's body",
+                errors=[ProblemDetail(path=f"/{name}", code="server_setting") for name in settings_named],
             )
     try:
         if isinstance(model, TypeAdapter):
@@ -124,6 +141,10 @@ def _details(errors: Any) -> list[ProblemDetail]:
 IdPath = Annotated[str, Path(min_length=1, max_length=200, pattern=ID_PATTERN)]
 
 ALL_PROBLEMS = (400, 401, 403, 404, 409, 413, 422, 429)
+
+# What a turn runs on is the server's to decide: a `driver` (or its options) in a
+# body is refused, not ignored (a scripted driver names a file the worker reads).
+TURN_SERVER_FIELDS = frozenset({"driver", "options", "max_steps", "scope", "when_busy"})
 
 
 def build_api(service: Service, authenticator: Authenticator, limiter: RateLimiter) -> FastAPI:
@@ -237,6 +258,44 @@ def build_api(service: Service, authenticator: Authenticator, limiter: RateLimit
     ) -> RequestAnswer:
         return await service.request(who, request_id, provider=provider, wait=wait)
 
+    @v1.post(
+        "/turns", status_code=202, response_model=TurnStarted,
+        summary="Run a user message as a durable turn (on the server's driver)",
+        openapi_extra={"requestBody": {"required": True, "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/TurnBody"}}
+        }}},
+        responses={
+            202: {"headers": {"Idempotent-Replayed": {
+                "schema": {"type": "string", "enum": ["true"]},
+                "description": "present when this answers a retried POST of the same Idempotency-Key",
+            }}},
+            **problem_doc(503),
+        },
+    )
+    async def post_turns(
+        request: Request,
+        who: Identity = producer,
+        idempotency_key: Annotated[
+            str | None, Header(min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$")
+        ] = None,
+    ) -> JSONResponse:
+        raw = await request.body()
+        body, value = read_body(raw, TurnBody, server_fields=TURN_SERVER_FIELDS)
+        digest = body_digest(value, raw, kind="turn\0")
+        answer, replayed = await _in_thread(service.start_turn, who, body, digest, idempotency_key)
+        headers = {"Idempotent-Replayed": "true"} if replayed else None
+        return JSONResponse(answer.model_dump(mode="json"), status_code=202, headers=headers)
+
+    @v1.get("/turns/{turn_id}", response_model=TurnOut, summary="A turn: state, steps, calls, output")
+    async def get_turn(
+        turn_id: IdPath,
+        who: Identity = reader,
+        wait: Annotated[
+            float, Query(ge=0, le=MAX_WAIT_SECONDS, description="long-poll seconds until the turn ends")
+        ] = 0.0,
+    ) -> TurnOut:
+        return await service.turn(who, turn_id, wait=wait)
+
     @v1.get("/approvals", response_model=ApprovalList, summary="Calls waiting for a person's approval")
     def get_approvals(who: Identity = approvals_reader) -> ApprovalList:
         return ApprovalList(approvals=service.approvals(who))
@@ -315,7 +374,7 @@ def build_api(service: Service, authenticator: Authenticator, limiter: RateLimit
                 title=app.title, version=app.version, description=app.description, routes=app.routes,
             )
             components = schema.setdefault("components", {}).setdefault("schemas", {})
-            for model in (NeutralBatch, ProviderEnvelope, DecisionBody, ResolveBody, Problem):
+            for model in (NeutralBatch, ProviderEnvelope, DecisionBody, ResolveBody, TurnBody, Problem):
                 found = model.model_json_schema(ref_template="#/components/schemas/{model}")
                 for name, definition in found.pop("$defs", {}).items():
                     components.setdefault(name, definition)

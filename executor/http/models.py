@@ -57,6 +57,17 @@ class DecisionBody(_Body):
     reason: str | None = Field(default=None, max_length=1000)
 
 
+TURN_MESSAGE_MAX_CHARS = 100_000
+
+
+class TurnBody(_Body):
+    """A user message to run as a turn. There is no `driver` field: the model a turn
+    runs on is the server's setting (TOOLFENCE_TURN_DRIVER), never the caller's."""
+
+    conversation_id: str = Field(min_length=1, max_length=200, pattern=ID_PATTERN)
+    message: str = Field(min_length=1, max_length=TURN_MESSAGE_MAX_CHARS)
+
+
 class ResolveBody(_Body):
     outcome: Literal["succeeded", "failed", "requeue"]
     reference: str | None = Field(
@@ -167,6 +178,56 @@ class ResolveOut(BaseModel):
     operation_id: str
     state: str
     resolved_by: str
+
+
+class TurnStarted(BaseModel):
+    """The answer to POST /v1/turns: the turn is written; a worker runs it."""
+
+    turn_id: str
+    state: Literal["running", "queued"]
+
+
+class TurnUsageOut(BaseModel):
+    model: str
+    purpose: str
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float | None
+    latency_seconds: float
+
+
+class TurnCallOut(BaseModel):
+    call_id: str
+    tool_name: str
+
+
+class TurnStepOut(BaseModel):
+    step: int
+    outcome: Literal["tool_calls", "final", "nothing", "contract_error", "audit"]
+    verdict: str | None
+    usage: TurnUsageOut
+    final_output: str | None
+    error: dict[str, Any] | None
+    proposed: list[TurnCallOut] = Field(description="the calls the model proposed in this step")
+    calls: list[CallStatus] = Field(description="each proposed call's status and result")
+
+
+class TurnOut(BaseModel):
+    """A turn: its state, each checkpointed step with its calls' results, and the end.
+    Never the prompts or the model's raw responses."""
+
+    turn_id: str
+    conversation_id: str
+    principal: str
+    state: Literal["queued", "running", "waiting_approval", "succeeded", "failed", "fallback"]
+    terminal: bool
+    end_reason: str | None
+    final_output: str | None
+    error: dict[str, Any] | None
+    generation: int
+    steps: list[TurnStepOut]
+    created_at: float
+    finished_at: float | None
 
 
 class Health(BaseModel):

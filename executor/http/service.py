@@ -39,6 +39,10 @@ from executor.http.models import (
     RequestAnswer,
     RequestCallOut,
     ResolveOut,
+    TurnBody,
+    TurnOut,
+    TurnStarted,
+    TurnStepOut,
 )
 from executor.http.problems import ProblemDetail, ProblemError
 from executor.providers.hosted import NO_HOSTED_TOOLS, HostedPolicy
@@ -152,6 +156,96 @@ class Service:
     def _exists(self, who: Identity, request_id: str) -> bool:
         with read_only(self.engine).connect() as conn:
             return request_exists(conn, who.tenant, request_id)
+
+    # ------------------------------------------------------------ turns
+
+    def start_turn(
+        self, who: Identity, body: TurnBody, digest: str, idempotency_key: str | None
+    ) -> tuple[TurnStarted, bool]:
+        """Write the turn (and its outbox row) in one transaction; (answer, replayed).
+        The driver, scope and when-busy rule are the server's settings, never the
+        caller's: a driver named by a caller would be a file the worker reads."""
+        from executor.store import turns as turn_store
+        from executor.turns.service import TurnInProgress, start_turn
+        from executor.turns.values import TurnOptions
+
+        driver = self.settings.turn_driver
+        if not driver:
+            raise ProblemError(
+                503, ErrorCode.TURNS_NOT_CONFIGURED,
+                "this server runs no turns: it has no TOOLFENCE_TURN_DRIVER",
+            )
+        turn_id = turn_id_for(who, idempotency_key) if idempotency_key else turn_store.new_turn_id()
+        context = who.context(turn_id, body.conversation_id)
+        try:
+            with self.engine.begin() as conn:
+                if idempotency_key:
+                    claim = claim_idempotency_key(
+                        conn, tenant=who.tenant, principal=who.principal,
+                        idempotency_key=idempotency_key, request_id=turn_id, body_digest=digest,
+                    )
+                    if claim.body_digest != digest:
+                        raise ProblemError(
+                            409, ErrorCode.IDEMPOTENCY_CONFLICT,
+                            "this Idempotency-Key was used with a different body",
+                        )
+                    if not claim.created:
+                        row = turn_store.get_turn(conn, claim.request_id)
+                        assert row is not None and row.tenant == who.tenant
+                        return TurnStarted(turn_id=row.turn_id, state=row.state), True
+                handle = start_turn(
+                    conn, context, body.conversation_id, body.message, driver=driver,
+                    options=TurnOptions(max_steps=self.settings.turn_max_steps),
+                    scope=self.settings.turn_scope, when_busy=self.settings.turn_when_busy,
+                    turn_id=turn_id,
+                )
+        except TurnInProgress as exc:
+            # The transaction rolled back: neither the turn nor the key's claim was written.
+            raise ProblemError(
+                409, ErrorCode.TURN_IN_PROGRESS, f"a turn of this {exc.scope} is already running",
+            ) from None
+        return TurnStarted(turn_id=handle.turn_id, state=handle.state), False  # type: ignore[arg-type]
+
+    async def turn(self, who: Identity, turn_id: str, *, wait: float) -> TurnOut:
+        """The turn from `get_turn`; with `wait`, long-polled until it has ended (a
+        cheap state read per poll, no thread held while waiting)."""
+        from executor.core.states import TURN_ENDED, TurnState
+
+        deadline = time.monotonic() + wait
+        while True:
+            state = await run_in_threadpool(self._turn_state, who, turn_id)
+            if state is None:
+                raise not_found("turn")
+            if TurnState(state) in TURN_ENDED or time.monotonic() >= deadline or self.draining.is_set():
+                break
+            await asyncio.sleep(POLL_SECONDS * 4)
+        view = await run_in_threadpool(self._turn_view, who, turn_id)
+        if view is None:
+            raise not_found("turn")
+        return view
+
+    def _turn_state(self, who: Identity, turn_id: str) -> str | None:
+        from executor.store import turns as turn_store
+
+        with read_only(self.engine).connect() as conn:
+            row = turn_store.get_turn(conn, turn_id)
+        return row.state if row is not None and row.tenant == who.tenant else None
+
+    def _turn_view(self, who: Identity, turn_id: str) -> TurnOut | None:
+        from executor.core.states import TURN_ENDED, TurnState
+        from executor.turns.service import get_turn
+
+        view = get_turn(self.engine, who.tenant, turn_id)
+        if view is None:
+            return None
+        return TurnOut(
+            turn_id=view["turn_id"], conversation_id=view["conversation_id"],
+            principal=view["principal"], state=view["state"],
+            terminal=TurnState(view["state"]) in TURN_ENDED, end_reason=view["end_reason"],
+            final_output=view["final_output"], error=view["error"], generation=view["generation"],
+            steps=[TurnStepOut.model_validate(step) for step in view["steps"]],
+            created_at=view["created_at"], finished_at=view["finished_at"],
+        )
 
     # ------------------------------------------------------------ approvals
 
@@ -338,12 +432,20 @@ def request_id_for(who: Identity, idempotency_key: str) -> str:
     return f"req_{digest[:32]}"
 
 
-def body_digest(value: Any, raw: bytes) -> str:
+def turn_id_for(who: Identity, idempotency_key: str) -> str:
+    """The turn an Idempotency-Key stands for (per tenant and principal, as requests)."""
+    digest = hashlib.sha256(f"turn\0{who.tenant}\0{who.principal}\0{idempotency_key}".encode()).hexdigest()
+    return f"turn_{digest[:32]}"
+
+
+def body_digest(value: Any, raw: bytes, kind: str = "") -> str:
     """The body's identity for Idempotency-Key: its canonical JSON (so key order and
     spacing do not matter), or its bytes when it has no canonical form."""
     try:
         data = canonical_json(value)
     except NotCanonicalizable:
         data = raw
-    return hashlib.sha256(data).hexdigest()
+    # `kind` keeps a turn's body from ever matching a request's under one key: the
+    # same key on both endpoints is `idempotency_conflict`, never a replay of the other.
+    return hashlib.sha256(kind.encode() + data).hexdigest()
 

@@ -67,6 +67,7 @@ def start_turn(
     options: TurnOptions | None = None,
     scope: str | None = None,
     when_busy: str | None = None,
+    turn_id: str | None = None,
 ) -> TurnHandle:
     """Write a running turn (and its outbox row) in the caller's transaction.
 
@@ -75,7 +76,9 @@ def start_turn(
     default `TOOLFENCE_TURN_DRIVER`). When the scope already has a running turn:
     `when_busy="refuse"` (default `TOOLFENCE_TURN_WHEN_BUSY`) raises
     `TurnInProgress` and writes nothing, the caller's transaction staying usable;
-    `"queue"` writes the turn `queued`, to run once the scope is free.
+    `"queue"` writes the turn `queued`, to run once the scope is free. `turn_id`
+    (default: a fresh random one) lets a caller name the turn before it is written,
+    as `toolfence serve` does for an `Idempotency-Key`.
     """
     from executor.settings import Settings
 
@@ -89,7 +92,7 @@ def start_turn(
     if when_busy not in WHEN_BUSY:
         raise ValueError(f"when_busy must be one of {WHEN_BUSY}")
     conn = _connection(session)
-    turn_id = turn_store.new_turn_id()
+    turn_id = turn_id or turn_store.new_turn_id()
     stored_context = context.model_copy(
         update={"conversation_id": conversation_id, "turn_id": turn_id}
     ).to_json()

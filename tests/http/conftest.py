@@ -40,11 +40,14 @@ def book(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Ledger]:
 
 @pytest.fixture
 def served_with(pg_url: str, book: Ledger, tmp_path: Path) -> Iterator[Callable[..., Served]]:
-    """A factory: `served_with(http=HttpSettings(...))` starts a server (stopped at teardown)."""
+    """A factory: `served_with(http=HttpSettings(...), turn_driver=...)` starts a server
+    (stopped at teardown); keyword arguments besides `http` are Settings fields."""
     running: list[tuple[uvicorn.Server, threading.Thread, Engine]] = []
 
-    def start(http: HttpSettings | None = None) -> Served:
-        settings = Settings(database_url=pg_url, broker_url=f"filesystem://{tmp_path / 'broker'}")
+    def start(http: HttpSettings | None = None, **settings_fields: object) -> Served:
+        settings = Settings(
+            database_url=pg_url, broker_url=f"filesystem://{tmp_path / 'broker'}", **settings_fields  # type: ignore[arg-type]
+        )
         engine = make_engine(pg_url)
         http = http or HttpSettings(session_secret=b"s" * 32, rate_limit="10000/minute")
         app = create_app(settings, ledger_tools.registry, http=http, engine=engine)

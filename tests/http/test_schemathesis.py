@@ -49,8 +49,11 @@ CHECKS = [
 
 
 @pytest.fixture(scope="module")
-def live(pg_template: str) -> Iterator[tuple[str, str]]:
-    """(base URL, key) of a server over its own database, for the whole module."""
+def live(pg_template: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """(base URL, key) of a server over its own database, for the whole module, with a
+    turn driver set (no worker runs the turns: POST /v1/turns answers 202 or 409)."""
+    script = tmp_path_factory.mktemp("turns") / "turn.jsonl"
+    script.write_text(json.dumps({"final": "done"}) + "\n", encoding="utf-8")
     name = f"toolfence_test_{uuid.uuid4().hex[:12]}"
     with _admin() as admin:
         admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}"')
@@ -66,7 +69,7 @@ def live(pg_template: str) -> Iterator[tuple[str, str]]:
             conn, tenant="acme", principal="fuzz", roles=("member", "approver"), scopes=list(KeyScope)
         )
     app = create_app(
-        Settings(database_url=url, broker_url="memory://"),
+        Settings(database_url=url, broker_url="memory://", turn_driver=f"scripted:{script}"),
         ledger_tools.registry,
         engine=engine,
         http=HttpSettings(session_secret=b"s" * 32, rate_limit="100000/minute", max_body_bytes=256 * 1024),
