@@ -57,6 +57,7 @@ from executor.http.problems import (
     problem_response,
 )
 from executor.http.service import Service, body_digest
+from executor.store.errors import StoreDatabaseError
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -172,6 +173,20 @@ def build_api(service: Service, authenticator: Authenticator, limiter: RateLimit
             errors=_details(exc.errors()),
         )
 
+    async def database_error(request: Request, exc: Exception) -> JSONResponse:
+        # The store boundary's error carries no statement or parameters. A lost
+        # connection is worth retrying; anything else is the server's fault.
+        assert isinstance(exc, StoreDatabaseError)
+        if exc.connection_error:
+            return problem_response(
+                request.url.path, 503, ErrorCode.UPSTREAM_UNAVAILABLE, "the database is unreachable",
+                headers={"Retry-After": "1"},
+            )
+        return problem_response(
+            request.url.path, 500, ErrorCode.EXECUTION_FAILED, "the database refused the statement",
+        )
+
+    app.add_exception_handler(StoreDatabaseError, database_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(RequestValidationError, validation_error)
 

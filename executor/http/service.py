@@ -24,6 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from executor import store
 from executor.core.approvers import ApprovalDecision
 from executor.core.canonical import NotCanonicalizable, canonical_json
+from executor.core.identifiers import InvalidIdentifier, check_server_context
 from executor.core.tools import Registry
 from executor.core.types import CallStatus, ErrorCode, ProposedCall, ServerContext
 from executor.http.keys import Identity
@@ -58,6 +59,20 @@ POLL_SECONDS = 0.05
 
 def not_found(what: str) -> ProblemError:
     return ProblemError(404, ErrorCode.NOT_FOUND, f"no {what} for this tenant")
+
+
+def _checked(context: ServerContext) -> ServerContext:
+    """The identifier contract (executor/core/identifiers.py) before any database work:
+    a conversation id the body pattern let through but the store would refuse (a C1
+    control character, say) is the caller's 400, never a 500 from deep in `enqueue`."""
+    try:
+        check_server_context(context)
+    except InvalidIdentifier as exc:
+        raise ProblemError(
+            400, ErrorCode.INVALID_REQUEST, str(exc),
+            errors=[ProblemDetail(path=f"/{exc.field.value}", code=exc.problem.value)],
+        ) from None
+    return context
 
 
 @dataclass
@@ -97,7 +112,7 @@ class Service:
         request_id = (
             request_id_for(who, idempotency_key) if idempotency_key else f"req_{uuid.uuid4().hex[:24]}"
         )
-        context = who.context(request_id, body.conversation_id)
+        context = _checked(who.context(request_id, body.conversation_id))
         with self.engine.begin() as conn:
             if idempotency_key:
                 claim = claim_idempotency_key(
@@ -176,7 +191,7 @@ class Service:
                 "this server runs no turns: it has no TOOLFENCE_TURN_DRIVER",
             )
         turn_id = turn_id_for(who, idempotency_key) if idempotency_key else turn_store.new_turn_id()
-        context = who.context(turn_id, body.conversation_id)
+        context = _checked(who.context(turn_id, body.conversation_id))
         try:
             with self.engine.begin() as conn:
                 if idempotency_key:

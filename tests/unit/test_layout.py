@@ -61,7 +61,7 @@ LAYERS: dict[str, set[str]] = {
     # `toolfence serve`: admits through the producer API, decides through the store.
     "executor.http": {
         "executor.core", "executor.settings", "executor.store", "executor.telemetry",
-        "executor.providers", "executor.http", "outbox",
+        "executor.providers", "executor.turns", "executor.http", "outbox",
     },
     "executor.cli": {"executor", "outbox", "reconciler", "ledger"},  # the top: anything
 }
