@@ -43,6 +43,27 @@ def _dump(value: Any) -> dict[str, Any]:
     return dumped
 
 
+def _answer(
+    raw: dict[str, Any], request: ModelRequest, *, surface: str, mode: str, model: str,
+    started: float, usage_field: str, input_field: str, output_field: str, model_field: str = "model",
+) -> ModelResponse:
+    """One SDK response as the driver's answer: the usage record (each surface names its
+    token counts differently), then the text for the JSON contract or the raw response
+    for the surface's adapter."""
+    usage = raw.get(usage_field) or {}
+    record = Usage(
+        model=str(raw.get(model_field) or model), purpose=request.purpose,
+        input_tokens=int(usage.get(input_field) or 0),
+        output_tokens=int(usage.get(output_field) or 0),
+        latency_seconds=time.perf_counter() - started,
+    )
+    if mode == JSON_MODE:
+        from executor.turns.native import READ_TEXT
+
+        return ModelResponse(usage=record, text=READ_TEXT[surface](raw))
+    return ModelResponse(usage=record, raw=raw)
+
+
 @dataclass
 class OpenAIChatDriver:
     model: str
@@ -65,18 +86,11 @@ class OpenAIChatDriver:
             )
         except Exception as exc:
             raise _error(exc) from None
-        raw = _dump(completion)
-        usage = raw.get("usage") or {}
-        record = Usage(
-            model=str(raw.get("model") or self.model), purpose=request.purpose,
-            input_tokens=int(usage.get("prompt_tokens") or 0),
-            output_tokens=int(usage.get("completion_tokens") or 0),
-            latency_seconds=time.perf_counter() - started,
+        return _answer(
+            _dump(completion), request, surface="openai-chat", mode=self.mode, model=self.model,
+            started=started, usage_field="usage", input_field="prompt_tokens",
+            output_field="completion_tokens",
         )
-        if self.mode == JSON_MODE:
-            choices = raw.get("choices") or [{}]
-            return ModelResponse(usage=record, text=(choices[0].get("message") or {}).get("content") or "")
-        return ModelResponse(usage=record, raw=raw)
 
 
 @dataclass
@@ -101,19 +115,10 @@ class OpenAIResponsesDriver:
             )
         except Exception as exc:
             raise _error(exc) from None
-        raw = _dump(response)
-        usage = raw.get("usage") or {}
-        record = Usage(
-            model=str(raw.get("model") or self.model), purpose=request.purpose,
-            input_tokens=int(usage.get("input_tokens") or 0),
-            output_tokens=int(usage.get("output_tokens") or 0),
-            latency_seconds=time.perf_counter() - started,
+        return _answer(
+            _dump(response), request, surface="openai-responses", mode=self.mode, model=self.model,
+            started=started, usage_field="usage", input_field="input_tokens", output_field="output_tokens",
         )
-        if self.mode == JSON_MODE:
-            from executor.turns.native import READ_TEXT
-
-            return ModelResponse(usage=record, text=READ_TEXT["openai-responses"](raw))
-        return ModelResponse(usage=record, raw=raw)
 
 
 @dataclass
@@ -138,19 +143,10 @@ class AnthropicDriver:
             )
         except Exception as exc:
             raise _error(exc) from None
-        raw = _dump(message)
-        usage = raw.get("usage") or {}
-        record = Usage(
-            model=str(raw.get("model") or self.model), purpose=request.purpose,
-            input_tokens=int(usage.get("input_tokens") or 0),
-            output_tokens=int(usage.get("output_tokens") or 0),
-            latency_seconds=time.perf_counter() - started,
+        return _answer(
+            _dump(message), request, surface="anthropic", mode=self.mode, model=self.model,
+            started=started, usage_field="usage", input_field="input_tokens", output_field="output_tokens",
         )
-        if self.mode == JSON_MODE:
-            from executor.turns.native import READ_TEXT
-
-            return ModelResponse(usage=record, text=READ_TEXT["anthropic"](raw))
-        return ModelResponse(usage=record, raw=raw)
 
 
 @dataclass
@@ -178,19 +174,11 @@ class GeminiDriver:
             )
         except Exception as exc:
             raise _error(exc) from None
-        raw = _dump(response)
-        usage = raw.get("usage_metadata") or {}
-        record = Usage(
-            model=str(raw.get("model_version") or self.model), purpose=request.purpose,
-            input_tokens=int(usage.get("prompt_token_count") or 0),
-            output_tokens=int(usage.get("candidates_token_count") or 0),
-            latency_seconds=time.perf_counter() - started,
+        return _answer(
+            _dump(response), request, surface="gemini", mode=self.mode, model=self.model,
+            started=started, usage_field="usage_metadata", input_field="prompt_token_count",
+            output_field="candidates_token_count", model_field="model_version",
         )
-        if self.mode == JSON_MODE:
-            from executor.turns.native import READ_TEXT
-
-            return ModelResponse(usage=record, text=READ_TEXT["gemini"](raw))
-        return ModelResponse(usage=record, raw=raw)
 
 
 _DRIVERS: Mapping[str, Any] = {
