@@ -34,6 +34,7 @@ from executor.core.strictjson import (
     _no_duplicate_keys,
     _NonFinite,
     _value_depth_exceeds,
+    contains_lone_surrogate,
 )
 from executor.core.tools import Registry, Tool, ToolFailure
 from executor.core.types import ErrorCode, ErrorDetail, FailedTerminal, ProposedCall, ServerContext
@@ -170,7 +171,7 @@ def gate_parse(call: ProposedCall, limits: Limits) -> dict[str, Any]:
                 call, Gate.PARSE, code, "arguments are too large",
                 (ErrorDetail(path="", code="too_large", expected=f"<= {limits.max_argument_bytes} bytes"),),
             )
-        if _contains_lone_surrogate(raw):
+        if contains_lone_surrogate(raw):
             # The text path refuses these; a mapping must not be a way around it.
             raise _reject(
                 call, Gate.PARSE, code, "arguments are not UTF-8",
@@ -240,29 +241,12 @@ def gate_parse(call: ProposedCall, limits: Limits) -> dict[str, Any]:
             call, Gate.PARSE, code, "arguments are not UTF-8",
             (ErrorDetail(path="", code="not_utf8", expected="UTF-8 JSON text"),),
         ) from None
-    if _contains_lone_surrogate(value):
+    if contains_lone_surrogate(value):
         raise _reject(
             call, Gate.PARSE, code, "arguments are not UTF-8",
             (ErrorDetail(path="", code="not_utf8", expected="UTF-8 JSON text"),),
         )
     return value
-
-
-def _contains_lone_surrogate(value: Any) -> bool:
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError:
-                return True
-        elif isinstance(item, Mapping):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list | tuple):
-            stack.extend(item)
-    return False
 
 
 # ---------------------------------------------------------------- gate 3: schema

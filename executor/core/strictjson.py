@@ -134,12 +134,13 @@ def loads_strict(data: str | bytes, *, max_bytes: int, max_depth: int) -> Any:
     except (ValueError, RecursionError):
         # ValueError: an integer of more than 4,300 digits (Python's limit).
         raise StrictJSONError("json_syntax", "not JSON (a number too long to read)") from None
-    if _contains_lone_surrogate(value):
+    if contains_lone_surrogate(value):
         raise StrictJSONError("not_utf8", "not UTF-8 text (a lone surrogate)")
     return value
 
 
-def _contains_lone_surrogate(value: Any) -> bool:
+def contains_lone_surrogate(value: Any) -> bool:
+    """Any string (key or value) that is not encodable UTF-8: a lone surrogate."""
     stack = [value]
     while stack:
         item = stack.pop()
