@@ -164,3 +164,31 @@ def test_demo__interrupted__stops_every_process_it_started_and_exits_non_zero(
     assert "Traceback" not in text, text
     assert "interrupted: stopped the" in text, text
     assert _wait_for(lambda: not _processes_mentioning(marker), 10), _processes_mentioning(marker)
+
+
+def test_demo__ctrl_c_again_while_it_exits__still_exits_130_without_a_traceback(tmp_path: Path) -> None:
+    # Given a demo whose workload runs, interrupted once
+    home = tmp_path / "home"
+    output = tmp_path / "demo.out"
+    demo = _start_demo(home, output, "--calls", "300")
+    marker = str(tmp_path)
+    try:
+        assert _wait_for(lambda: "wave 1:" in output.read_text(errors="replace"), 90), (
+            output.read_text(errors="replace")
+        )
+        demo.send_signal(signal.SIGINT)
+        # When an impatient person presses Ctrl-C again and again after it said it stopped
+        assert _wait_for(lambda: "interrupted: stopped the" in output.read_text(errors="replace"), 60)
+        deadline = time.monotonic() + 30
+        while demo.poll() is None and time.monotonic() < deadline:
+            demo.send_signal(signal.SIGINT)
+            time.sleep(0.002)
+        returncode = demo.wait(timeout=30)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    text = output.read_text(errors="replace")
+    # Then the status is still the one for an interrupt, not a death by signal, and nothing is left
+    assert returncode == 130, text
+    assert "Traceback" not in text, text
+    assert _wait_for(lambda: not _processes_mentioning(marker), 10), _processes_mentioning(marker)

@@ -10,6 +10,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
+import subprocess
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -1105,3 +1108,37 @@ def test_enqueue_provider__hosted_policy_setting_not_a_policy__one_line(
 
     assert_one_line_error(run, "TOOLFENCE_HOSTED_POLICY", "not a HostedPolicy")
     assert hosted_table(home) == []
+
+
+_INTERRUPTED_INSIDE_EXEC = """
+import argparse, sys
+import executor.cli.main as cli
+
+def interrupted(args):
+    # A Ctrl-C that lands in code built by exec of a string (as dataclasses and
+    # SQLAlchemy build methods), caught by the command's own cleanup.
+    try:
+        exec("raise KeyboardInterrupt")
+    except KeyboardInterrupt:
+        return 130
+
+class Parser:
+    def parse_args(self, argv):
+        return argparse.Namespace(func=interrupted, verbose=False)
+
+cli.build_parser = Parser
+sys.exit(cli.main([]))
+"""
+
+
+def test_main__interrupt_handled_inside_exec_code__exits_with_the_returned_status(tmp_path: Path) -> None:
+    # Given a command that catches a Ctrl-C raised in exec-built code and returns 130
+    (tmp_path / "interrupted_cli.py").write_text(_INTERRUPTED_INSIDE_EXEC, encoding="utf-8")
+    # When it runs as `python -m` does (as the toolfence script does), SIGINT at its default
+    result = subprocess.run(
+        [sys.executable, "-m", "interrupted_cli"], cwd=tmp_path,
+        capture_output=True, text=True, timeout=60,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    # Then the interpreter exits 130 as told, not killed by its own SIGINT at exit
+    assert result.returncode == 130, (result.returncode, result.stderr)

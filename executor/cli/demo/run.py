@@ -64,27 +64,42 @@ from executor.cli.demo.report import _n, gather, model_view, render
 from executor.cli.demo.turn import run_turn
 from executor.cli.demo.workload import DemoRequest, build_workload, split_waves
 
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
 
 @contextmanager
 def _signals_raise() -> Iterator[None]:
-    """SIGTERM behaves like Ctrl-C: raise in the main thread, run the cleanup."""
+    """Ctrl-C raises KeyboardInterrupt, SIGTERM `_Terminated`, in the main thread.
 
-    def on_term(signum: int, frame: FrameType | None) -> None:
-        raise _Terminated()
+    The first one decides: its handler ignores both signals before it raises, so
+    the cleanup it starts runs under SIG_IGN with no window for a second Ctrl-C,
+    and they stay ignored until the process has exited. A handler set from Python
+    is reset to SIG_DFL when the interpreter finalizes (SIG_IGN is kept), so a
+    repeated Ctrl-C while the demo exits would otherwise turn status 130 into a
+    death by SIGINT.
+    """
+    stopping = False
 
-    previous_term = signal.signal(signal.SIGTERM, on_term)
-    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        for sig in _STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        stopping = True
+        raise KeyboardInterrupt() if signum == signal.SIGINT else _Terminated()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in _STOP_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous_term)
-        signal.signal(signal.SIGINT, previous_int)
+        if not stopping:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 @contextmanager
 def _signals_ignored() -> Iterator[None]:
-    """Cleanup must finish: a second Ctrl-C must not leave processes behind."""
-    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    """Cleanup must finish: a Ctrl-C during it must not leave processes behind."""
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in _STOP_SIGNALS}
     try:
         yield
     finally:
