@@ -178,7 +178,9 @@ def test_demo__ctrl_c_again_while_it_exits__still_exits_130_without_a_traceback(
         )
         demo.send_signal(signal.SIGINT)
         # When an impatient person presses Ctrl-C again and again after it said it stopped
-        assert _wait_for(lambda: "interrupted: stopped the" in output.read_text(errors="replace"), 60)
+        assert _wait_for(lambda: "interrupted: stopped the" in output.read_text(errors="replace"), 60), (
+            output.read_text(errors="replace")
+        )
         deadline = time.monotonic() + 30
         while demo.poll() is None and time.monotonic() < deadline:
             demo.send_signal(signal.SIGINT)

@@ -18,7 +18,15 @@ from rich.progress import Progress
 from sqlalchemy import Engine, func, or_, select
 
 from executor import store
-from executor.cli.demo.constants import APPROVER, DENIER, POLL_SECONDS, RECONCILE_EVERY_SECONDS, STEADY_QUEUED
+from executor.cli.demo.constants import (
+    APPROVER,
+    DENIER,
+    POLL_SECONDS,
+    RECONCILE_EVERY_SECONDS,
+    STEADY_QUEUED,
+    STOP,
+    pause,
+)
 from executor.cli.demo.place import Place
 from executor.cli.demo.workload import PETTY_CASH, TENANTS, DemoRequest
 from executor.cli.fleet import Fleet, Member, children_of
@@ -192,6 +200,7 @@ class DemoRun:
 
     def tick(self, force: bool = False) -> Snapshot | None:
         """Refresh progress, decide approvals, replace crashed processes: every POLL_SECONDS."""
+        STOP.check()
         now = time.monotonic()
         if not force and now - self._last_tick < POLL_SECONDS:
             return None
@@ -298,7 +307,7 @@ class DemoRun:
     def finish_feeding(self) -> None:
         while self.feeding:
             self.tick(force=True)
-            time.sleep(POLL_SECONDS)
+            pause(POLL_SECONDS)
 
     # -------------------------------------------------------------- approvals
 
@@ -368,7 +377,7 @@ class DemoRun:
             snap = self.tick()
             if snap is not None and not remaining_work(snap):
                 return child, None
-            time.sleep(0.002)
+            pause(0.002)
 
     def kill_one(self) -> Member | None:
         workers = self.fleet.by_role("worker")
@@ -401,7 +410,7 @@ class DemoRun:
         """SIGSTOP a worker inside a fenced write; SIGCONT it once a new generation finished it."""
         while replacement is not None and replacement.alive() and not worker_ready(replacement):
             self.tick()
-            time.sleep(0.05)
+            pause(0.05)
         if replacement is not None:
             self.say(f"   replacement worker {replacement.index} is ready")
         candidates = [m for m in self.fleet.by_role("worker") if m is not replacement] or [
@@ -452,7 +461,7 @@ class DemoRun:
             if (elapsed >= minimum and done) or elapsed >= maximum:
                 break
             self.tick()
-            time.sleep(0.02)
+            pause(0.02)
         os.killpg(victim.pid, signal.SIGCONT)
         self.paused.seconds = time.monotonic() - paused_at
         detail = ""
@@ -504,7 +513,7 @@ class DemoRun:
                     return True
             else:
                 quiet_polls = 0
-            time.sleep(POLL_SECONDS)
+            pause(POLL_SECONDS)
         return False
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import signal
+import time
+
 from executor.core.types import ServerContext
 
 EXIT_OK = 0
@@ -47,6 +50,35 @@ class DemoError(Exception):
 
 class _Terminated(BaseException):
     """SIGTERM, raised in the main thread so the same cleanup runs as for Ctrl-C."""
+
+
+class StopRequest:
+    """The first Ctrl-C or SIGTERM, remembered after its handler raised.
+
+    A raising handler runs at whatever bytecode the main thread is at, and that
+    can be a garbage-collector callback (SQLAlchemy's `_collection_gced`),
+    where Python prints "Exception ignored" and drops the exception: the demo
+    then ran to the end and exited 0 after a Ctrl-C. Every polling loop of the
+    demo calls `check()`, which raises the remembered stop again, so a dropped
+    one is delivered at the next poll.
+    """
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def check(self) -> None:
+        if self.signum is None:
+            return
+        raise KeyboardInterrupt() if self.signum == signal.SIGINT else _Terminated()
+
+
+STOP = StopRequest()
+
+
+def pause(seconds: float) -> None:
+    """The demo's `time.sleep`: first raise a stop that a signal asked for."""
+    STOP.check()
+    time.sleep(seconds)
 
 
 # ---------------------------------------------------------------------- where it runs

@@ -56,6 +56,7 @@ from executor.cli.demo.constants import (
     EXIT_USAGE,
     REQUEUE_QUEUED_AFTER_SECONDS,
     SETTLE_TIMEOUT_SECONDS,
+    STOP,
     DemoError,
     _Terminated,
 )
@@ -78,20 +79,19 @@ def _signals_raise() -> Iterator[None]:
     repeated Ctrl-C while the demo exits would otherwise turn status 130 into a
     death by SIGINT.
     """
-    stopping = False
+    STOP.signum = None
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        nonlocal stopping
         for sig in _STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
-        stopping = True
-        raise KeyboardInterrupt() if signum == signal.SIGINT else _Terminated()
+        STOP.signum = signum
+        STOP.check()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in _STOP_SIGNALS}
     try:
         yield
     finally:
-        if not stopping:
+        if STOP.signum is None:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 

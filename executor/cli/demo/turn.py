@@ -25,6 +25,7 @@ from pathlib import Path
 from sqlalchemy import select
 
 from executor.cli.demo.choreography import DemoRun
+from executor.cli.demo.constants import pause
 from executor.core.types import ServerContext
 from executor.store import turns as turn_store
 from executor.store.schema import turn_steps
@@ -103,7 +104,7 @@ def run_turn(run: DemoRun) -> TurnOutcome:
         view = get_turn(run.engine, REQUESTER.tenant, turn_id)
         if view is not None and view["state"] not in ("running", "waiting_approval"):
             break
-        time.sleep(0.05)
+        pause(0.05)
     view = get_turn(run.engine, REQUESTER.tenant, turn_id)
     assert view is not None
     asked: dict[int, int] = {}
