@@ -736,7 +736,10 @@ def test_server_stopped_mid_call__timeout_then_next_call_on_a_fresh_process_and_
         assert [(d.path, d.code) for d in failure.details][0] == ("", "mcp_timeout")
         next_call_started = time.monotonic()
         new_pid = server_pid(registry)
-        assert time.monotonic() - next_call_started < HANG_TIMEOUT_SECONDS
+        # A call on the stopped session would fail at its 3 s timeout; this one
+        # answered, from a fresh interpreter (which a loaded CI machine may take
+        # several seconds to start), far sooner than the 30 s the hang was.
+        assert time.monotonic() - next_call_started < 15
         assert new_pid != pid and connection.server_pid == new_pid
         # Killed and reaped, not left stopped (or a zombie) until someone sends
         # SIGCONT; and soon: the SDK's own SIGTERM-then-SIGKILL takes over 4 s.
