@@ -148,6 +148,20 @@ ALL_PROBLEMS = (400, 401, 403, 404, 409, 413, 422, 429)
 TURN_SERVER_FIELDS = frozenset({"driver", "options", "max_steps", "scope", "when_busy"})
 
 
+# The two POSTs that start work share their idempotency surface: the header, its
+# documentation, and the 202 that says whether it answers a retried POST.
+IdempotencyKey = Annotated[str | None, Header(min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$")]
+REPLAYED_HEADER: dict[str, Any] = {"Idempotent-Replayed": {
+    "schema": {"type": "string", "enum": ["true"]},
+    "description": "present when this answers a retried POST of the same Idempotency-Key",
+}}
+
+
+def _accepted(answer: BaseModel, replayed: bool) -> JSONResponse:
+    headers = {"Idempotent-Replayed": "true"} if replayed else None
+    return JSONResponse(answer.model_dump(mode="json"), status_code=202, headers=headers)
+
+
 def build_api(service: Service, authenticator: Authenticator, limiter: RateLimiter) -> FastAPI:
     app = FastAPI(
         title=API_TITLE, version=API_VERSION,
@@ -245,24 +259,18 @@ def build_api(service: Service, authenticator: Authenticator, limiter: RateLimit
                 ]}}},
             },
         },
-        responses={202: {"headers": {"Idempotent-Replayed": {
-            "schema": {"type": "string", "enum": ["true"]},
-            "description": "present when this answers a retried POST of the same Idempotency-Key",
-        }}}},
+        responses={202: {"headers": REPLAYED_HEADER}},
     )
     async def post_requests(
         request: Request,
         who: Identity = producer,
-        idempotency_key: Annotated[
-            str | None, Header(min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$")
-        ] = None,
+        idempotency_key: IdempotencyKey = None,
     ) -> JSONResponse:
         raw = await request.body()
         body, value = read_body(raw, batch_or_envelope)
         digest = body_digest(value, raw)
         answer, replayed = await _in_thread(service.submit, who, body, digest, idempotency_key)
-        headers = {"Idempotent-Replayed": "true"} if replayed else None
-        return JSONResponse(answer.model_dump(mode="json"), status_code=202, headers=headers)
+        return _accepted(answer, replayed)
 
     @v1.get("/requests/{request_id}", response_model=RequestAnswer, summary="One result per call")
     async def get_request(
@@ -280,26 +288,20 @@ def build_api(service: Service, authenticator: Authenticator, limiter: RateLimit
             "application/json": {"schema": {"$ref": "#/components/schemas/TurnBody"}}
         }}},
         responses={
-            202: {"headers": {"Idempotent-Replayed": {
-                "schema": {"type": "string", "enum": ["true"]},
-                "description": "present when this answers a retried POST of the same Idempotency-Key",
-            }}},
+            202: {"headers": REPLAYED_HEADER},
             **problem_doc(503),
         },
     )
     async def post_turns(
         request: Request,
         who: Identity = producer,
-        idempotency_key: Annotated[
-            str | None, Header(min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$")
-        ] = None,
+        idempotency_key: IdempotencyKey = None,
     ) -> JSONResponse:
         raw = await request.body()
         body, value = read_body(raw, TurnBody, server_fields=TURN_SERVER_FIELDS)
         digest = body_digest(value, raw, kind="turn\0")
         answer, replayed = await _in_thread(service.start_turn, who, body, digest, idempotency_key)
-        headers = {"Idempotent-Replayed": "true"} if replayed else None
-        return JSONResponse(answer.model_dump(mode="json"), status_code=202, headers=headers)
+        return _accepted(answer, replayed)
 
     @v1.get("/turns/{turn_id}", response_model=TurnOut, summary="A turn: state, steps, calls, output")
     async def get_turn(
