@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from rich.console import Console
 
-from executor.cli.demo.constants import _Terminated
+from executor.cli.demo.constants import STOP, _Terminated, pause
 from executor.cli.demo.place import Place
 from executor.store.engine import make_engine
 
@@ -87,9 +87,9 @@ class DemoConsole:
         self.console.print(f"The console stays up at {self.url}: Ctrl-C to stop.")
         try:
             while self.process.poll() is None:
-                time.sleep(0.5)
+                pause(0.5)
         except (KeyboardInterrupt, _Terminated):
-            pass
+            STOP.signum = None  # the way to end the console, not an interrupt of the demo
 
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import time
+from types import FrameType
 
 from executor.core.types import ServerContext
 
@@ -53,18 +54,27 @@ class _Terminated(BaseException):
 
 
 class StopRequest:
-    """The first Ctrl-C or SIGTERM, remembered after its handler raised.
+    """The first Ctrl-C or SIGTERM: recorded by the handler, raised by the demo's own code.
 
     A raising handler runs at whatever bytecode the main thread is at, and that
-    can be a garbage-collector callback (SQLAlchemy's `_collection_gced`),
-    where Python prints "Exception ignored" and drops the exception: the demo
-    then ran to the end and exited 0 after a Ctrl-C. Every polling loop of the
-    demo calls `check()`, which raises the remembered stop again, so a dropped
-    one is delivered at the next poll.
+    can be a garbage-collector callback (SQLAlchemy's `_collection_gced`), where
+    Python prints "Exception ignored" with a traceback and drops the exception:
+    the demo then ran to the end and exited 0 after a Ctrl-C. So the handler
+    raises only when the main thread is asleep in `pause()` (where it spends
+    most of its time, and where the exception lands in a frame of ours);
+    anywhere else it records the signal, and the next `pause()` or
+    `DemoRun.tick()` raises it.
     """
 
     def __init__(self) -> None:
-        self.signum: int | None = None
+        self.signum: int | None = None  # a stop still to be raised
+        self.received = False  # a signal came: keep SIGINT/SIGTERM ignored until exit
+
+    def request(self, signum: int, frame: FrameType | None) -> None:
+        self.signum = signum
+        self.received = True
+        if frame is not None and frame.f_code is pause.__code__:
+            self.check()
 
     def check(self) -> None:
         if self.signum is None:
@@ -76,7 +86,7 @@ STOP = StopRequest()
 
 
 def pause(seconds: float) -> None:
-    """The demo's `time.sleep`: first raise a stop that a signal asked for."""
+    """The demo's `time.sleep`: raise a stop that a signal asked for, before or during it."""
     STOP.check()
     time.sleep(seconds)
 

@@ -79,19 +79,18 @@ def _signals_raise() -> Iterator[None]:
     repeated Ctrl-C while the demo exits would otherwise turn status 130 into a
     death by SIGINT.
     """
-    STOP.signum = None
+    STOP.signum, STOP.received = None, False
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         for sig in _STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
-        STOP.signum = signum
-        STOP.check()
+        STOP.request(signum, frame)
 
     previous = {sig: signal.signal(sig, on_signal) for sig in _STOP_SIGNALS}
     try:
         yield
     finally:
-        if STOP.signum is None:
+        if not STOP.received:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
@@ -238,6 +237,7 @@ def _run(run: DemoRun, requests: Sequence[DemoRequest], served: DemoConsole) -> 
             f"  and the turn: TOOLFENCE_HOME={place.run_dir} toolfence turn show {turn.turn_id} --tenant acme"
         )
     served.hold()
+    STOP.check()  # a Ctrl-C while the report was printed still ends as an interrupt
     return EXIT_OK if passed else EXIT_INVARIANT_FAILED
 
 
