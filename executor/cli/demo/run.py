@@ -72,7 +72,8 @@ _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 def _signals_raise() -> Iterator[None]:
     """Ctrl-C raises KeyboardInterrupt, SIGTERM `_Terminated`, in the main thread.
 
-    The first one decides: its handler ignores both signals before it raises, so
+    The first one decides: its handler ignores both signals, then records the
+    stop in `STOP` (raised at once only inside `pause()`, see `StopRequest`), so
     the cleanup it starts runs under SIG_IGN with no window for a second Ctrl-C,
     and they stay ignored until the process has exited. A handler set from Python
     is reset to SIG_DFL when the interpreter finalizes (SIG_IGN is kept), so a
