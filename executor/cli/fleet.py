@@ -68,10 +68,13 @@ def process_alive(pid: int) -> bool:
 def _interrupts_deferred() -> Iterator[None]:
     """Hold Ctrl-C and SIGTERM while a child is started and recorded, then deliver them.
 
-    A handler that raises (the demo's) inside `Popen` after the fork, or between
-    `Popen` returning and the member being recorded, would leave a process that
-    `stop()` never hears of: a worker and its pool child outliving the demo. Only
-    the main thread runs Python signal handlers, so only it needs this.
+    A handler that raises (Python's default Ctrl-C, as under pytest or the chaos
+    campaign) inside `Popen` after the fork, or between `Popen` returning and the
+    member being recorded, would leave a process that `stop()` never hears of: a
+    worker and its pool child outliving its caller. The demo's own handler no
+    longer raises here (it raises only inside `pause()`), but a Fleet must not
+    depend on its caller's handler. Only the main thread runs Python signal
+    handlers, so only it needs this.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
