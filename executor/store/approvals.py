@@ -34,7 +34,7 @@ from executor.core.tools import Registry, RoleResolutionFailed
 from executor.core.types import ErrorCode, ServerContext
 from executor.store.audit import dumps
 from executor.store.clock import DATABASE_CLOCK, Clock
-from executor.store.operations import _transition
+from executor.store.operations import NOW, _transition, intent_is
 from executor.store.records import (
     ApprovalRecord,
     Decision,
@@ -188,11 +188,10 @@ def approve(
     )
     if decided is None:
         return Decision(DecisionOutcome.NOT_PENDING)
-    now = clock.now()
     row = _transition(
         conn, decided.operation_id, State.PENDING_APPROVAL, State.QUEUED,
-        operations.c.intent_hash == decided.intent_hash,
-        values={"queued_at": now, "available_at": now},
+        intent_is(decided.intent_hash),
+        values={"queued_at": NOW, "available_at": NOW},
         decision="approved", clock=clock, actor=approver.principal,
     )
     if row is None:
@@ -260,13 +259,12 @@ def _end_unapproved(
     clock: Clock,
 ) -> None:
     """The operation's side of `deny` and `expire_approval`, once the approval's CAS won."""
-    now = clock.now()
     row = _transition(
         conn, operation_id, State.PENDING_APPROVAL, State.FAILED_TERMINAL,
         values={
             "error_code": ErrorCode.APPROVAL_DENIED.value,
             "error": dumps({"message": message}),
-            "finished_at": now,
+            "finished_at": NOW,
         },
         decision=decision, clock=clock, actor=approver,
     )

@@ -6,8 +6,10 @@ Tests inject a `ManualClock` to step time deterministically.
 
 from __future__ import annotations
 
+import functools
 import threading
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from sqlalchemy import ColumnElement, Connection, Float, literal, select
 from sqlalchemy.ext.compiler import compiles
@@ -61,6 +63,29 @@ class ManualClock:
 
 
 DATABASE_CLOCK = DatabaseClock()
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+def built_once(build: Callable[Concatenate[Clock, _P], _T]) -> Callable[Concatenate[Clock, _P], _T]:
+    """Memoise a statement builder whose first argument is the clock.
+
+    On the database clock `now()` is the same SQL every time, so the statement is
+    built once per key and reused (a SQLAlchemy construct is immutable and safe to
+    share between threads; its compiled form is then one cache hit). A
+    `ManualClock` writes its current value into the SQL as a literal, so for it
+    the statement is built afresh on every call, by the same builder.
+    """
+    memo: Callable[..., _T] = functools.cache(build)  # every argument is a hashable key
+
+    @functools.wraps(build)
+    def get(clock: Clock, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        if type(clock) is DatabaseClock:
+            return memo(clock, *args, **kwargs)
+        return build(clock, *args, **kwargs)
+
+    return get
 
 
 def read_now(conn: Connection, clock: Clock = DATABASE_CLOCK) -> float:

@@ -8,7 +8,10 @@ from typing import Any
 
 from sqlalchemy import (
     Connection,
+    Float,
+    Insert,
     Row,
+    bindparam,
     insert,
     select,
     text,
@@ -16,7 +19,7 @@ from sqlalchemy import (
 
 from executor.core.admission import Gate
 from executor.store.audit import dumps
-from executor.store.clock import DATABASE_CLOCK, Clock
+from executor.store.clock import DATABASE_CLOCK, Clock, built_once
 from executor.store.schema import calls, hosted_calls, outbox
 
 
@@ -24,14 +27,20 @@ def add_outbox_row(
     conn: Connection, operation_id: str, clock: Clock = DATABASE_CLOCK, delay_seconds: float = 0.0
 ) -> None:
     """Ask the relay to publish the operation id (in the caller's transaction)."""
-    now = clock.now()
     conn.execute(
-        insert(outbox).values(
-            operation_id=operation_id,
-            created_at=now,
-            next_attempt_at=now + delay_seconds if delay_seconds else now,
-            attempts=0,
-        )
+        _insert_outbox_row(clock, bool(delay_seconds)),
+        {"operation_id": operation_id, "delay_seconds": delay_seconds},
+    )
+
+
+@built_once
+def _insert_outbox_row(clock: Clock, delayed: bool) -> Insert:
+    now = clock.now()
+    return insert(outbox).values(
+        operation_id=bindparam("operation_id"),
+        created_at=now,
+        next_attempt_at=now + bindparam("delay_seconds", type_=Float()) if delayed else now,
+        attempts=0,
     )
 
 

@@ -30,14 +30,17 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 from sqlalchemy import (
     ColumnElement,
     Connection,
+    Executable,
+    Float,
     Row,
     and_,
+    bindparam,
     insert,
     literal,
     select,
@@ -48,11 +51,23 @@ from sqlalchemy import (
 from executor.core.states import SETTLED, TERMINAL, ApprovalState, State
 from executor.core.tools import Mode
 from executor.core.types import ErrorCode
-from executor.store.audit import AUDIT_COLUMNS, DECISION_CODE, append_event, dumps, event_from
-from executor.store.clock import DATABASE_CLOCK, Clock
+from executor.store.audit import (
+    AUDIT_COLUMNS,
+    DECISION_CODE,
+    append_event,
+    dumps,
+    event_from,
+    event_params,
+)
+from executor.store.clock import DATABASE_CLOCK, Clock, built_once
 from executor.store.engine import insert_ignore
 from executor.store.intake import add_outbox_row
-from executor.store.ordering import release_successors, runnable_queued, waiting_on_earlier
+from executor.store.ordering import (
+    release_successors,
+    runnable_queued,
+    sql_literal,
+    waiting_on_earlier,
+)
 from executor.store.records import (
     Conflict,
     Created,
@@ -69,18 +84,134 @@ from executor.store.schema import approvals, operations
 _NO_OWNER: Mapping[str, None] = {"owner_token": None, "lease_expires_at": None}
 
 
+class Fence(NamedTuple):
+    """One condition of a CAS's WHERE, besides the operation and the state it leaves:
+    a shape (`_FENCES`: its SQL, over bound parameters, built once per clock) and the
+    values of those parameters."""
+
+    shape: str
+    params: Mapping[str, Any]
+
+
+_FENCES: Mapping[str, Callable[[Clock], ColumnElement[bool]]] = {
+    # The owner's fence: still the generation and owner token it reserved with.
+    "owner": lambda clock: and_(
+        operations.c.generation == bindparam("fence_generation"),
+        operations.c.owner_token == bindparam("fence_owner_token"),
+    ),
+    # The reconciler's fence: the generation it observed, and that lease expired.
+    "expired_lease": lambda clock: and_(
+        operations.c.generation == bindparam("fence_generation"),
+        operations.c.lease_expires_at < clock.now(),
+    ),
+    # A take-over's: any generation, lease expired.
+    "lease_expired": lambda clock: operations.c.lease_expires_at < clock.now(),
+    "intent": lambda clock: operations.c.intent_hash == bindparam("fence_intent_hash"),
+    "due": lambda clock: operations.c.available_at <= clock.now(),
+    "in_order": lambda clock: ~waiting_on_earlier(operations),
+}
+
+
+def _owner_holds(generation: int, owner_token: str) -> Fence:
+    """The owner's fence: still the generation and owner token it reserved with."""
+    return Fence("owner", {"fence_generation": generation, "fence_owner_token": owner_token})
+
+
+def _lease_expired(generation: int) -> Fence:
+    """The reconciler's fence: the generation it observed, and that lease expired. It
+    never races a live owner, and loses to anyone who moved first."""
+    return Fence("expired_lease", {"fence_generation": generation})
+
+
+def intent_is(intent_hash: str) -> Fence:
+    """Still the intent a decision was made for (an approval)."""
+    return Fence("intent", {"fence_intent_hash": intent_hash})
+
+
+_DUE = Fence("due", {})
+_IN_ORDER = Fence("in_order", {})
+_ANY_EXPIRED_LEASE = Fence("lease_expired", {})
+
+
+class Now(NamedTuple):
+    """A value to SET: the clock, plus `seconds` (bound as a parameter)."""
+
+    seconds: float = 0.0
+
+
+class _Increment:
+    """A value to SET: the column's own value plus one."""
+
+
+NOW = Now()
+INCREMENT = _Increment()
+
+
+def _value_kind(value: Any) -> str:
+    if isinstance(value, Now):
+        return "now" if value.seconds == 0.0 else "now_plus"
+    if isinstance(value, _Increment):
+        return "increment"
+    return "param"
+
+
+@built_once
+def _transition_statement(
+    clock: Clock,
+    postgresql: bool,
+    from_state: State,
+    to_state: State,
+    fences: tuple[str, ...],
+    values: tuple[tuple[str, str], ...],
+    returning: tuple[str, ...],
+) -> Executable:
+    """The statement of one CAS shape, over bound parameters: `cas_operation_id`, the
+    fences' `fence_*`, the values' `value_<column>` and (PostgreSQL) the event's
+    `event_*`. Built once per shape on the database clock: a transition then costs
+    one compiled-cache hit and one round trip, not the construction of an UPDATE,
+    a CTE and an INSERT … SELECT."""
+    sets: dict[str, Any] = {"state": sql_literal(to_state), "updated_at": clock.now()}
+    if from_state is State.STARTED and to_state is not State.STARTED:
+        sets |= _NO_OWNER
+    for column, kind in values:
+        if kind == "now":
+            sets[column] = clock.now()
+        elif kind == "now_plus":
+            sets[column] = clock.now() + bindparam(f"value_{column}", type_=Float())
+        elif kind == "increment":
+            sets[column] = operations.c[column] + 1
+        else:
+            sets[column] = bindparam(f"value_{column}", type_=operations.c[column].type)
+    moved = (
+        update(operations)
+        .where(
+            operations.c.operation_id == bindparam("cas_operation_id"),
+            operations.c.state == sql_literal(from_state),
+            *(_FENCES[shape](clock) for shape in fences),
+        )
+        .values(**sets)
+        .returning(*AUDIT_COLUMNS, *(operations.c[name] for name in returning))
+    )
+    if not postgresql:
+        return moved
+    # The CAS and its audit event in one statement (a data-modifying CTE runs exactly
+    # once, and only for the row the UPDATE changed): one round trip.
+    cte = moved.cte("moved")
+    return select(cte).add_cte(event_from(cte, from_state, to_state, clock).cte("logged"))
+
+
 def _transition(
     conn: Connection,
     operation_id: str,
     from_state: State,
     to_state: State,
-    *fence: ColumnElement[bool],
+    *fence: Fence,
     values: Mapping[str, Any],
     decision: str,
     clock: Clock,
     actor: str | None = None,
     duration_ms: float | None = None,
-    returning: Sequence[ColumnElement[Any]] = (),
+    returning: Sequence[str] = (),
 ) -> Row[Any] | None:
     """One CAS: `from_state → to_state` for the operation, only where `fence` holds.
 
@@ -93,37 +224,35 @@ def _transition(
     message would sit there), settling (terminal or `reconciliation_pending`) wakes
     the queued successors that waited for it.
 
+    `values` are the columns to SET: a plain value, `NOW` / `Now(seconds)` (the
+    clock, plus seconds) or `INCREMENT` (the column plus one); `returning` names
+    the columns to return besides the audit columns.
+
     Returns the updated row (the audit columns and `returning`), or None when the
     CAS lost: then nothing changed and nothing was appended. Store-internal.
     """
-    ends_ownership = from_state is State.STARTED and to_state is not State.STARTED
-    moved = (
-        update(operations)
-        .where(
-            operations.c.operation_id == operation_id,
-            operations.c.state == from_state.value,
-            *fence,
-        )
-        .values(
-            state=to_state.value,
-            updated_at=clock.now(),
-            **(_NO_OWNER if ends_ownership else {}),
-            **values,
-        )
-        .returning(*AUDIT_COLUMNS, *returning)
+    postgresql = conn.dialect.name == "postgresql"
+    statement = _transition_statement(
+        clock, postgresql, from_state, to_state,
+        tuple(f.shape for f in fence),
+        tuple((column, _value_kind(value)) for column, value in values.items()),
+        tuple(returning),
     )
-    if conn.dialect.name == "postgresql":
-        # The CAS and its audit event in one statement (a data-modifying CTE runs
-        # exactly once, and only for the row the UPDATE changed): one round trip.
-        cte = moved.cte("moved")
-        event = event_from(cte, from_state, to_state, decision, clock, actor=actor, duration_ms=duration_ms)
-        row = conn.execute(select(cte).add_cte(event.cte("logged"))).one_or_none()
-        if row is None:
-            return None
-    else:
-        row = conn.execute(moved).one_or_none()
-        if row is None:
-            return None
+    params: dict[str, Any] = {"cas_operation_id": operation_id}
+    for f in fence:
+        params |= f.params
+    for column, value in values.items():
+        kind = _value_kind(value)
+        if kind == "now_plus":
+            params[f"value_{column}"] = value.seconds
+        elif kind == "param":
+            params[f"value_{column}"] = value
+    if postgresql:
+        params |= event_params(decision, actor=actor, duration_ms=duration_ms)
+    row = conn.execute(statement, params).one_or_none()
+    if row is None:
+        return None
+    if not postgresql:
         append_event(conn, row, from_state, to_state, decision, clock, actor=actor, duration_ms=duration_ms)
     if to_state is State.QUEUED:
         add_outbox_row(conn, operation_id, clock)
@@ -132,25 +261,41 @@ def _transition(
     return row
 
 
-def _owner_holds(generation: int, owner_token: str) -> ColumnElement[bool]:
-    """The owner's fence: still the generation and owner token it reserved with."""
-    return and_(operations.c.generation == generation, operations.c.owner_token == owner_token)
-
-
-def _lease_expired(generation: int, now: Any) -> ColumnElement[bool]:
-    """The reconciler's fence: the generation it observed, and that lease expired. It
-    never races a live owner, and loses to anyone who moved first."""
-    return and_(operations.c.generation == generation, operations.c.lease_expires_at < now)
-
-
-def _live_owner(operation_id: str, generation: int, owner_token: str, now: Any) -> ColumnElement[bool]:
-    """Still `started`, still this owner, and the lease has not expired."""
+@built_once
+def _live_owner(clock: Clock) -> ColumnElement[bool]:
+    """Still `started`, still this owner (`cas_operation_id`, `fence_generation`,
+    `fence_owner_token`), and the lease has not expired."""
     return and_(
-        operations.c.operation_id == operation_id,
-        operations.c.state == State.STARTED.value,
-        _owner_holds(generation, owner_token),
-        operations.c.lease_expires_at > now,
+        operations.c.operation_id == bindparam("cas_operation_id"),
+        operations.c.state == sql_literal(State.STARTED),
+        _FENCES["owner"](clock),
+        operations.c.lease_expires_at > clock.now(),
     )
+
+
+def _live_owner_params(operation_id: str, generation: int, owner_token: str) -> dict[str, Any]:
+    return {
+        "cas_operation_id": operation_id, "fence_generation": generation,
+        "fence_owner_token": owner_token,
+    }
+
+
+@built_once
+def _renew_statement(clock: Clock) -> Executable:
+    return (
+        update(operations)
+        .where(_live_owner(clock))
+        .values(
+            lease_expires_at=clock.now() + bindparam("value_lease_seconds", type_=Float()),
+            updated_at=clock.now(),
+        )
+        .returning(operations.c.lease_expires_at)
+    )
+
+
+@built_once
+def _still_owner_statement(clock: Clock) -> Executable:
+    return select(literal(1)).where(_live_owner(clock))
 
 
 def new_owner_token() -> str:
@@ -243,13 +388,9 @@ def reserve(
     `reconciliation_pending` write runs and sees the state as it is, while a write
     after one never runs (the worker ends it `predecessor_failed`).
     """
-    now = clock.now()
     return _hand_out_ownership(
-        conn, operation_id, State.QUEUED,
-        operations.c.available_at <= now,
-        ~waiting_on_earlier(operations),
-        owner_token=owner_token, lease_seconds=lease_seconds, now=now,
-        decision="reserved", clock=clock,
+        conn, operation_id, State.QUEUED, _DUE, _IN_ORDER,
+        owner_token=owner_token, lease_seconds=lease_seconds, decision="reserved", clock=clock,
     )
 
 
@@ -265,12 +406,10 @@ def take_over(
     Only for tools whose effect allows it (reads, `idempotent`, `fenced`): the
     caller checks the tool's declaration before calling this.
     """
-    now = clock.now()
     return _hand_out_ownership(
-        conn, operation_id, State.STARTED,
-        operations.c.lease_expires_at < now,
-        owner_token=owner_token, lease_seconds=lease_seconds, now=now,
-        decision="lease_takeover", clock=clock,
+        conn, operation_id, State.STARTED, _ANY_EXPIRED_LEASE,
+        owner_token=owner_token, lease_seconds=lease_seconds, decision="lease_takeover",
+        clock=clock,
     )
 
 
@@ -278,10 +417,9 @@ def _hand_out_ownership(
     conn: Connection,
     operation_id: str,
     from_state: State,
-    *fence: ColumnElement[bool],
+    *fence: Fence,
     owner_token: str,
     lease_seconds: float,
-    now: Any,
     decision: str,
     clock: Clock,
 ) -> Reservation | None:
@@ -291,15 +429,15 @@ def _hand_out_ownership(
         conn, operation_id, from_state, State.STARTED,
         *fence,
         values={
-            "generation": operations.c.generation + 1,
+            "generation": INCREMENT,
             "owner_token": owner_token,
-            "lease_expires_at": now + lease_seconds,
-            "attempts": operations.c.attempts + 1,
-            "started_at": now,
+            "lease_expires_at": Now(lease_seconds),
+            "attempts": INCREMENT,
+            "started_at": NOW,
         },
         decision=decision,
         clock=clock,
-        returning=(operations.c.lease_expires_at, operations.c.attempts),
+        returning=("lease_expires_at", "attempts"),
     )
     if row is None:
         return None
@@ -322,12 +460,10 @@ def renew(
     An already expired lease is not revived: the reconciler may be acting on it.
     Not a transition (the state stays `started`), so no audit event.
     """
-    now = clock.now()
     return conn.execute(
-        update(operations)
-        .where(_live_owner(operation_id, generation, owner_token, now))
-        .values(lease_expires_at=now + lease_seconds, updated_at=now)
-        .returning(operations.c.lease_expires_at)
+        _renew_statement(clock),
+        _live_owner_params(operation_id, generation, owner_token)
+        | {"value_lease_seconds": lease_seconds},
     ).scalar_one_or_none()
 
 
@@ -372,7 +508,7 @@ def still_owner(
     """The check a worker makes just before a downstream write: `renew`'s condition, read."""
     return (
         conn.execute(
-            select(literal(1)).where(_live_owner(operation_id, generation, owner_token, clock.now()))
+            _still_owner_statement(clock), _live_owner_params(operation_id, generation, owner_token)
         ).first()
         is not None
     )
@@ -400,17 +536,16 @@ def complete(
     it more precisely (`business_rule_violation_at_execution`: a re-check refused
     before the handler ran)."""
     code = None if succeeded else (error_code or ErrorCode.EXECUTION_FAILED).value
-    now = clock.now()
     row = _transition(
         conn, operation_id, State.STARTED, State.SUCCEEDED if succeeded else State.FAILED_TERMINAL,
         _owner_holds(generation, owner_token),
-        operations.c.intent_hash == intent_hash,
+        intent_is(intent_hash),
         values={
             "result": dumps(result) if succeeded else None,
             "receipt": receipt,
             "error_code": code,
             "error": None if succeeded else dumps(error or {}),
-            "finished_at": now,
+            "finished_at": NOW,
         },
         decision=decision or code or "succeeded", clock=clock, duration_ms=duration_ms,
     )
@@ -433,11 +568,10 @@ def release_to_retry(
 
     The audit decision is the error code unless `decision` names it (the worker's
     `released_before_run`, which `earlier_attempt_may_have_run` reads)."""
-    now = clock.now()
     row = _transition(
         conn, operation_id, State.STARTED, State.RETRY_WAIT, _owner_holds(generation, owner_token),
         values={
-            "available_at": now + delay_seconds,
+            "available_at": Now(delay_seconds),
             "error_code": error_code.value,
             "error": dumps(error),
         },
@@ -448,10 +582,9 @@ def release_to_retry(
 
 def promote_due_retry(conn: Connection, operation_id: str, clock: Clock = DATABASE_CLOCK) -> bool:
     """retry_wait (available_at passed) → queued, with a fresh outbox row."""
-    now = clock.now()
     row = _transition(
-        conn, operation_id, State.RETRY_WAIT, State.QUEUED, operations.c.available_at <= now,
-        values={"queued_at": now},
+        conn, operation_id, State.RETRY_WAIT, State.QUEUED, _DUE,
+        values={"queued_at": NOW},
         decision="retry_due", clock=clock,
     )
     return row is not None
@@ -503,7 +636,7 @@ def mark_unknown_expired(
     """started (lease expired, generation observed) → reconciliation_pending, by the
     reconciler: the owner is gone and the tool's effect contract leaves it to a person."""
     return _unknown_outcome(
-        conn, operation_id, _lease_expired(generation, clock.now()), reason, clock,
+        conn, operation_id, _lease_expired(generation), reason, clock,
         actor="reconciler",
     )
 
@@ -511,7 +644,7 @@ def mark_unknown_expired(
 def _unknown_outcome(
     conn: Connection,
     operation_id: str,
-    fence: ColumnElement[bool],
+    fence: Fence,
     reason: str,
     clock: Clock,
     *,
@@ -574,13 +707,12 @@ def fail_unstarted(
     clock: Clock = DATABASE_CLOCK,
 ) -> bool:
     """queued → failed_terminal without ever running (predecessor failed, policy changed)."""
-    now = clock.now()
     row = _transition(
         conn, operation_id, State.QUEUED, State.FAILED_TERMINAL,
         values={
             "error_code": error_code.value,
             "error": dumps({"message": message}),
-            "finished_at": now,
+            "finished_at": NOW,
         },
         decision=error_code.value, clock=clock,
     )
@@ -624,10 +756,9 @@ def requeue_stale(
 
     The next reservation takes a new generation, which fences the dead owner.
     """
-    now = clock.now()
     row = _transition(
-        conn, operation_id, State.STARTED, State.QUEUED, _lease_expired(generation, now),
-        values={"queued_at": now, "available_at": now},
+        conn, operation_id, State.STARTED, State.QUEUED, _lease_expired(generation),
+        values={"queued_at": NOW, "available_at": NOW},
         decision="requeued_stale", clock=clock, actor="reconciler",
     )
     return row is not None
@@ -643,10 +774,9 @@ def record_lookup_result(
     clock: Clock = DATABASE_CLOCK,
 ) -> bool:
     """started (lease expired) → succeeded, from the downstream's own answer."""
-    now = clock.now()
     row = _transition(
-        conn, operation_id, State.STARTED, State.SUCCEEDED, _lease_expired(generation, now),
-        values={"result": dumps(result), "receipt": receipt, "finished_at": now},
+        conn, operation_id, State.STARTED, State.SUCCEEDED, _lease_expired(generation),
+        values={"result": dumps(result), "receipt": receipt, "finished_at": NOW},
         decision="lookup_done", clock=clock, actor="reconciler",
     )
     return row is not None
@@ -715,7 +845,6 @@ def resolve(
     (audited with the actor)."""
     if to_state not in (State.SUCCEEDED, State.FAILED_TERMINAL, State.QUEUED):
         raise StoreError(f"cannot resolve to {to_state}")
-    now = clock.now()
     values: dict[str, Any] = {}
     if to_state is State.SUCCEEDED:
         values |= {
@@ -723,16 +852,16 @@ def resolve(
             "receipt": reference,
             "error_code": None,
             "error": None,
-            "finished_at": now,
+            "finished_at": NOW,
         }
     elif to_state is State.FAILED_TERMINAL:
         values |= {
             "error_code": ErrorCode.EXECUTION_FAILED.value,
             "error": dumps({"message": message or "resolved as failed by an operator"}),
-            "finished_at": now,
+            "finished_at": NOW,
         }
     else:
-        values |= {"queued_at": now, "available_at": now}
+        values |= {"queued_at": NOW, "available_at": NOW}
     row = _transition(
         conn, operation_id, State.RECONCILIATION_PENDING, to_state,
         values=values,

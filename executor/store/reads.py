@@ -10,6 +10,7 @@ from sqlalchemy import (
     Connection,
     Row,
     and_,
+    bindparam,
     case,
     false,
     func,
@@ -30,10 +31,11 @@ from executor.store.schema import audit_events, calls, operations
 RELEASED_BEFORE_RUN = "released_before_run"
 
 
+_BY_ID = select(operations).where(operations.c.operation_id == bindparam("operation_id"))
+
+
 def get_operation(conn: Connection, operation_id: str) -> OperationRow | None:
-    row = conn.execute(
-        select(operations).where(operations.c.operation_id == operation_id)
-    ).one_or_none()
+    row = conn.execute(_BY_ID, {"operation_id": operation_id}).one_or_none()
     return None if row is None else OperationRow.from_row(row)
 
 

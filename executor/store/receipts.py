@@ -4,13 +4,27 @@ from __future__ import annotations
 
 from sqlalchemy import (
     Connection,
+    Insert,
+    bindparam,
     func,
     insert,
     select,
 )
 
-from executor.store.clock import DATABASE_CLOCK, Clock
+from executor.store.clock import DATABASE_CLOCK, Clock, built_once
 from executor.store.schema import receipts
+
+
+@built_once
+def _insert_receipt(clock: Clock) -> Insert:
+    return insert(receipts).values(
+        operation_id=bindparam("operation_id"),
+        generation=bindparam("generation"),
+        receipt=bindparam("receipt"),
+        accepted=bindparam("accepted"),
+        source=bindparam("source"),
+        recorded_at=clock.now(),
+    )
 
 
 def record_receipt(
@@ -25,22 +39,18 @@ def record_receipt(
 ) -> None:
     """Every receipt a worker or the reconciler sees, stale owners' included (I1)."""
     conn.execute(
-        insert(receipts).values(
-            operation_id=operation_id,
-            generation=generation,
-            receipt=receipt,
-            accepted=accepted,
-            source=source,
-            recorded_at=clock.now(),
-        )
+        _insert_receipt(clock),
+        {
+            "operation_id": operation_id, "generation": generation, "receipt": receipt,
+            "accepted": accepted, "source": source,
+        },
     )
+
+
+_DISTINCT_ACCEPTED = select(func.count(func.distinct(receipts.c.receipt))).where(
+    receipts.c.operation_id == bindparam("operation_id"), receipts.c.accepted.is_(True)
+)
 
 
 def distinct_accepted_receipts(conn: Connection, operation_id: str) -> int:
-    return int(
-        conn.execute(
-            select(func.count(func.distinct(receipts.c.receipt))).where(
-                receipts.c.operation_id == operation_id, receipts.c.accepted.is_(True)
-            )
-        ).scalar_one()
-    )
+    return int(conn.execute(_DISTINCT_ACCEPTED, {"operation_id": operation_id}).scalar_one())

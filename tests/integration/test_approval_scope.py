@@ -322,7 +322,7 @@ def test_reconciler_lookup__answer_changed_beyond_approved_set__never_succeeded(
     )
     operation_id = handle.operation_ids["c1"]
     with engine.begin() as conn:
-        assert store.reserve(conn, operation_id, store.new_owner_token(), lease_seconds=0.0)
+        assert store.reserve(conn, operation_id, store.new_owner_token(), lease_seconds=-1.0)
 
     # When the reconciler asks the downstream, which says it is done and what it changed
     settings = Settings(database_url=db_url, broker_url="memory://")
@@ -342,7 +342,7 @@ def test_mark_scope_exceeded__stale_owner__changes_nothing_current_owner_wins(
     handle = enqueue_one(engine, "test.silent_notices", account_ids=FIFTY[:2], text="hi")
     operation_id = handle.operation_ids["c1"]
     with engine.begin() as conn:
-        stale = store.reserve(conn, operation_id, store.new_owner_token(), lease_seconds=0.0)
+        stale = store.reserve(conn, operation_id, store.new_owner_token(), lease_seconds=-1.0)
         assert stale is not None
         current = store.take_over(conn, operation_id, store.new_owner_token(), lease_seconds=30.0)
         assert current is not None

@@ -676,7 +676,7 @@ def test_pending_and_resolve__unknown_outcome_of_unsafe_write__listed_then_resol
     engine = store_engine.get_engine(Settings.from_env().database_url)
     with engine.begin() as conn:
         # A worker took it and vanished: its lease is already over.
-        assert store.reserve(conn, operation_id, store.new_owner_token(), lease_seconds=0.0)
+        assert store.reserve(conn, operation_id, store.new_owner_token(), lease_seconds=-1.0)
 
     swept = cli("reconcile")
     listed = cli("pending").json()
