@@ -3,6 +3,7 @@
 One home per concern, one import for callers (`from executor import store`):
 
 - `operations`: every transition of the fencing argument (register, reserve,
+  reserve_first,
   take_over, renew, still_owner, complete, release_to_retry, mark_unknown,
   mark_scope_exceeded, the
   reconciler's expired-lease CASes requeue_stale, mark_unknown_expired and
@@ -68,6 +69,7 @@ from executor.store.operations import (
     republish_queued,
     requeue_stale,
     reserve,
+    reserve_first,
     resolve,
     stale_queued,
     stale_started,
@@ -186,6 +188,7 @@ __all__ = [
     "republish_queued",
     "requeue_stale",
     "reserve",
+    "reserve_first",
     "resolve",
     "runnable_queued",
     "scope_usage",

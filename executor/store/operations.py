@@ -43,6 +43,7 @@ from sqlalchemy import (
     bindparam,
     insert,
     literal,
+    or_,
     select,
     tuple_,
     update,
@@ -73,6 +74,7 @@ from executor.store.records import (
     Created,
     InProgress,
     NewOperation,
+    OperationRow,
     RegisterOutcome,
     Reservation,
     Reused,
@@ -109,6 +111,11 @@ _FENCES: Mapping[str, Callable[[Clock], ColumnElement[bool]]] = {
     "intent": lambda clock: operations.c.intent_hash == bindparam("fence_intent_hash"),
     "due": lambda clock: operations.c.available_at <= clock.now(),
     "in_order": lambda clock: ~waiting_on_earlier(operations),
+    # Needs no predecessor check before it runs (`reserve_first`): a read, or a
+    # request's first call.
+    "first_or_read": lambda clock: or_(
+        operations.c.mode != sql_literal(Mode.WRITE), operations.c.position == 0
+    ),
 }
 
 
@@ -131,6 +138,7 @@ def intent_is(intent_hash: str) -> Fence:
 _DUE = Fence("due", {})
 _IN_ORDER = Fence("in_order", {})
 _ANY_EXPIRED_LEASE = Fence("lease_expired", {})
+_FIRST_OR_READ = Fence("first_or_read", {})
 
 
 class Now(NamedTuple):
@@ -388,10 +396,46 @@ def reserve(
     `reconciliation_pending` write runs and sees the state as it is, while a write
     after one never runs (the worker ends it `predecessor_failed`).
     """
-    return _hand_out_ownership(
+    won = _hand_out_ownership(
         conn, operation_id, State.QUEUED, _DUE, _IN_ORDER,
         owner_token=owner_token, lease_seconds=lease_seconds, decision="reserved", clock=clock,
     )
+    return None if won is None else won[0]
+
+
+# Every column of an operation that the audit columns do not already return.
+_REST_OF_ROW = tuple(
+    c.name for c in operations.c if c.name not in {a.name for a in AUDIT_COLUMNS}
+)
+
+
+def reserve_first(
+    conn: Connection,
+    operation_id: str,
+    owner_token: str,
+    lease_seconds: float,
+    clock: Clock = DATABASE_CLOCK,
+) -> tuple[Reservation, OperationRow] | None:
+    """`reserve`, only for an operation that needs no predecessor check before it runs
+    (a read, or a write that is its request's first call), returning the reserved
+    row as well: a worker's first read and its CAS in one statement.
+
+    The same CAS as `reserve` (due, in proposal order, from `queued`) with one more
+    fence, so it wins only where `reserve` would and the worker would not have
+    checked `predecessor_failed` first. Anything else (a duplicate delivery, a
+    later write, an operation not yet due) loses and changes nothing; the caller
+    then reads the row and takes the general path. The row is as the CAS left it
+    (`started`, the new generation and owner).
+    """
+    won = _hand_out_ownership(
+        conn, operation_id, State.QUEUED, _DUE, _IN_ORDER, _FIRST_OR_READ,
+        owner_token=owner_token, lease_seconds=lease_seconds, decision="reserved", clock=clock,
+        returning=_REST_OF_ROW,
+    )
+    if won is None:
+        return None
+    reservation, row = won
+    return reservation, OperationRow.from_row(row)
 
 
 def take_over(
@@ -406,11 +450,12 @@ def take_over(
     Only for tools whose effect allows it (reads, `idempotent`, `fenced`): the
     caller checks the tool's declaration before calling this.
     """
-    return _hand_out_ownership(
+    won = _hand_out_ownership(
         conn, operation_id, State.STARTED, _ANY_EXPIRED_LEASE,
         owner_token=owner_token, lease_seconds=lease_seconds, decision="lease_takeover",
         clock=clock,
     )
+    return None if won is None else won[0]
 
 
 def _hand_out_ownership(
@@ -422,9 +467,12 @@ def _hand_out_ownership(
     lease_seconds: float,
     decision: str,
     clock: Clock,
-) -> Reservation | None:
-    """What `reserve` and `take_over` write (they differ in what they take over from):
-    generation+1, the new owner token and a lease on the database clock, in one CAS."""
+    returning: Sequence[str] = (),
+) -> tuple[Reservation, Row[Any]] | None:
+    """What `reserve`, `reserve_first` and `take_over` write (they differ in what they
+    take over from): generation+1, the new owner token and a lease on the database
+    clock, in one CAS. Returns the reservation and the row (`returning` names more
+    columns for it)."""
     row = _transition(
         conn, operation_id, from_state, State.STARTED,
         *fence,
@@ -437,14 +485,14 @@ def _hand_out_ownership(
         },
         decision=decision,
         clock=clock,
-        returning=("lease_expires_at", "attempts"),
+        returning=tuple(dict.fromkeys(("lease_expires_at", "attempts", *returning))),
     )
     if row is None:
         return None
     return Reservation(
         operation_id, row.generation, owner_token, row.lease_expires_at, row.attempts,
         from_state is State.STARTED,
-    )
+    ), row
 
 
 def renew(

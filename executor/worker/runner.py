@@ -135,6 +135,10 @@ class OperationRunner:
         if not isinstance(operation_id, str) or not 0 < len(operation_id) <= MAX_OPERATION_ID_LENGTH:
             # Garbage on the queue: acknowledge and count; retrying cannot make it valid.
             return Outcome(OutcomeLabel.BAD_MESSAGE)
+        first = self._reserve_first(operation_id)
+        if first is not None:
+            reserved, won = first
+            return self._execute(reserved, self.registry.get(reserved.tool_name), won)
         with self.reader.connect() as conn:
             row = store.get_operation(conn, operation_id)
         if row is None:
@@ -151,6 +155,29 @@ class OperationRunner:
         if isinstance(acquired, Outcome):
             return acquired
         return self._execute(row, tool, acquired)
+
+    def _reserve_first(self, operation_id: str) -> tuple[store.OperationRow, Acquired] | None:
+        """Most messages are the first delivery of a due operation that needs no
+        predecessor check (a read, or a request's first call): reserve it and get its
+        row in one statement (`store.reserve_first`), with no read before. None when
+        that CAS lost (changing nothing): the caller reads the row and takes the
+        general path, which decides duplicates, later writes and take-overs."""
+        owner_token = store.new_owner_token()
+        reserve_sent_at = time.monotonic()
+        try:
+            with self.engine.begin() as conn:
+                won = store.reserve_first(conn, operation_id, owner_token, self.settings.lease_seconds)
+            if won is not None:
+                # After the commit, as in `_acquire`.
+                self.faults.fire("reserve_commit", won[1].tool_name)
+        except (OperationalError, DBAPIError, AmbiguousCommit):
+            recovered = self._recover_reservation(operation_id, owner_token)
+            if recovered is None:
+                raise
+            return recovered[0], Acquired(recovered[1], reserve_sent_at)
+        if won is None:
+            return None
+        return won[1], Acquired(won[0], reserve_sent_at)
 
     def _acquire(self, row: store.OperationRow, tool: Tool[Any] | None) -> Acquired | Outcome:
         owner_token = store.new_owner_token()
@@ -188,9 +215,10 @@ class OperationRunner:
                 self.faults.fire("reserve_commit", row.tool_name)
         except (OperationalError, DBAPIError, AmbiguousCommit):
             # Did the reservation commit? Our owner token is unique to this attempt.
-            reservation = self._recover_reservation(row.operation_id, owner_token)
-            if reservation is None:
+            recovered = self._recover_reservation(row.operation_id, owner_token)
+            if recovered is None:
                 raise
+            reservation = recovered[1]
         acquired = None if reservation is None else Acquired(reservation, reserve_sent_at)
         if acquired is None and state is State.STARTED and tool is not None:
             acquired = self._take_over_when_expired(row.operation_id, owner_token)
@@ -215,7 +243,11 @@ class OperationRunner:
             reservation = store.take_over(conn, operation_id, owner_token, self.settings.lease_seconds)
         return None if reservation is None else Acquired(reservation, take_over_sent_at)
 
-    def _recover_reservation(self, operation_id: str, owner_token: str) -> store.Reservation | None:
+    def _recover_reservation(
+        self, operation_id: str, owner_token: str
+    ) -> tuple[store.OperationRow, store.Reservation] | None:
+        """After a connection error around a reservation: whether it committed (the
+        owner token is unique to the attempt), with the row as it now is."""
         for attempt in range(5):
             try:
                 with self.reader.connect() as conn:
@@ -233,7 +265,7 @@ class OperationRunner:
         ):
             return None
         log.info("reservation of %s committed despite a connection error", operation_id)
-        return store.Reservation(
+        return row, store.Reservation(
             operation_id, row.generation, owner_token, row.lease_expires_at, row.attempts, False
         )
 

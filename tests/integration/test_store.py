@@ -303,6 +303,70 @@ def test_reserve__not_yet_available__loses_until_due(s: Store, engine: Engine) -
     assert s.reserve(operation_id, "owner-a", LEASE) is not None
 
 
+def test_reserve_first__first_call_queued_and_due__wins_as_reserve_does_and_returns_the_row(
+    s: Store,
+) -> None:
+    operation_id = s.register_queued()
+
+    won = s.reserve_first(operation_id, "owner-a", LEASE)
+
+    assert won is not None
+    reservation, row = won
+    assert reservation == Reservation(operation_id, 1, "owner-a", s.clock.value + LEASE, 1, False)
+    stored = s.get_operation(operation_id)
+    assert row == stored
+    assert (row.state, row.generation, row.owner_token, row.tool_name, json.loads(row.arguments)) == (
+        "started", 1, "owner-a", "refund_order", {"order_id": "ord-1", "amount": 200},
+    )
+    assert s.audit(operation_id)[-1] == ("queued", "started", "reserved", 1)
+
+
+def test_reserve_first__read_after_a_settled_write__wins(s: Store) -> None:
+    write = s.register_queued(position=0)
+    read = s.register_queued(position=1, mode="read")
+    r = s.reserve(write, "owner-a", LEASE)
+    s.mark_unknown(write, r.generation, owner_token="owner-a", reason="lost")
+
+    won = s.reserve_first(read, "owner-b", LEASE)
+
+    assert won is not None and won[1].mode == "read" and won[1].position == 1
+
+
+def test_reserve_first__later_write__loses_and_changes_nothing_even_when_reserve_would_win(
+    s: Store,
+) -> None:
+    # Given a write after a write that succeeded: `reserve` would take it, but the
+    # worker checks `predecessor_failed` first, so `reserve_first` must not
+    first = s.register_queued(position=0)
+    later = s.register_queued(position=1)
+    r = s.reserve(first, "owner-a", LEASE)
+    s.complete(first, r.generation, "owner-a", intent("refund ord-1 200"), succeeded=True)
+
+    with s.unchanged(later):
+        assert s.reserve_first(later, "owner-b", LEASE) is None
+    assert s.reserve(later, "owner-b", LEASE) is not None
+
+
+@pytest.mark.parametrize("stage", ["started", "pending_approval", "not_due", "waiting", "missing"])
+def test_reserve_first__where_reserve_loses__loses_and_changes_nothing(
+    s: Store, engine: Engine, stage: str
+) -> None:
+    if stage == "missing":
+        assert s.reserve_first("op-missing", "owner-a", LEASE) is None
+        return
+    if stage == "waiting":
+        s.register_queued(position=0)  # an earlier write, still queued
+        operation_id = s.register_queued(position=1, mode="read")
+    else:
+        operation_id = s.register_queued(needs_approval=stage == "pending_approval")
+    if stage == "started":
+        s.reserve(operation_id, "owner-a", LEASE)
+    reserver = Store(engine, ManualClock(start=s.clock.value - 1)) if stage == "not_due" else s
+
+    with s.unchanged(operation_id):
+        assert reserver.reserve_first(operation_id, "owner-b", LEASE) is None
+
+
 # --------------------------------------------------------------------- take_over and renew
 
 
