@@ -84,20 +84,34 @@ def record_call(
     a repeated write answered from an earlier call names it in `reused_from_call_id`
     and points at its operation."""
     conn.execute(
-        insert(calls).values(
-            tenant=tenant,
-            request_id=request_id,
-            conversation_id=conversation_id,
-            proposal_hash=proposal_hash,
-            reused_from_call_id=reused_from_call_id,
-            call_id=call_id,
-            position=position,
-            tool_name=tool_name,
-            operation_id=operation_id,
-            gate=None if gate is None else gate.value,
-            result=dumps(result) if result is not None else None,
-            created_at=clock.now(),
-        )
+        _insert_call(clock),
+        {
+            "tenant": tenant,
+            "request_id": request_id,
+            "conversation_id": conversation_id,
+            "proposal_hash": proposal_hash,
+            "reused_from_call_id": reused_from_call_id,
+            "call_id": call_id,
+            "position": position,
+            "tool_name": tool_name,
+            "operation_id": operation_id,
+            "gate": None if gate is None else gate.value,
+            "result": dumps(result) if result is not None else None,
+        },
+    )
+
+
+_CALL_COLUMNS = (
+    "tenant", "request_id", "conversation_id", "proposal_hash", "reused_from_call_id", "call_id",
+    "position", "tool_name", "operation_id", "gate", "result",
+)
+
+
+@built_once
+def _insert_call(clock: Clock) -> Insert:
+    return insert(calls).values(
+        **{column: bindparam(column, type_=calls.c[column].type) for column in _CALL_COLUMNS},
+        created_at=clock.now(),
     )
 
 

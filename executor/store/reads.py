@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import Any
 
@@ -9,6 +10,7 @@ from sqlalchemy import (
     ColumnElement,
     Connection,
     Row,
+    Select,
     and_,
     bindparam,
     case,
@@ -82,10 +84,13 @@ def lease_remaining(conn: Connection, operation_id: str, clock: Clock = DATABASE
 
 def calls_of_request(conn: Connection, tenant: str, request_id: str) -> dict[str, Row[Any]]:
     """call id → its row, for one request of one tenant."""
-    rows = conn.execute(
-        select(calls).where(calls.c.tenant == tenant, calls.c.request_id == request_id)
-    ).all()
+    rows = conn.execute(_CALLS_OF_REQUEST, {"tenant": tenant, "request_id": request_id}).all()
     return {row.call_id: row for row in rows}
+
+
+_CALLS_OF_REQUEST = select(calls).where(
+    calls.c.tenant == bindparam("tenant"), calls.c.request_id == bindparam("request_id")
+)
 
 
 def scope_usage(
@@ -102,30 +107,41 @@ def scope_usage(
     Counted from the calls table inside the caller's transaction, so the earlier
     calls of the batch being enqueued count too; calls refused by a budget do not.
     """
-    scope = (
-        calls.c.request_id == request_id if conversation_id is None
-        else calls.c.conversation_id == conversation_id
-    )
-    # Refused by a budget, or a provider-run call reported on the request: not a
-    # call toolfence was asked to run, so not one the budget counts.
-    counted = or_(calls.c.gate.is_(None), calls.c.gate.not_in([Gate.BUDGET.value, Gate.HOSTED.value]))
     writes = list(write_tools)
-
-    def total(condition: ColumnElement[bool]) -> ColumnElement[Any]:
-        return func.coalesce(func.sum(case((condition, 1), else_=0)), 0)
-
     row = conn.execute(
-        select(
-            func.count().label("calls"),
-            total(calls.c.tool_name.in_(writes) if writes else false()).label("writes"),
-            total(calls.c.tool_name == tool_name).label("tool_calls"),
-            total(and_(calls.c.gate == Gate.REPEAT.value, calls.c.result.is_not(None))).label("failures"),
-        ).where(calls.c.tenant == tenant, scope, counted)
+        _usage_statement(by_conversation=conversation_id is not None, any_writes=bool(writes)),
+        {
+            "tenant": tenant, "scope": request_id if conversation_id is None else conversation_id,
+            "tool_name": tool_name, "write_tools": writes,
+        },
     ).one()
     return Usage(
         calls=int(row.calls), writes=int(row.writes), tool_calls=int(row.tool_calls),
         repeated_failures=int(row.failures),
     )
+
+
+@functools.cache
+def _usage_statement(*, by_conversation: bool, any_writes: bool) -> Select[Any]:
+    """`scope_usage`'s query, built once per scope kind (`:tenant`, `:scope`,
+    `:tool_name`, `:write_tools`)."""
+    scope = (calls.c.conversation_id if by_conversation else calls.c.request_id) == bindparam("scope")
+    # Refused by a budget, or a provider-run call reported on the request: not a
+    # call toolfence was asked to run, so not one the budget counts.
+    counted = or_(calls.c.gate.is_(None), calls.c.gate.not_in([Gate.BUDGET.value, Gate.HOSTED.value]))
+
+    def total(condition: ColumnElement[bool]) -> ColumnElement[Any]:
+        return func.coalesce(func.sum(case((condition, 1), else_=0)), 0)
+
+    writes = (
+        calls.c.tool_name.in_(bindparam("write_tools", expanding=True)) if any_writes else false()
+    )
+    return select(
+        func.count().label("calls"),
+        total(writes).label("writes"),
+        total(calls.c.tool_name == bindparam("tool_name")).label("tool_calls"),
+        total(and_(calls.c.gate == Gate.REPEAT.value, calls.c.result.is_not(None))).label("failures"),
+    ).where(calls.c.tenant == bindparam("tenant"), scope, counted)
 
 
 def earlier_write(
