@@ -164,6 +164,9 @@ def _value_kind(value: Any) -> str:
     return "param"
 
 
+_REQUEST_PLACE = ("tenant", "request_id", "position")
+
+
 @built_once
 def _transition_statement(
     clock: Clock,
@@ -241,11 +244,13 @@ def _transition(
     CAS lost: then nothing changed and nothing was appended. Store-internal.
     """
     postgresql = conn.dialect.name == "postgresql"
+    if to_state in SETTLED:
+        returning = (*returning, *_REQUEST_PLACE)  # where its successors are
     statement = _transition_statement(
         clock, postgresql, from_state, to_state,
         tuple(f.shape for f in fence),
         tuple((column, _value_kind(value)) for column, value in values.items()),
-        tuple(returning),
+        tuple(dict.fromkeys(returning)),
     )
     params: dict[str, Any] = {"cas_operation_id": operation_id}
     for f in fence:
@@ -266,7 +271,7 @@ def _transition(
     if to_state is State.QUEUED:
         add_outbox_row(conn, operation_id, clock)
     elif to_state in SETTLED:
-        release_successors(conn, operation_id, clock)
+        release_successors(conn, row.tenant, row.request_id, row.position, clock)
     return row
 
 

@@ -145,33 +145,34 @@ def predecessor_failed(conn: Connection, operation_id: str) -> bool:
     return bool(failed)
 
 
-def release_successors(conn: Connection, operation_id: str, clock: Clock) -> None:
+def release_successors(
+    conn: Connection, tenant: str, request_id: str, position: int, clock: Clock
+) -> None:
     """An operation settled: wake the queued successors of its request that are now runnable.
 
     They had no message while they waited (see `waiting_on_earlier`); a fresh one
-    lets a worker run them now, or end a write `predecessor_failed`.
+    lets a worker run them now, or end a write `predecessor_failed`. The settled
+    operation is named by its request and position (the transition returns them).
     """
-    successors = conn.execute(_successors_statement(), {"settled_id": operation_id}).scalars()
+    successors = conn.execute(
+        _successors_statement(), {"tenant": tenant, "request_id": request_id, "position": position}
+    ).scalars()
     for successor in successors:
         add_outbox_row(conn, successor, clock)
 
 
 @functools.cache
 def _successors_statement() -> Select[Any]:
-    """The runnable queued operations after `:settled_id` in its request (built once)."""
-    settled = operations.alias("settled")
-    return (
-        select(operations.c.operation_id)
-        .select_from(
-            operations.join(
-                settled,
-                and_(
-                    settled.c.operation_id == bindparam("settled_id"),
-                    operations.c.tenant == settled.c.tenant,
-                    operations.c.request_id == settled.c.request_id,
-                    operations.c.position > settled.c.position,
-                ),
-            )
-        )
-        .where(runnable_queued(operations))
+    """The runnable queued operations after `:position` in the request (`:tenant`,
+    `:request_id`), built once.
+
+    By value, not joined to the settled row: with the join, PostgreSQL may plan it
+    from the partial index of queued operations and scan every queued operation
+    of every request on each completion (O(backlog) per operation); equality on
+    the request keeps it on the request's index."""
+    return select(operations.c.operation_id).where(
+        operations.c.tenant == bindparam("tenant"),
+        operations.c.request_id == bindparam("request_id"),
+        operations.c.position > bindparam("position"),
+        runnable_queued(operations),
     )
