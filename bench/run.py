@@ -69,10 +69,17 @@ class Result:
     latencies_ms: list[float] = field(default_factory=list)
     note: str = ""
     overhead_ms: list[float] = field(default_factory=list)
+    cpu_seconds: float | None = None  # the whole machine's busy CPU in the timed window
 
     @property
     def per_second(self) -> float:
         return self.operations / self.seconds if self.seconds else float("nan")
+
+    @property
+    def cpu_ms_per_op(self) -> float:
+        if self.cpu_seconds is None or not self.operations:
+            return float("nan")
+        return self.cpu_seconds * 1000 / self.operations
 
     @property
     def p50(self) -> float:
@@ -81,6 +88,14 @@ class Result:
     @property
     def p99(self) -> float:
         return percentile(self.latencies_ms, 0.99)
+
+
+def busy_cpu_seconds() -> float:
+    """CPU time the whole machine has spent busy since boot (every process and the
+    kernel: workers, PostgreSQL, the broker, this script), from /proc/stat."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 # ----------------------------------------------------------------------- processes
@@ -162,13 +177,13 @@ def bench_raw_celery(n: int, log_dir: Path) -> Result:
     from bench.tasks import app
 
     with celery_workers("bench.tasks:app", env, log_dir / "noop"):
-        started = time.perf_counter()
+        started, busy = time.perf_counter(), busy_cpu_seconds()
         for _ in range(n):
             app.send_task("bench.noop", args=[run_id], queue=queue)
         while int(counter.get(f"bench:{run_id}") or 0) < n:
             time.sleep(0.005)
-        elapsed = time.perf_counter() - started
-    return Result("raw Celery (no-op task)", n, elapsed)
+        elapsed, busy = time.perf_counter() - started, busy_cpu_seconds() - busy
+    return Result("raw Celery (no-op task)", n, elapsed, cpu_seconds=busy)
 
 
 def register_plain_operations(engine: Engine, n: int, prefix: str) -> list[tuple[str, str]]:
@@ -394,7 +409,7 @@ def bench_plain_floor(n: int, log_dir: Path) -> Result:
         )
     workers = celery_workers("bench.tasks:app", env, log_dir / "plain")
     with workers, psycopg.connect(url, autocommit=True) as conn:
-        started = time.perf_counter()
+        started, busy = time.perf_counter(), busy_cpu_seconds()
         for i in range(1, n + 1):
             app.send_task("bench.plain_floor", args=[f"{prefix}-{i}"], queue=queue)
         while conn.execute(
@@ -402,8 +417,8 @@ def bench_plain_floor(n: int, log_dir: Path) -> Result:
         ).fetchone()[0] < n:
             POLLS["count"] += 1
             time.sleep(0.02)
-        elapsed = time.perf_counter() - started
-    return Result("plain-SQL floor (2 single-row UPDATEs, no audit)", n, elapsed)
+        elapsed, busy = time.perf_counter() - started, busy_cpu_seconds() - busy
+    return Result("plain-SQL floor (2 single-row UPDATEs, no audit)", n, elapsed, cpu_seconds=busy)
 
 
 def enqueue_calls(engine: Engine, tool: str, n: int, prefix: str) -> list[str]:
@@ -443,12 +458,12 @@ def bench_toolfence_direct(
     ids = enqueue_calls(engine, tool, n, prefix)
     with toolfence_fleet(log_dir, broker=broker, pool=pool, concurrency=concurrency, relays=0) as queue:
         app = make_celery(Settings.from_env())
-        started = time.perf_counter()
+        started, busy = time.perf_counter(), busy_cpu_seconds()
         for operation_id in ids:
             app.send_task(TASK_NAME, args=[operation_id], queue=queue)
         wait_terminal(engine, operations.c.request_id.like(f"{prefix}-%"), n)
-        elapsed = time.perf_counter() - started
-    return Result(label, n, elapsed, note=f"{pool} x{concurrency}")
+        elapsed, busy = time.perf_counter() - started, busy_cpu_seconds() - busy
+    return Result(label, n, elapsed, note=f"{pool} x{concurrency}", cpu_seconds=busy)
 
 
 def bench_raw_sleep(n: int, log_dir: Path) -> Result:
@@ -463,14 +478,14 @@ def bench_raw_sleep(n: int, log_dir: Path) -> Result:
         "bench.tasks:app", env, log_dir / "sleep", pool="threads", concurrency=IO_CONCURRENCY
     )
     with workers:
-        started = time.perf_counter()
+        started, busy = time.perf_counter(), busy_cpu_seconds()
         for _ in range(n):
             app.send_task("bench.sleep", args=[run_id, IO_SLEEP_SECONDS], queue=queue)
         while int(counter.get(f"bench:{run_id}") or 0) < n:
             time.sleep(0.005)
-        elapsed = time.perf_counter() - started
+        elapsed, busy = time.perf_counter() - started, busy_cpu_seconds() - busy
     return Result(f"raw Celery, sleep {IO_SLEEP_SECONDS * 1000:.0f} ms", n, elapsed,
-                  note=f"threads x{IO_CONCURRENCY}")
+                  note=f"threads x{IO_CONCURRENCY}", cpu_seconds=busy)
 
 
 def tool_durations(engine: Engine, prefix: str) -> dict[str, float]:
@@ -728,11 +743,14 @@ def machine() -> dict[str, str]:
 
 
 def render(results: list[Result], ratios: dict[str, float], extras: dict[str, Any]) -> str:
-    lines = ["| scenario | ops | seconds | ops/s | p50 ms | p99 ms | note |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| scenario | ops | seconds | ops/s | p50 ms | p99 ms | machine CPU ms/op | note |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         lines.append(
             f"| {r.name} | {r.operations} | {r.seconds:.2f} | {r.per_second:.1f} | "
-            f"{r.p50:.1f} | {r.p99:.1f} | {r.note} |"
+            f"{r.p50:.1f} | {r.p99:.1f} | {r.cpu_ms_per_op:.2f} | {r.note} |"
         )
     lines += ["", "| ratio | value |", "|---|---|"]
     lines += [f"| {k} | {v:.2f} |" for k, v in ratios.items()]
