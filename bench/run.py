@@ -28,7 +28,7 @@ from typing import Any
 
 import psycopg
 import redis
-from sqlalchemy import Engine, event, func, select, text
+from sqlalchemy import Engine, and_, event, func, select, text
 
 ROOT = Path(__file__).resolve().parent.parent
 PG_ADMIN = os.environ.get("BENCH_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -225,6 +225,17 @@ def bench_floor(n: int, engine: Engine, log_dir: Path) -> Result:
 POLLS = {"count": 0}
 
 
+def of_requests(prefix: str) -> Any:
+    """The benchmark's operations of requests `prefix-…`. Tenant first: on the index
+    (tenant, request_id, position) that is a range of the benchmark's own rows; a
+    bare `request_id LIKE` is a sequential scan, which with a million filler rows
+    (tenant '') made every 20 ms poll read the whole table and slowed the very
+    fleet it was timing."""
+    from executor.store.schema import operations
+
+    return and_(operations.c.tenant == "bench", operations.c.request_id.like(f"{prefix}-%"))
+
+
 def wait_terminal(engine: Engine, condition: Any, n: int, timeout: float = 600) -> None:
     from executor.store.schema import operations
 
@@ -330,7 +341,7 @@ def latencies_for(engine: Engine, prefix: str) -> tuple[list[float], float, int]
     with engine.connect() as conn:
         rows = conn.execute(
             select(operations.c.created_at, operations.c.finished_at).where(
-                operations.c.request_id.like(f"{prefix}-%"), operations.c.state == "succeeded"
+                of_requests(prefix), operations.c.state == "succeeded"
             )
         ).all()
     lat = [(f - c) * 1000 for c, f in rows]
@@ -341,19 +352,17 @@ def latencies_for(engine: Engine, prefix: str) -> tuple[list[float], float, int]
 def bench_toolfence_saturation(
     n: int, engine: Engine, log_dir: Path, label: str, broker: str = "redis"
 ) -> Result:
-    from executor.store.schema import operations
 
     prefix = f"sat-{uuid.uuid4().hex[:6]}"
     with toolfence_fleet(log_dir, broker=broker):
         for i in range(n):
             enqueue_one(engine, f"{prefix}-{i}", i)
-        wait_terminal(engine, operations.c.request_id.like(f"{prefix}-%"), n)
+        wait_terminal(engine, of_requests(prefix), n)
     lat, span, count = latencies_for(engine, prefix)
     return Result(label, count, span, lat)
 
 
 def bench_toolfence_fixed(rate: float, seconds: float, engine: Engine, log_dir: Path) -> Result:
-    from executor.store.schema import operations
 
     prefix = f"fixed-{uuid.uuid4().hex[:6]}"
     n = int(rate * seconds)
@@ -366,7 +375,7 @@ def bench_toolfence_fixed(rate: float, seconds: float, engine: Engine, log_dir: 
             if delay > 0:
                 time.sleep(delay)
             enqueue_one(engine, f"{prefix}-{i}", i)
-        wait_terminal(engine, operations.c.request_id.like(f"{prefix}-%"), n)
+        wait_terminal(engine, of_requests(prefix), n)
     lat, span, count = latencies_for(engine, prefix)
     durations = tool_durations(engine, prefix)
     overhead = overhead_for(engine, prefix, durations)
@@ -382,7 +391,7 @@ def overhead_for(engine: Engine, prefix: str, durations: dict[str, float]) -> li
     with engine.connect() as conn:
         rows = conn.execute(
             select(operations.c.operation_id, operations.c.created_at, operations.c.finished_at).where(
-                operations.c.request_id.like(f"{prefix}-%"), operations.c.state == "succeeded"
+                of_requests(prefix), operations.c.state == "succeeded"
             )
         ).all()
     return [(f - c) * 1000 - durations.get(o, 0.0) for o, c, f in rows]
@@ -451,7 +460,6 @@ def bench_toolfence_direct(
     """Enqueued before the clock starts, published straight to the broker as the floors are
     (no relay): the worker's path only, apples to apples with the floors."""
     from executor.settings import Settings
-    from executor.store.schema import operations
     from executor.worker.celery_app import TASK_NAME, make_celery
 
     prefix = f"pre-{uuid.uuid4().hex[:6]}"
@@ -461,7 +469,7 @@ def bench_toolfence_direct(
         started, busy = time.perf_counter(), busy_cpu_seconds()
         for operation_id in ids:
             app.send_task(TASK_NAME, args=[operation_id], queue=queue)
-        wait_terminal(engine, operations.c.request_id.like(f"{prefix}-%"), n)
+        wait_terminal(engine, of_requests(prefix), n)
         elapsed, busy = time.perf_counter() - started, busy_cpu_seconds() - busy
     return Result(label, n, elapsed, note=f"{pool} x{concurrency}", cpu_seconds=busy)
 
@@ -496,7 +504,7 @@ def tool_durations(engine: Engine, prefix: str) -> dict[str, float]:
         rows = conn.execute(
             select(audit_events.c.operation_id, audit_events.c.duration_ms)
             .join(operations, operations.c.operation_id == audit_events.c.operation_id)
-            .where(operations.c.request_id.like(f"{prefix}-%"), audit_events.c.to_state == "succeeded")
+            .where(of_requests(prefix), audit_events.c.to_state == "succeeded")
         ).all()
     return {r.operation_id: float(r.duration_ms or 0.0) for r in rows}
 
@@ -542,7 +550,7 @@ def bench_in_flight(
             with engine.connect() as conn:
                 started = conn.execute(
                     select(func.count()).select_from(operations).where(
-                        operations.c.request_id.like(f"{prefix}-%"), operations.c.state == "started"
+                        of_requests(prefix), operations.c.state == "started"
                     )
                 ).scalar_one()
             if started >= total:
@@ -552,7 +560,7 @@ def bench_in_flight(
         before = renewals()
         time.sleep(window)
         delta = renewals() - before
-        wait_terminal(engine, operations.c.request_id.like(f"{prefix}-%"), total, timeout=120)
+        wait_terminal(engine, of_requests(prefix), total, timeout=120)
     return {
         f"in flight at once (of {total})": float(started),
         "lease-renewal statements per second per worker": delta / window / WORKERS,
@@ -691,7 +699,7 @@ def count_round_trips(engine: Engine, n: int = 50) -> dict[str, float]:
 
         with engine.connect() as conn:
             ours = set(conn.execute(
-                select(operations.c.operation_id).where(operations.c.request_id.like(f"{prefix}-%"))
+                select(operations.c.operation_id).where(of_requests(prefix))
             ).scalars())
         # The relay also published what the pre-enqueued scenarios (no relay) left.
         mine = [p for p in published if p in ours]
