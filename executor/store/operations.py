@@ -246,21 +246,19 @@ def _transition(
     postgresql = conn.dialect.name == "postgresql"
     if to_state in SETTLED:
         returning = (*returning, *_REQUEST_PLACE)  # where its successors are
+    kinds = tuple((column, _value_kind(value)) for column, value in values.items())
     statement = _transition_statement(
-        clock, postgresql, from_state, to_state,
-        tuple(f.shape for f in fence),
-        tuple((column, _value_kind(value)) for column, value in values.items()),
+        clock, postgresql, from_state, to_state, tuple(f.shape for f in fence), kinds,
         tuple(dict.fromkeys(returning)),
     )
     params: dict[str, Any] = {"cas_operation_id": operation_id}
     for f in fence:
         params |= f.params
-    for column, value in values.items():
-        kind = _value_kind(value)
+    for column, kind in kinds:
         if kind == "now_plus":
-            params[f"value_{column}"] = value.seconds
+            params[f"value_{column}"] = values[column].seconds
         elif kind == "param":
-            params[f"value_{column}"] = value
+            params[f"value_{column}"] = values[column]
     if postgresql:
         params |= event_params(decision, actor=actor, duration_ms=duration_ms)
     row = conn.execute(statement, params).one_or_none()
