@@ -53,7 +53,9 @@ from executor.store.intake import (
     record_hosted_call,
 )
 from executor.store.operations import (
+    Completion,
     complete,
+    complete_counted,
     due_retries,
     fail_unstarted,
     mark_scope_exceeded,
@@ -156,6 +158,8 @@ __all__ = [
     "calls_of_request",
     "earlier_attempt_may_have_run",
     "complete",
+    "complete_counted",
+    "Completion",
     "deny",
     "distinct_accepted_receipts",
     "expire_approval",

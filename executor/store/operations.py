@@ -34,13 +34,17 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from sqlalchemy import (
+    CTE,
     ColumnElement,
     Connection,
     Executable,
     Float,
     Row,
+    Select,
     and_,
     bindparam,
+    exists,
+    func,
     insert,
     literal,
     or_,
@@ -70,6 +74,7 @@ from executor.store.ordering import (
     sql_literal,
     waiting_on_earlier,
 )
+from executor.store.receipts import distinct_accepted_receipts, record_receipt
 from executor.store.records import (
     Conflict,
     Created,
@@ -82,7 +87,7 @@ from executor.store.records import (
     StaleOperation,
     StoreError,
 )
-from executor.store.schema import approvals, operations
+from executor.store.schema import approvals, operations, receipts
 
 _NO_OWNER: Mapping[str, None] = {"owner_token": None, "lease_expires_at": None}
 
@@ -167,6 +172,16 @@ def _value_kind(value: Any) -> str:
 _REQUEST_PLACE = ("tenant", "request_id", "position")
 
 
+class ReceiptToRecord(NamedTuple):
+    """A receipt a transition records (accepted) along with its CAS; `counted` asks
+    for the operation's distinct accepted receipts in the answer."""
+
+    generation: int
+    receipt: str
+    source: str
+    counted: bool = False
+
+
 @built_once
 def _transition_statement(
     clock: Clock,
@@ -176,12 +191,17 @@ def _transition_statement(
     fences: tuple[str, ...],
     values: tuple[tuple[str, str], ...],
     returning: tuple[str, ...],
+    receipt: str | None = None,
 ) -> Executable:
     """The statement of one CAS shape, over bound parameters: `cas_operation_id`, the
     fences' `fence_*`, the values' `value_<column>` and (PostgreSQL) the event's
     `event_*`. Built once per shape on the database clock: a transition then costs
     one compiled-cache hit and one round trip, not the construction of an UPDATE,
-    a CTE and an INSERT … SELECT."""
+    a CTE and an INSERT … SELECT.
+
+    On PostgreSQL a settling transition also returns `later_queued`, and `receipt`
+    ("recorded" or "counted", see `_with_receipt`) records a receipt in the same
+    statement. SQLite gets the UPDATE alone (`_transition` does the rest)."""
     sets: dict[str, Any] = {"state": sql_literal(to_state), "updated_at": clock.now()}
     if from_state is State.STARTED and to_state is not State.STARTED:
         sets |= _NO_OWNER
@@ -209,7 +229,56 @@ def _transition_statement(
     # The CAS and its audit event in one statement (a data-modifying CTE runs exactly
     # once, and only for the row the UPDATE changed): one round trip.
     cte = moved.cte("moved")
-    return select(cte).add_cte(event_from(cte, from_state, to_state, clock).cte("logged"))
+    columns: list[Any] = [cte]
+    if to_state in SETTLED:
+        # Whether any later call of the request is still queued, read in the same
+        # statement: almost always none (a request's last or only call), and then the
+        # settling transaction needs no successor query of its own.
+        later = operations.alias("later")
+        columns.append(
+            exists()
+            .where(
+                later.c.tenant == cte.c.tenant,
+                later.c.request_id == cte.c.request_id,
+                later.c.position > cte.c.position,
+                later.c.state == sql_literal(State.QUEUED),
+            )
+            .label("later_queued")
+        )
+    statement = select(*columns).add_cte(event_from(cte, from_state, to_state, clock).cte("logged"))
+    if receipt is not None:
+        statement = _with_receipt(statement, cte, clock, counted=receipt == "counted")
+    return statement
+
+
+def _with_receipt(statement: Select[Any], moved: CTE, clock: Clock, *, counted: bool) -> Select[Any]:
+    """The transition's statement with a receipt recorded in it (`receipt_*`
+    parameters, `accepted`), whether the CAS wins or not: a data-modifying CTE runs
+    to completion whatever the rest of the statement reads (a stale owner's receipt
+    is evidence too, I1). `counted` adds `accepted_receipts`, the distinct accepted
+    receipts of the operation with this one: the statement's snapshot does not see
+    its own insert, so the count is of the others, plus one."""
+    recorded = insert(receipts).values(
+        operation_id=bindparam("cas_operation_id"),
+        generation=bindparam("receipt_generation"),
+        receipt=bindparam("receipt_value"),
+        accepted=True,
+        source=bindparam("receipt_source"),
+        recorded_at=clock.now(),
+    ).returning(receipts.c.receipt_row_id)
+    statement = statement.add_cte(recorded.cte("recorded"))
+    if not counted:
+        return statement
+    others = (
+        select(func.count(func.distinct(receipts.c.receipt)))
+        .where(
+            receipts.c.operation_id == moved.c.operation_id,
+            receipts.c.accepted.is_(True),
+            receipts.c.receipt != bindparam("receipt_value"),
+        )
+        .scalar_subquery()
+    )
+    return statement.add_columns((others + 1).label("accepted_receipts"))
 
 
 def _transition(
@@ -224,6 +293,7 @@ def _transition(
     actor: str | None = None,
     duration_ms: float | None = None,
     returning: Sequence[str] = (),
+    receipt: ReceiptToRecord | None = None,
 ) -> Row[Any] | None:
     """One CAS: `from_state → to_state` for the operation, only where `fence` holds.
 
@@ -240,18 +310,37 @@ def _transition(
     clock, plus seconds) or `INCREMENT` (the column plus one); `returning` names
     the columns to return besides the audit columns.
 
+    `receipt` is recorded (accepted) whether the CAS wins or not, in the same
+    statement on PostgreSQL; with `receipt.counted` the row also has
+    `accepted_receipts` (PostgreSQL only: on SQLite the caller counts).
+
     Returns the updated row (the audit columns and `returning`), or None when the
-    CAS lost: then nothing changed and nothing was appended. Store-internal.
+    CAS lost: then nothing changed and nothing was appended (but `receipt`).
+    Store-internal.
     """
     postgresql = conn.dialect.name == "postgresql"
     if to_state in SETTLED:
         returning = (*returning, *_REQUEST_PLACE)  # where its successors are
     kinds = tuple((column, _value_kind(value)) for column, value in values.items())
+    receipt_shape = None
+    if receipt is not None and postgresql:
+        receipt_shape = "counted" if receipt.counted else "recorded"
+    elif receipt is not None:
+        record_receipt(
+            conn, operation_id, receipt.generation, receipt.receipt, accepted=True,
+            source=receipt.source, clock=clock,
+        )
     statement = _transition_statement(
         clock, postgresql, from_state, to_state, tuple(f.shape for f in fence), kinds,
-        tuple(dict.fromkeys(returning)),
+        tuple(dict.fromkeys(returning)), receipt_shape,
     )
     params: dict[str, Any] = {"cas_operation_id": operation_id}
+    if receipt_shape is not None:
+        assert receipt is not None
+        params |= {
+            "receipt_generation": receipt.generation, "receipt_value": receipt.receipt,
+            "receipt_source": receipt.source,
+        }
     for f in fence:
         params |= f.params
     for column, kind in kinds:
@@ -268,7 +357,7 @@ def _transition(
         append_event(conn, row, from_state, to_state, decision, clock, actor=actor, duration_ms=duration_ms)
     if to_state is State.QUEUED:
         add_outbox_row(conn, operation_id, clock)
-    elif to_state in SETTLED:
+    elif to_state in SETTLED and (not postgresql or row.later_queued):
         release_successors(conn, row.tenant, row.request_id, row.position, clock)
     return row
 
@@ -614,7 +703,44 @@ def complete(
     The audit's decision is the error code (or `succeeded`) unless `decision` names
     it more precisely (`business_rule_violation_at_execution`: a re-check refused
     before the handler ran)."""
+    return complete_counted(
+        conn, operation_id, generation, owner_token, intent_hash, succeeded=succeeded,
+        result=result, receipt=receipt, error_code=error_code, error=error,
+        duration_ms=duration_ms, decision=decision, clock=clock,
+    ).won
+
+
+class Completion(NamedTuple):
+    won: bool
+    accepted_receipts: int | None  # asked for and the CAS won: distinct accepted receipts
+
+
+def complete_counted(
+    conn: Connection,
+    operation_id: str,
+    generation: int,
+    owner_token: str,
+    intent_hash: str,
+    *,
+    succeeded: bool,
+    result: Any = None,
+    receipt: str | None = None,
+    error_code: ErrorCode | None = None,
+    error: dict[str, Any] | None = None,
+    duration_ms: float | None = None,
+    decision: str | None = None,
+    record_receipt_from: str | None = None,
+    count_receipts: bool = False,
+    clock: Clock = DATABASE_CLOCK,
+) -> Completion:
+    """`complete`, recording `receipt` as well (accepted, from `record_receipt_from`,
+    whether the CAS wins or not) and, with `count_receipts`, answering the
+    operation's distinct accepted receipts when it wins: on PostgreSQL all of it
+    in the completion's one statement."""
     code = None if succeeded else (error_code or ErrorCode.EXECUTION_FAILED).value
+    fresh = None
+    if record_receipt_from is not None and receipt is not None:
+        fresh = ReceiptToRecord(generation, receipt, record_receipt_from, counted=count_receipts)
     row = _transition(
         conn, operation_id, State.STARTED, State.SUCCEEDED if succeeded else State.FAILED_TERMINAL,
         _owner_holds(generation, owner_token),
@@ -627,8 +753,15 @@ def complete(
             "finished_at": NOW,
         },
         decision=decision or code or "succeeded", clock=clock, duration_ms=duration_ms,
+        receipt=fresh,
     )
-    return row is not None
+    if row is None:
+        return Completion(False, None)
+    if not count_receipts:
+        return Completion(True, None)
+    if fresh is not None and conn.dialect.name == "postgresql":
+        return Completion(True, int(row.accepted_receipts))
+    return Completion(True, distinct_accepted_receipts(conn, operation_id))
 
 
 def release_to_retry(

@@ -308,20 +308,18 @@ class OperationRunner:
 
         def attempt() -> bool:
             with self.engine.begin() as conn:
-                if record_receipt and receipt is not None:
-                    store.record_receipt(
-                        conn, row.operation_id, reservation.generation, receipt,
-                        accepted=True, source="worker",
-                    )
-                won = store.complete(
+                # The receipt, the completion and (a write) the count of its distinct
+                # receipts: one statement on PostgreSQL (store.complete_counted).
+                completion = store.complete_counted(
                     conn, row.operation_id, reservation.generation, reservation.owner_token,
                     row.intent_hash, succeeded=succeeded, result=result, receipt=receipt,
                     error_code=error_code, error=error, duration_ms=duration_ms,
-                    decision=decision,
+                    decision=decision, record_receipt_from="worker" if record_receipt else None,
+                    count_receipts=Mode(row.mode) is Mode.WRITE,
                 )
-                if won and Mode(row.mode) is Mode.WRITE:
-                    # Counted in the completing transaction: no extra round trip.
-                    side_effects.append(store.distinct_accepted_receipts(conn, row.operation_id))
+            won = completion.won
+            if completion.accepted_receipts is not None:
+                side_effects.append(completion.accepted_receipts)
             if won:
                 # After the commit, as for `reserve_commit`: the completion is durable and
                 # `ambiguous` tells us otherwise.

@@ -37,7 +37,7 @@ from executor.store import (
 )
 from executor.store.clock import ManualClock
 from executor.store.engine import make_engine
-from executor.store.schema import audit_events, operations, outbox
+from executor.store.schema import audit_events, operations, outbox, receipts
 
 LEASE = 30.0
 SECRET_ARGUMENT = "card-4111-1111-1111-1111"
@@ -537,6 +537,72 @@ def test_complete__twice__second_loses(s: Store) -> None:
     with s.unchanged(r.operation_id):
         assert not s.complete(r.operation_id, 1, r.owner_token, intent("refund ord-1 200"),
                               succeeded=False)
+
+
+def receipts_of(engine: Engine, operation_id: str) -> list[tuple[int, str, bool, str]]:
+    with engine.connect() as conn:
+        return [
+            (r.generation, r.receipt, r.accepted, r.source)
+            for r in conn.execute(
+                select(receipts).where(receipts.c.operation_id == operation_id)
+                .order_by(receipts.c.receipt_row_id)
+            )
+        ]
+
+
+@pytest.mark.parametrize("fresh", ["rcpt-2", "rcpt-1"], ids=["new_receipt", "same_receipt_again"])
+def test_complete_counted__receipt_recorded_with_the_completion__counts_distinct_receipts_with_it(
+    s: Store, engine: Engine, fresh: str
+) -> None:
+    # Given an operation whose handler already reported a receipt mid-run
+    r = s.started()
+    s.record_receipt(r.operation_id, 1, "rcpt-1", accepted=True, source="worker")
+
+    # When the worker completes it, recording its final receipt in the same statement
+    completion = s.complete_counted(
+        r.operation_id, 1, r.owner_token, intent("refund ord-1 200"), succeeded=True,
+        receipt=fresh, record_receipt_from="worker", count_receipts=True,
+    )
+
+    # Then it won, the receipt is recorded once, and the count includes it (distinct)
+    assert completion == store.Completion(True, 2 if fresh == "rcpt-2" else 1)
+    assert receipts_of(engine, r.operation_id) == [
+        (1, "rcpt-1", True, "worker"), (1, fresh, True, "worker"),
+    ]
+    assert s.row(r.operation_id)["receipt"] == fresh
+    assert s.audit(r.operation_id)[-1] == ("started", "succeeded", "succeeded", 1)
+
+
+def test_complete_counted__stale_owner__loses_but_its_receipt_is_still_recorded(
+    s: Store, engine: Engine
+) -> None:
+    # Given an owner whose lease was taken over: its effect happened all the same
+    r = s.started("owner-a")
+    s.clock.advance(LEASE + 1)
+    assert s.take_over(r.operation_id, "owner-b", LEASE) is not None
+
+    with s.unchanged(r.operation_id):
+        completion = s.complete_counted(
+            r.operation_id, 1, "owner-a", intent("refund ord-1 200"), succeeded=True,
+            receipt="rcpt-stale", record_receipt_from="worker", count_receipts=True,
+        )
+
+    # Then the CAS lost and changed nothing, but the receipt is evidence (I1)
+    assert completion == store.Completion(False, None)
+    assert receipts_of(engine, r.operation_id) == [(1, "rcpt-stale", True, "worker")]
+
+
+def test_complete_counted__count_without_a_fresh_receipt__counts_the_recorded_ones(s: Store) -> None:
+    r = s.started()
+    s.record_receipt(r.operation_id, 1, "rcpt-1", accepted=True, source="worker")
+    s.record_receipt(r.operation_id, 1, "rcpt-x", accepted=False, source="worker")
+
+    completion = s.complete_counted(
+        r.operation_id, 1, r.owner_token, intent("refund ord-1 200"), succeeded=True,
+        receipt="rcpt-1", count_receipts=True,
+    )
+
+    assert completion == store.Completion(True, 1)
 
 
 # --------------------------------------------------------------------- retries

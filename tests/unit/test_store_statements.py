@@ -3,6 +3,8 @@ rebuilt on a test clock, and the same SQL either way with its values bound."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from sqlalchemy.dialects import postgresql, sqlite
 
@@ -64,3 +66,36 @@ def test_transition__unknown_fence_shape__refused_before_any_sql() -> None:
         ops._transition_statement(
             DATABASE_CLOCK, False, State.QUEUED, State.STARTED, ("anything",), (), (),
         )
+
+
+def test_transition_statement__settling_on_postgresql__asks_for_queued_later_calls_in_it() -> None:
+    shape = (
+        DATABASE_CLOCK, True, State.STARTED, State.SUCCEEDED, ("owner",), (),
+        ("tenant", "request_id", "position"),
+    )
+    sql = str(ops._transition_statement(*shape).compile(dialect=postgresql.dialect()))
+
+    # One statement: the CAS, its event, and whether a later call of the request waits
+    assert "EXISTS (SELECT" in sql and "later.position > moved.position" in sql
+    assert "later.state = 'queued'" in sql and "AS later_queued" in sql
+    assert "toolfence_receipts" not in sql
+
+
+def test_transition_statement__with_a_counted_receipt__records_and_counts_the_others_plus_one() -> None:
+    shape = (
+        DATABASE_CLOCK, True, State.STARTED, State.SUCCEEDED, ("owner",), (),
+        ("tenant", "request_id", "position"), "counted",
+    )
+    sql = str(ops._transition_statement(*shape).compile(dialect=postgresql.dialect()))
+
+    assert "INSERT INTO toolfence_receipts" in sql and "%(receipt_value)s" in sql
+    assert "toolfence_receipts.receipt != %(receipt_value)s" in sql
+    others_plus_one = r"receipt != %\(receipt_value\)s::VARCHAR\) \+ %\(param_\d+\)s::INTEGER"
+    assert re.search(others_plus_one + " AS accepted_receipts", sql)
+
+
+def test_transition_statement__not_settling__no_later_calls_asked() -> None:
+    shape = (DATABASE_CLOCK, True, State.QUEUED, State.STARTED, ("due",), (), ())
+    sql = str(ops._transition_statement(*shape).compile(dialect=postgresql.dialect()))
+
+    assert "later_queued" not in sql
