@@ -45,6 +45,20 @@ def read_only(engine: Engine) -> Engine:
     return engine.execution_options(**{READ_ONLY_OPTION: True})
 
 
+def single_statement(engine: Engine) -> Engine:
+    """The same engine (and pool) for a unit of work that is exactly one statement.
+
+    On PostgreSQL its connections are in autocommit: one statement is its own
+    transaction (atomic, and committed as durably as any other: synchronous_commit
+    is unchanged), so it costs one round trip instead of BEGIN, the statement and
+    COMMIT. SQLite gets the engine itself (`BEGIN IMMEDIATE` as everywhere). Never
+    for two statements that must commit together: each would commit on its own.
+    """
+    if engine.dialect.name != "postgresql":
+        return engine
+    return engine.execution_options(isolation_level="AUTOCOMMIT")
+
+
 def make_engine(url: str, **kwargs: Any) -> Engine:
     """A new engine. SQLite gets WAL, a busy timeout and `BEGIN IMMEDIATE`.
 

@@ -51,7 +51,7 @@ from executor.core.tools import (
 )
 from executor.core.types import ErrorCode, ErrorDetail, ServerContext
 from executor.settings import Settings
-from executor.store.engine import read_only
+from executor.store.engine import read_only, single_statement
 from executor.telemetry import metrics
 from executor.worker.failures import (
     FailureDecision,
@@ -122,6 +122,7 @@ class OperationRunner:
         self.registry = registry
         self.engine = engine
         self.reader = read_only(engine)
+        self.single = single_statement(engine)
         self.faults = Faults(settings)
 
     # ----------------------------------------------------------------- entry
@@ -165,7 +166,8 @@ class OperationRunner:
         owner_token = store.new_owner_token()
         reserve_sent_at = time.monotonic()
         try:
-            with self.engine.begin() as conn:
+            # One statement, so its own transaction (no BEGIN/COMMIT round trips).
+            with self.single.begin() as conn:
                 won = store.reserve_first(conn, operation_id, owner_token, self.settings.lease_seconds)
             if won is not None:
                 # After the commit, as in `_acquire`.

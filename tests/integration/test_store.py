@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel, ConfigDict
-from sqlalchemy import Engine, event, func, insert, select, text
+from sqlalchemy import Engine, event, func, insert, select, text, update
 
 from executor import store
 from executor.core.approvers import ApprovalSubject, ApproverPolicy, ApproverRefusal
@@ -36,7 +36,7 @@ from executor.store import (
     Reused,
 )
 from executor.store.clock import ManualClock
-from executor.store.engine import make_engine
+from executor.store.engine import make_engine, single_statement
 from executor.store.schema import audit_events, operations, outbox, receipts
 
 LEASE = 30.0
@@ -603,6 +603,36 @@ def test_complete_counted__count_without_a_fresh_receipt__counts_the_recorded_on
     )
 
     assert completion == store.Completion(True, 1)
+
+
+def test_single_statement__postgresql__autocommit_and_the_pool_transactional_again(
+    pg_engine: Engine, clock: ManualClock
+) -> None:
+    s = Store(pg_engine, clock)
+    operation_id = s.register_queued()
+    single = single_statement(pg_engine)
+
+    # A reservation through it is committed by its one statement (no BEGIN is sent)
+    with single.begin() as conn:
+        assert conn.connection.dbapi_connection.autocommit is True
+        assert store.reserve_first(conn, operation_id, "owner-a", LEASE, clock=clock) is not None
+    assert s.row(operation_id)["state"] == "started"
+    # And a connection taken from the same pool afterwards is transactional again
+    with pg_engine.connect() as conn:
+        assert conn.connection.dbapi_connection.autocommit is False
+        conn.execute(update(operations).values(state="queued").where(
+            operations.c.operation_id == operation_id
+        ))
+        conn.rollback()
+    assert s.row(operation_id)["state"] == "started"
+
+
+def test_single_statement__sqlite__the_engine_itself(sqlite_url: str) -> None:
+    engine = make_engine(sqlite_url)
+    try:
+        assert single_statement(engine) is engine
+    finally:
+        engine.dispose()
 
 
 # --------------------------------------------------------------------- retries
