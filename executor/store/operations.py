@@ -689,24 +689,16 @@ def complete(
     owner_token: str,
     intent_hash: str,
     *,
-    succeeded: bool,
-    result: Any = None,
-    receipt: str | None = None,
-    error_code: ErrorCode | None = None,
-    error: dict[str, Any] | None = None,
-    duration_ms: float | None = None,
-    decision: str | None = None,
     clock: Clock = DATABASE_CLOCK,
+    **fields: Any,
 ) -> bool:
     """started → succeeded | failed_terminal. A stale owner's completion matches nothing.
 
-    The audit's decision is the error code (or `succeeded`) unless `decision` names
-    it more precisely (`business_rule_violation_at_execution`: a re-check refused
-    before the handler ran)."""
+    `complete_counted` without a receipt to record or count: its keywords (`succeeded`,
+    `result`, `receipt`, `error_code`, `error`, `duration_ms`, `decision`), and True
+    when the CAS won. `clock` is named here so that callers who pass one see it."""
     return complete_counted(
-        conn, operation_id, generation, owner_token, intent_hash, succeeded=succeeded,
-        result=result, receipt=receipt, error_code=error_code, error=error,
-        duration_ms=duration_ms, decision=decision, clock=clock,
+        conn, operation_id, generation, owner_token, intent_hash, clock=clock, **fields
     ).won
 
 
@@ -733,10 +725,15 @@ def complete_counted(
     count_receipts: bool = False,
     clock: Clock = DATABASE_CLOCK,
 ) -> Completion:
-    """`complete`, recording `receipt` as well (accepted, from `record_receipt_from`,
-    whether the CAS wins or not) and, with `count_receipts`, answering the
-    operation's distinct accepted receipts when it wins: on PostgreSQL all of it
-    in the completion's one statement."""
+    """started → succeeded | failed_terminal, recording `receipt` as well (accepted,
+    from `record_receipt_from`, whether the CAS wins or not) and, with
+    `count_receipts`, answering the operation's distinct accepted receipts when it
+    wins: on PostgreSQL all of it in the completion's one statement. A stale
+    owner's completion matches nothing.
+
+    The audit's decision is the error code (or `succeeded`) unless `decision` names
+    it more precisely (`business_rule_violation_at_execution`: a re-check refused
+    before the handler ran)."""
     code = None if succeeded else (error_code or ErrorCode.EXECUTION_FAILED).value
     fresh = None
     if record_receipt_from is not None and receipt is not None:
