@@ -5,8 +5,8 @@ same number of worker processes (2, prefork, concurrency 1), and is reported as
 a ratio against the baselines measured minutes apart. Nothing here is a timed
 assertion: the numbers are printed and written to bench/RESULTS.md.
 
-    python -m bench.run [--ops 2000] [--io-ops 5000] [--in-flight 1000] [--quick]
-                        [--skip-dbos] [--skip-scale] [--skip-rabbitmq]
+    python -m bench.run [--ops 2000] [--io-ops 5000] [--in-flight 1000] [--repeat 3]
+                        [--quick] [--skip-dbos] [--skip-scale] [--skip-rabbitmq]
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import json
 import os
 import platform
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -29,6 +30,8 @@ from typing import Any
 import psycopg
 import redis
 from sqlalchemy import Engine, and_, event, func, select, text
+
+from bench import cpu
 
 ROOT = Path(__file__).resolve().parent.parent
 PG_ADMIN = os.environ.get("BENCH_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -69,7 +72,7 @@ class Result:
     latencies_ms: list[float] = field(default_factory=list)
     note: str = ""
     overhead_ms: list[float] = field(default_factory=list)
-    cpu_seconds: float | None = None  # the whole machine's busy CPU in the timed window
+    cpu: cpu.Window | None = None  # the machine's busy CPU in the timed window, and by whom
 
     @property
     def per_second(self) -> float:
@@ -77,9 +80,14 @@ class Result:
 
     @property
     def cpu_ms_per_op(self) -> float:
-        if self.cpu_seconds is None or not self.operations:
+        if self.cpu is None or not self.operations:
             return float("nan")
-        return self.cpu_seconds * 1000 / self.operations
+        return self.cpu.busy * 1000 / self.operations
+
+    def cpu_ms_per_op_by_role(self) -> dict[str, float]:
+        if self.cpu is None or not self.operations:
+            return {}
+        return {role: seconds * 1000 / self.operations for role, seconds in self.cpu.by_role.items()}
 
     @property
     def p50(self) -> float:
@@ -88,14 +96,6 @@ class Result:
     @property
     def p99(self) -> float:
         return percentile(self.latencies_ms, 0.99)
-
-
-def busy_cpu_seconds() -> float:
-    """CPU time the whole machine has spent busy since boot (every process and the
-    kernel: workers, PostgreSQL, the broker, this script), from /proc/stat."""
-    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 # ----------------------------------------------------------------------- processes
@@ -177,13 +177,14 @@ def bench_raw_celery(n: int, log_dir: Path) -> Result:
     from bench.tasks import app
 
     with celery_workers("bench.tasks:app", env, log_dir / "noop"):
-        started, busy = time.perf_counter(), busy_cpu_seconds()
+        started, window = time.perf_counter(), cpu.Window().start()
         for _ in range(n):
             app.send_task("bench.noop", args=[run_id], queue=queue)
         while int(counter.get(f"bench:{run_id}") or 0) < n:
             time.sleep(0.005)
-        elapsed, busy = time.perf_counter() - started, busy_cpu_seconds() - busy
-    return Result("raw Celery (no-op task)", n, elapsed, cpu_seconds=busy)
+        elapsed = time.perf_counter() - started
+        window.stop()
+    return Result("raw Celery (no-op task)", n, elapsed, cpu=window)
 
 
 def register_plain_operations(engine: Engine, n: int, prefix: str) -> list[tuple[str, str]]:
@@ -263,7 +264,7 @@ def bench_dbos(n: int, log_dir: Path) -> Result:
 
     with processes(commands, env, "dbos worker ready", log_dir / "dbos"):
         client = DBOSClient(system_database_url=url)
-        started = time.perf_counter()
+        started, window = time.perf_counter(), cpu.Window().start()
         for i in range(n):
             client.enqueue({"queue_name": "bench", "workflow_name": "bench_workflow"}, i)
         with psycopg.connect(url.replace("+psycopg", "")) as conn:
@@ -275,8 +276,9 @@ def bench_dbos(n: int, log_dir: Path) -> Result:
                     break
                 time.sleep(0.02)
         elapsed = time.perf_counter() - started
+        window.stop()
         client.destroy()
-    return Result("DBOS (queued workflow, one step)", n, elapsed, note="polling 10 ms")
+    return Result("DBOS (queued workflow, one step)", n, elapsed, note="polling 10 ms", cpu=window)
 
 
 # ----------------------------------------------------------------------- toolfence
@@ -418,7 +420,7 @@ def bench_plain_floor(n: int, log_dir: Path) -> Result:
         )
     workers = celery_workers("bench.tasks:app", env, log_dir / "plain")
     with workers, psycopg.connect(url, autocommit=True) as conn:
-        started, busy = time.perf_counter(), busy_cpu_seconds()
+        started, window = time.perf_counter(), cpu.Window().start()
         for i in range(1, n + 1):
             app.send_task("bench.plain_floor", args=[f"{prefix}-{i}"], queue=queue)
         while conn.execute(
@@ -426,8 +428,9 @@ def bench_plain_floor(n: int, log_dir: Path) -> Result:
         ).fetchone()[0] < n:
             POLLS["count"] += 1
             time.sleep(0.02)
-        elapsed, busy = time.perf_counter() - started, busy_cpu_seconds() - busy
-    return Result("plain-SQL floor (2 single-row UPDATEs, no audit)", n, elapsed, cpu_seconds=busy)
+        elapsed = time.perf_counter() - started
+        window.stop()
+    return Result("plain-SQL floor (2 single-row UPDATEs, no audit)", n, elapsed, cpu=window)
 
 
 def enqueue_calls(engine: Engine, tool: str, n: int, prefix: str) -> list[str]:
@@ -466,12 +469,13 @@ def bench_toolfence_direct(
     ids = enqueue_calls(engine, tool, n, prefix)
     with toolfence_fleet(log_dir, broker=broker, pool=pool, concurrency=concurrency, relays=0) as queue:
         app = make_celery(Settings.from_env())
-        started, busy = time.perf_counter(), busy_cpu_seconds()
+        started, window = time.perf_counter(), cpu.Window().start()
         for operation_id in ids:
             app.send_task(TASK_NAME, args=[operation_id], queue=queue)
         wait_terminal(engine, of_requests(prefix), n)
-        elapsed, busy = time.perf_counter() - started, busy_cpu_seconds() - busy
-    return Result(label, n, elapsed, note=f"{pool} x{concurrency}", cpu_seconds=busy)
+        elapsed = time.perf_counter() - started
+        window.stop()
+    return Result(label, n, elapsed, note=f"{pool} x{concurrency}", cpu=window)
 
 
 def bench_raw_sleep(n: int, log_dir: Path) -> Result:
@@ -486,14 +490,15 @@ def bench_raw_sleep(n: int, log_dir: Path) -> Result:
         "bench.tasks:app", env, log_dir / "sleep", pool="threads", concurrency=IO_CONCURRENCY
     )
     with workers:
-        started, busy = time.perf_counter(), busy_cpu_seconds()
+        started, window = time.perf_counter(), cpu.Window().start()
         for _ in range(n):
             app.send_task("bench.sleep", args=[run_id, IO_SLEEP_SECONDS], queue=queue)
         while int(counter.get(f"bench:{run_id}") or 0) < n:
             time.sleep(0.005)
-        elapsed, busy = time.perf_counter() - started, busy_cpu_seconds() - busy
+        elapsed = time.perf_counter() - started
+        window.stop()
     return Result(f"raw Celery, sleep {IO_SLEEP_SECONDS * 1000:.0f} ms", n, elapsed,
-                  note=f"threads x{IO_CONCURRENCY}", cpu_seconds=busy)
+                  note=f"threads x{IO_CONCURRENCY}", cpu=window)
 
 
 def tool_durations(engine: Engine, prefix: str) -> dict[str, float]:
@@ -750,7 +755,10 @@ def machine() -> dict[str, str]:
     }
 
 
-def render(results: list[Result], ratios: dict[str, float], extras: dict[str, Any]) -> str:
+def render(
+    results: list[Result], ratios: dict[str, float], extras: dict[str, Any],
+    rounds: dict[str, list[float]] | None = None,
+) -> str:
     lines = [
         "| scenario | ops | seconds | ops/s | p50 ms | p99 ms | machine CPU ms/op | note |",
         "|---|---|---|---|---|---|---|---|",
@@ -760,8 +768,39 @@ def render(results: list[Result], ratios: dict[str, float], extras: dict[str, An
             f"| {r.name} | {r.operations} | {r.seconds:.2f} | {r.per_second:.1f} | "
             f"{r.p50:.1f} | {r.p99:.1f} | {r.cpu_ms_per_op:.2f} | {r.note} |"
         )
+    split = [r for r in results if r.cpu is not None]
+    if split:
+        lines += [
+            "",
+            "Machine CPU per operation by process, ms/op (the row's timed window; /proc):",
+            "",
+            "| scenario | " + " | ".join(cpu.ROLES) + " | all |",
+            "|---|" + "---|" * (len(cpu.ROLES) + 1),
+        ]
+        for r in split:
+            by_role = r.cpu_ms_per_op_by_role()
+            label = f"{r.name} ({r.note})" if r.note else r.name
+            lines.append(
+                f"| {label} | " + " | ".join(f"{by_role[role]:.2f}" for role in cpu.ROLES)
+                + f" | {r.cpu_ms_per_op:.2f} |"
+            )
     lines += ["", "| ratio | value |", "|---|---|"]
     lines += [f"| {k} | {v:.2f} |" for k, v in ratios.items()]
+    if rounds:
+        lines += [
+            "",
+            f"The target ratios, one value per round (each round runs the rows again, "
+            f"interleaved), and their median over {len(next(iter(rounds.values())))} rounds:",
+            "",
+            "| ratio | median | min | max | per round |",
+            "|---|---|---|---|---|",
+        ]
+        for k, values in rounds.items():
+            ordered = sorted(values)
+            lines.append(
+                f"| {k} | {statistics.median(values):.2f} | {ordered[0]:.2f} | {ordered[-1]:.2f} | "
+                + ", ".join(f"{v:.2f}" for v in values) + " |"
+            )
     lines += ["", "| measure | value |", "|---|---|"]
     lines += [f"| {k} | {v:.2f} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in extras.items()]
     return "\n".join(lines)
@@ -774,12 +813,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--in-flight", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+    parser.add_argument(
+        "--repeat", type=int, default=3,
+        help="rounds of the rows the targets compare (floor, no-op, fenced, DBOS, I/O), interleaved",
+    )
     parser.add_argument("--skip-dbos", action="store_true")
     parser.add_argument("--skip-scale", action="store_true")
     parser.add_argument("--skip-rabbitmq", action="store_true")
     parser.add_argument("--write", default=str(ROOT / "bench" / "RESULTS.md"))
     args = parser.parse_args(argv)
     n = 200 if args.quick else args.ops
+    if args.quick:
+        args.repeat = min(args.repeat, 2)
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
     io_n = 500 if args.quick else args.io_ops
     in_flight = 200 if args.quick else args.in_flight
     seconds = 5.0 if args.quick else args.seconds
@@ -838,6 +885,48 @@ def main(argv: list[str] | None = None) -> int:
         pool="threads", concurrency=IO_CONCURRENCY,
     ))
     ideal = WORKERS * IO_CONCURRENCY / IO_SLEEP_SECONDS
+    rounds: dict[str, list[float]] = {}
+
+    def target_ratios(plain: Result, noop_write: Result, fenced: Result, dbos: Result | None,
+                      raw_sleep: Result, io: Result) -> None:
+        values = {
+            "toolfence no-op write (pre-enqueued) / plain-SQL floor": (
+                noop_write.per_second / plain.per_second
+            ),
+            "I/O-bound: toolfence / raw Celery, same pool": io.per_second / raw_sleep.per_second,
+            f"I/O-bound: toolfence / ideal ({ideal:.0f} ops/s)": io.per_second / ideal,
+        }
+        if dbos is not None:
+            values["toolfence fenced write (pre-enqueued) / DBOS"] = fenced.per_second / dbos.per_second
+        for k, v in values.items():
+            rounds.setdefault(k, []).append(v)
+
+    target_ratios(plain, noop_write, fenced, dbos, raw_sleep, io)
+    for k in range(2, args.repeat + 1):
+        # The rows the targets compare, again: one sitting's noise is ±25-30 % on this
+        # kind of machine, so one round's ratio alone says little.
+        def again(result: Result, k: int = k) -> Result:
+            result.note = f"{result.note}, round {k}" if result.note else f"round {k}"
+            return row(result)
+
+        target_ratios(
+            again(bench_plain_floor(n, log_dir)),
+            again(bench_toolfence_direct(
+                n, "bench.noop_write", engine, log_dir / "tf-noop",
+                "toolfence no-op idempotent write, pre-enqueued",
+            )),
+            again(bench_toolfence_direct(
+                n, "ledger.transfer", engine, log_dir / "tf-fenced",
+                "toolfence fenced ledger write, pre-enqueued",
+            )),
+            None if args.skip_dbos else again(bench_dbos(n, log_dir)),
+            again(bench_raw_sleep(io_n, log_dir)),
+            again(bench_toolfence_direct(
+                io_n, "bench.sleep_read", engine, log_dir / "tf-io",
+                f"toolfence read, sleep {IO_SLEEP_SECONDS * 1000:.0f} ms",
+                pool="threads", concurrency=IO_CONCURRENCY,
+            )),
+        )
     extras.update(bench_in_flight(in_flight, log_dir, engine))
 
     ratios = {
@@ -878,7 +967,7 @@ def main(argv: list[str] | None = None) -> int:
         extras[f"reconciler sweep, 10 stale in {large:,} rows (ms)"] = sweep_large * 1000
         ratios[f"sweep time {large:,} / {small:,} rows"] = sweep_large / sweep_small
     load_after = os.getloadavg()[0]
-    table = render(results, ratios, extras)
+    table = render(results, ratios, extras, rounds if args.repeat > 1 else None)
     print(table)
     info = machine()
     report = [
