@@ -1,5 +1,6 @@
 """Where a benchmark row's CPU goes: every process's CPU time in the timed window,
-by role (worker main process, pool child, PostgreSQL, broker, this script).
+by role (worker main process, pool child, PostgreSQL's backends and its own upkeep,
+broker, this script).
 
 The machine total (`busy_seconds`, from /proc/stat) says how much a row cost; the
 split says who paid it. On a two-core machine every fleet row is CPU-bound, so a
@@ -15,11 +16,18 @@ the benchmark's processes all outlive their windows.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-ROLES = ("worker main", "pool child", "PostgreSQL", "broker", "benchmark", "other")
+ROLES = (
+    "worker main", "pool child", "PostgreSQL", "PostgreSQL background", "broker", "benchmark", "other",
+)
+# A backend serves a connection; the rest (autovacuum, WAL writer, checkpointer, ...) is
+# the server's own upkeep, which a row may owe to the rows written before it.
+_POSTGRES_BACKEND = "postgres: "
+_POSTGRES_CLIENT = re.compile(r" (\S+\(\d+\)|\[local\]) ")  # host(port) or [local]
 _WORKER_MARKERS = ("celery", "executor.cli worker", "dbos_worker.py")
 _BROKER_MARKERS = ("redis-server", "beam.smp", "rabbitmq")
 
@@ -72,8 +80,12 @@ def role_of(pid: int, table: Mapping[int, Process], me: int) -> str:
         if parent is not None and any(marker in parent.command for marker in _WORKER_MARKERS):
             return "pool child"
         return "worker main"
-    if command.startswith("postgres") or "/postgres" in command.split(" ", 1)[0]:
-        return "PostgreSQL"
+    if command.startswith(_POSTGRES_BACKEND):
+        # "postgres: 15/main: <user> <database> <client> <status>" for a backend,
+        # "postgres: 15/main: autovacuum worker" and the like for the server's own.
+        return "PostgreSQL" if _POSTGRES_CLIENT.search(command) else "PostgreSQL background"
+    if "/postgres" in command.split(" ", 1)[0]:
+        return "PostgreSQL background"
     if any(marker in command for marker in _BROKER_MARKERS):
         return "broker"
     return "other"

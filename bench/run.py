@@ -354,7 +354,6 @@ def latencies_for(engine: Engine, prefix: str) -> tuple[list[float], float, int]
 def bench_toolfence_saturation(
     n: int, engine: Engine, log_dir: Path, label: str, broker: str = "redis"
 ) -> Result:
-
     prefix = f"sat-{uuid.uuid4().hex[:6]}"
     with toolfence_fleet(log_dir, broker=broker):
         for i in range(n):
@@ -365,7 +364,6 @@ def bench_toolfence_saturation(
 
 
 def bench_toolfence_fixed(rate: float, seconds: float, engine: Engine, log_dir: Path) -> Result:
-
     prefix = f"fixed-{uuid.uuid4().hex[:6]}"
     n = int(rate * seconds)
     with toolfence_fleet(log_dir):

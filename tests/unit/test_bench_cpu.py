@@ -20,6 +20,9 @@ TABLE = {
     10: Process("/usr/lib/postgresql/15/bin/postgres -D /var/lib/postgresql/15/main", 1, 0),
     11: Process("postgres: 15/main: postgres toolfence_bench 127.0.0.1(5000) idle", 10, 0),
     12: Process("postgres: 15/main: walwriter", 10, 0),
+    13: Process("postgres: 15/main: autovacuum worker toolfence_bench", 10, 0),
+    14: Process("postgres: 15/main: postgres toolfence_bench [local] UPDATE", 10, 0),
+    15: Process("postgres: bench toolfence_bench 10.0.0.2(41234) idle in transaction", 10, 0),
     20: Process("/usr/bin/redis-server 127.0.0.1:6379", 1, 0),
     21: Process("/usr/lib/erlang/erts-13/bin/beam.smp -- -root /usr/lib/erlang", 1, 0),
     30: Process("/venv/bin/python -m bench.run", 1, 0),
@@ -36,7 +39,8 @@ TABLE = {
 @pytest.mark.parametrize(
     ("pid", "role"),
     [
-        (10, "PostgreSQL"), (11, "PostgreSQL"), (12, "PostgreSQL"),
+        (10, "PostgreSQL background"), (11, "PostgreSQL"), (12, "PostgreSQL background"),
+        (13, "PostgreSQL background"), (14, "PostgreSQL"), (15, "PostgreSQL"),
         (20, "broker"), (21, "broker"),
         (30, "benchmark"),
         (31, "worker main"), (32, "pool child"),
@@ -70,7 +74,8 @@ def test_split_counts_the_window_only_and_new_processes_from_zero() -> None:
     }
     spent = cpu.split(before, after, me=30)
     assert spent == {
-        "worker main": 1.0 + 4.0, "pool child": 3.0, "PostgreSQL": 1.0, "broker": 0.0,
+        "worker main": 1.0 + 4.0, "pool child": 3.0, "PostgreSQL": 1.0,
+        "PostgreSQL background": 0.0, "broker": 0.0,
         "benchmark": 2.0, "other": 3.0,
     }
     assert tuple(spent) == cpu.ROLES
