@@ -5,9 +5,9 @@ broker, this script).
 The machine total (`busy_seconds`, from /proc/stat) says how much a row cost; the
 split says who paid it. On a two-core machine every fleet row is CPU-bound, so a
 ratio between two rows is a ratio of CPU per operation, and the split is what
-tells a toolfence cost (the pool child, PostgreSQL) from one every Celery fleet
-pays (the worker's main process: the broker's delivery and acknowledgement, the
-hand-off to the pool).
+tells toolfence's own cost (the pool child, PostgreSQL) from the worker's main
+process, which runs only Celery's and kombu's code (the broker's delivery and
+acknowledgement, the hand-off to the pool).
 
 Linux only (/proc). A process that starts and ends inside the window is missed;
 the benchmark's processes all outlive their windows.

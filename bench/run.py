@@ -374,8 +374,8 @@ def bench_toolfence_fixed(rate: float, seconds: float, engine: Engine, log_dir: 
     n = int(rate * seconds)
     with toolfence_fleet(log_dir):
         # Steady state, not start-up: the first calls through a fresh fleet waited up
-        # to 1.3 s for the relay's first broker connection and the pool children's
-        # first statements. A few calls through it first, then the clock.
+        # to 1.3 s, nearly all of it before the relay's first publish (its first broker
+        # connection). A few calls through it first, then the clock.
         warm = f"warm-{uuid.uuid4().hex[:6]}"
         for i in range(WARM_UP_CALLS):
             enqueue_one(engine, f"{warm}-{i}", i)
@@ -794,6 +794,8 @@ def render(
                 f"| {label} | " + " | ".join(f"{by_role[role]:.2f}" for role in cpu.ROLES)
                 + f" | {r.cpu_ms_per_op:.2f} |"
             )
+    if rounds:
+        lines += ["", "Ratios of the first round's rows:"]
     lines += ["", "| ratio | value |", "|---|---|"]
     lines += [f"| {k} | {v:.2f} |" for k, v in ratios.items()]
     if rounds:
