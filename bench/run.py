@@ -863,20 +863,40 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{result.name}: {result.per_second:.1f}/s", flush=True)
         return result
 
-    noop = row(bench_raw_celery(n, log_dir))
-    with counted(engine, extras, "plain-SQL floor", n):
-        plain = row(bench_plain_floor(n, log_dir))
-    floor = row(bench_floor(n, engine, log_dir))
-    with counted(engine, extras, "toolfence no-op write, pre-enqueued", n):
-        noop_write = row(bench_toolfence_direct(
+    # The rows the targets compare: run once here, and again in each later round.
+    def plain_row() -> Result:
+        return bench_plain_floor(n, log_dir)
+
+    def noop_write_row() -> Result:
+        return bench_toolfence_direct(
             n, "bench.noop_write", engine, log_dir / "tf-noop",
             "toolfence no-op idempotent write, pre-enqueued",
-        ))
-    with counted(engine, extras, "toolfence fenced ledger write, pre-enqueued", n):
-        fenced = row(bench_toolfence_direct(
+        )
+
+    def fenced_row() -> Result:
+        return bench_toolfence_direct(
             n, "ledger.transfer", engine, log_dir / "tf-fenced",
             "toolfence fenced ledger write, pre-enqueued",
-        ))
+        )
+
+    def raw_sleep_row() -> Result:
+        return bench_raw_sleep(io_n, log_dir)
+
+    def io_row() -> Result:
+        return bench_toolfence_direct(
+            io_n, "bench.sleep_read", engine, log_dir / "tf-io",
+            f"toolfence read, sleep {IO_SLEEP_SECONDS * 1000:.0f} ms",
+            pool="threads", concurrency=IO_CONCURRENCY,
+        )
+
+    noop = row(bench_raw_celery(n, log_dir))
+    with counted(engine, extras, "plain-SQL floor", n):
+        plain = row(plain_row())
+    floor = row(bench_floor(n, engine, log_dir))
+    with counted(engine, extras, "toolfence no-op write, pre-enqueued", n):
+        noop_write = row(noop_write_row())
+    with counted(engine, extras, "toolfence fenced ledger write, pre-enqueued", n):
+        fenced = row(fenced_row())
     with counted(engine, extras, "toolfence end to end", n):
         sat = row(bench_toolfence_saturation(n, engine, log_dir / "tf-sat", "toolfence end to end, Redis"))
     sat_amqp: Result | None = None
@@ -890,12 +910,8 @@ def main(argv: list[str] | None = None) -> int:
     dbos: Result | None = None
     if not args.skip_dbos:
         dbos = row(bench_dbos(n, log_dir))
-    raw_sleep = row(bench_raw_sleep(io_n, log_dir))
-    io = row(bench_toolfence_direct(
-        io_n, "bench.sleep_read", engine, log_dir / "tf-io",
-        f"toolfence read, sleep {IO_SLEEP_SECONDS * 1000:.0f} ms",
-        pool="threads", concurrency=IO_CONCURRENCY,
-    ))
+    raw_sleep = row(raw_sleep_row())
+    io = row(io_row())
     ideal = WORKERS * IO_CONCURRENCY / IO_SLEEP_SECONDS
     rounds: dict[str, list[float]] = {}
 
@@ -922,22 +938,9 @@ def main(argv: list[str] | None = None) -> int:
             return row(result)
 
         target_ratios(
-            again(bench_plain_floor(n, log_dir)),
-            again(bench_toolfence_direct(
-                n, "bench.noop_write", engine, log_dir / "tf-noop",
-                "toolfence no-op idempotent write, pre-enqueued",
-            )),
-            again(bench_toolfence_direct(
-                n, "ledger.transfer", engine, log_dir / "tf-fenced",
-                "toolfence fenced ledger write, pre-enqueued",
-            )),
+            again(plain_row()), again(noop_write_row()), again(fenced_row()),
             None if args.skip_dbos else again(bench_dbos(n, log_dir)),
-            again(bench_raw_sleep(io_n, log_dir)),
-            again(bench_toolfence_direct(
-                io_n, "bench.sleep_read", engine, log_dir / "tf-io",
-                f"toolfence read, sleep {IO_SLEEP_SECONDS * 1000:.0f} ms",
-                pool="threads", concurrency=IO_CONCURRENCY,
-            )),
+            again(raw_sleep_row()), again(io_row()),
         )
     extras.update(bench_in_flight(in_flight, log_dir, engine))
 
