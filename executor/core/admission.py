@@ -377,14 +377,25 @@ class Refusal:
     details: tuple[ErrorDetail, ...] = ()
 
 
-def authorization_refusal(tool: Tool[Any], args: BaseModel, ctx: ServerContext) -> Refusal | None:
-    """The tool's access rule against the server context. A rule that raises denies.
+def authorization_refusal(
+    tool: Tool[Any],
+    args: BaseModel,
+    ctx: ServerContext,
+    *,
+    reraise: tuple[type[BaseException], ...] = (),
+) -> Refusal | None:
+    """The tool's access rule against the server context. A rule that raises denies;
+    `reraise` names exceptions the caller handles itself, as for `business_rule_refusal`
+    (the worker: a rule that reads a database whose connection was lost has not
+    decided anything, and the call may be tried again).
 
     Exposure again, not only the rule: called on its own (the worker path, a
     future caller skipping the allowlist), authorization never grants a tool
     this context is not exposed to."""
     try:
         allowed = exposed_to(tool, ctx) and tool.access.authorizes(args, ctx)
+    except reraise:
+        raise
     except Exception:
         # A rule that cannot decide fails closed; its error text is not shown.
         allowed = False
@@ -633,12 +644,18 @@ def admit(
 
 
 def recheck_access(
-    tool: Tool[Any] | None, tool_name: str, arguments_json: dict[str, Any], ctx: ServerContext
+    tool: Tool[Any] | None,
+    tool_name: str,
+    arguments_json: dict[str, Any],
+    ctx: ServerContext,
+    *,
+    reraise: tuple[type[BaseException], ...] = (),
 ) -> ErrorCode | None:
     """The worker's access check just before running, against *current* policy and
     the principal's current roles (`ctx`). The same rule as admission's gates.
 
-    Returns the code that ends the operation, or None when it may run.
+    Returns the code that ends the operation, or None when it may run; an exception
+    of `reraise` from the rule propagates (see `authorization_refusal`).
     """
     if tool is None:
         return ErrorCode.UNKNOWN_TOOL
@@ -648,7 +665,7 @@ def recheck_access(
         args = tool.input_model.model_validate(arguments_json)
     except ValidationError:
         return ErrorCode.INVALID_ARGUMENTS
-    refusal = authorization_refusal(tool, args, ctx)
+    refusal = authorization_refusal(tool, args, ctx, reraise=reraise)
     return None if refusal is None else refusal.code
 
 

@@ -442,8 +442,16 @@ class OperationRunner:
                 (ErrorDetail(path="", code="role_resolver_failed"),),
             ))
         # Access again, against *current* policy: a revoked permission fails closed
-        # before the handler runs.
-        denied = recheck_access(tool, row.tool_name, arguments, context)
+        # before the handler runs. A rule that lost its database connection (the
+        # ledger's looks the account's tenant up) has decided nothing: like a `check`
+        # below, the operation is given back to try again, not ended for good.
+        try:
+            denied = recheck_access(
+                tool, row.tool_name, arguments, context, reraise=CONNECTION_ERRORS
+            )
+        except CONNECTION_ERRORS:
+            assert tool is not None  # recheck_access answers UNKNOWN_TOOL without raising
+            return self._release_unstarted(row, tool, reservation)
         if denied is not None or tool is None:
             return refuse(Refusal(
                 denied or ErrorCode.UNKNOWN_TOOL, "permission denied at execution time",

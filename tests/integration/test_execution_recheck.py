@@ -9,14 +9,15 @@ code, an audit decision `<code>_at_execution`, and zero handler invocations.
 
 from __future__ import annotations
 
+import socket
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 from sqlalchemy.exc import OperationalError
 
 from executor import store
@@ -34,6 +35,7 @@ from executor.core.tools import (
 )
 from executor.core.types import FailedTerminal, ProposedCall, ServerContext, Succeeded
 from executor.settings import Settings
+from executor.store.engine import make_engine
 from executor.worker.runner import OperationRunner, OutcomeLabel
 from outbox.producer import enqueue, results
 
@@ -81,12 +83,14 @@ class Bank:
         return len(self.by_key)
 
 
-def pay_tool(bank: Bank, approval: Approval) -> Tool[PayArgs]:
+def pay_tool(
+    bank: Bank, approval: Approval, rule: Callable[[PayArgs, ServerContext], bool] | None = None
+) -> Tool[PayArgs]:
     return Tool(
         name="bank.pay", description="pay from an account", mode=Mode.WRITE,
         untrusted_output=False,
         input_model=PayArgs, output_model=Paid, run=bank.run,
-        access=Access.for_roles("member"), approval=approval,
+        access=Access.for_roles("member", rule=rule), approval=approval,
         approvers=ApproverPolicy.for_roles("approver"), effect=[Effect.FENCED],
         check=bank.check,
     )
@@ -230,6 +234,106 @@ def test_check_at_execution__lost_database_connection__released_to_retry_not_ref
     with engine.connect() as conn:
         row = store.get_operation(conn, operation_id)
     assert row is not None and (row.state, row.error_code) == ("retry_wait", "upstream_unavailable")
+
+
+# ------------------------------------------------------------------ access rule
+
+
+class Directory:
+    """An access rule that asks a real PostgreSQL server, as the ledger's does (the
+    account's tenant): `engine` points at a closed port while the directory is down."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.asked = 0
+
+    def authorizes(self, args: PayArgs, ctx: ServerContext) -> bool:
+        self.asked += 1
+        with self.engine.connect() as conn:
+            return bool(conn.execute(text("SELECT true")).scalar_one())
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def directory(engine: Engine) -> Iterator[Directory]:
+    down = make_engine(f"postgresql+psycopg://postgres@127.0.0.1:{_closed_port()}/postgres")
+    yield Directory(down)
+    down.dispose()
+
+
+def test_access_at_execution__rule_lost_its_database__released_to_retry_then_runs(
+    engine: Engine, db_url: str, runner: OperationRunner, bank: Bank, directory: Directory,
+    pg_url: str,
+) -> None:
+    registry = Registry([pay_tool(bank, LARGE, rule=directory.authorizes)])
+    runner = OperationRunner(runner.settings, registry, engine)
+    operation_id, _ = admit_payment_when_allowed(engine, registry, directory, pg_url)
+    # Given the directory the access rule reads is down when the worker re-checks
+    # (a real connection refused, not a raised stand-in)
+
+    outcome = runner.handle(operation_id)
+
+    # Then the rule decided nothing: the operation is given back, not denied for good
+    assert outcome.label is OutcomeLabel.RETRY_WAIT
+    assert bank.runs == []
+    with engine.connect() as conn:
+        row = store.get_operation(conn, operation_id)
+        assert row is not None and (row.state, row.error_code) == ("retry_wait", "upstream_unavailable")
+        assert store.audit_trail(conn, operation_id)[-1].decision_code == store.RELEASED_BEFORE_RUN
+    # When the directory answers again and the retry is due
+    directory.engine = make_engine(pg_url)
+    assert _promote_when_due(engine, operation_id)
+    outcome = runner.handle(operation_id)
+    directory.engine.dispose()
+
+    # Then the rule is asked again and the payment runs once
+    assert outcome.label is OutcomeLabel.SUCCEEDED
+    assert bank.runs == [operation_id] and bank.effects() == 1
+    assert only_result(engine, "req-1").status == "succeeded"
+
+
+def test_access_at_execution__rule_raises_something_else__still_fails_closed(
+    engine: Engine, runner: OperationRunner, bank: Bank
+) -> None:
+    broken = False
+
+    def rule(args: PayArgs, ctx: ServerContext) -> bool:
+        if broken:
+            raise KeyError("acc-1 secret internals")
+        return True
+
+    registry = Registry([pay_tool(bank, LARGE, rule=rule)])
+    runner = OperationRunner(runner.settings, registry, engine)
+    operation_id, _ = admit_payment(engine, registry, 100, "req-1")
+    # Given a rule that breaks between admission and execution
+    broken = True
+
+    runner.handle(operation_id)
+
+    # Not a connection error: the rule could not decide, and that denies
+    assert bank.runs == []
+    result = only_result(engine, "req-1")
+    assert result.error.code == "permission_denied"
+    assert "secret" not in result.model_dump_json()
+    assert terminal_decision(engine, operation_id)[2] == "permission_denied_at_execution"
+
+
+def admit_payment_when_allowed(
+    engine: Engine, registry: Registry, directory: Directory, pg_url: str
+) -> tuple[str, str | None]:
+    """Admit with the directory up (admission's rule is asked too), then take it down."""
+    down = directory.engine
+    directory.engine = make_engine(pg_url)
+    try:
+        return admit_payment(engine, registry, 100, "req-1")
+    finally:
+        directory.engine.dispose()
+        directory.engine = down
 
 
 # ------------------------------------------------------------------ approval requirement
