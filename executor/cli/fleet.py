@@ -156,17 +156,22 @@ class Fleet:
         return self
 
     def wait_ready(self, timeout: float) -> None:
-        """Workers are ready when their pool children exist (prefork) and they say so."""
+        """Workers are ready when their pool children exist (prefork) and they say so;
+        relays when they have tried the broker once (connected, or said it is not
+        reachable yet) and are about to make their first pass."""
         deadline = time.monotonic() + timeout
-        for member in self.by_role("worker"):
-            while time.monotonic() < deadline:
-                if not member.alive():
-                    raise RuntimeError(f"worker {member.index} exited: see {member.log_path}")
-                if "toolfence worker ready" in member.log_path.read_text(errors="replace"):
-                    break
-                time.sleep(0.1)
-            else:
-                raise RuntimeError(f"worker {member.index} not ready after {timeout}s")
+        for role in ("worker", "relay"):
+            for member in self.by_role(role):
+                while time.monotonic() < deadline:
+                    # The line first: a member that said it was ready was, whatever
+                    # happened next (a relay started to die at a fault point).
+                    if f"toolfence {role} ready" in member.log_path.read_text(errors="replace"):
+                        break
+                    if not member.alive():
+                        raise RuntimeError(f"{role} {member.index} exited: see {member.log_path}")
+                    time.sleep(0.1)
+                else:
+                    raise RuntimeError(f"{role} {member.index} not ready after {timeout}s")
 
     def by_role(self, role: str) -> list[Member]:
         return [m for m in self.members if m.role == role and m.alive()]

@@ -44,6 +44,8 @@ if TYPE_CHECKING:
 
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
+# How long `toolfence relay` tries to reach the broker before its first pass.
+RELAY_CONNECT_TIMEOUT_SECONDS = 5.0
 
 
 class UserError(Exception):
@@ -183,7 +185,7 @@ def cmd_relay(args: argparse.Namespace) -> int:
         # One pass for a person or cron: an unreachable broker is an error to see,
         # not rows quietly left for a later pass.
         _check_broker(settings)
-    publish, publish_turn, close = celery_publishers(settings)
+    publish, publish_turn, connect, close = celery_publishers(settings)
     if args.once:
         failures: list[Exception] = []
 
@@ -208,7 +210,11 @@ def cmd_relay(args: argparse.Namespace) -> int:
     relay = Relay(settings, engine, publish, publish_turn)
     stop = threading.Event()
     _stop_on_signals(stop)
-    logging.getLogger("toolfence.relay").info("relay started")
+    # Connected before the first pass, so the first call after `ready` is not the one
+    # that waits for the broker; at WARNING so the default log level shows it (the
+    # fleet waits for this line, as for a worker's).
+    connect(RELAY_CONNECT_TIMEOUT_SECONDS)
+    logging.getLogger("toolfence.relay").warning("toolfence relay ready (pid %s)", os.getpid())
     try:
         relay.run_forever(stop)
     finally:

@@ -5,6 +5,7 @@ twice (DESIGN.md "Outbox", "Relay").
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 
 import pytest
@@ -20,6 +21,7 @@ from fleetkit import (
     metric,
     metric_by_label,
     metric_of_process,
+    on_both_brokers,
     outcome,
     queue_length,
     states,
@@ -192,3 +194,74 @@ def test_two_relays_at_once__each_row_published_once__each_operation_completes_o
         show=lambda: metric_by_label(settings.metrics_dir, MESSAGES, "outcome"),
     )
     assert metric(settings.metrics_dir, MESSAGES) == len(operation_ids)
+
+
+def _queue_declared(broker_url: str, queue: str) -> bool:
+    """Whether `queue` is declared on the broker, messages or none.
+
+    RabbitMQ answers a passive declare. Redis keeps no key for an empty queue;
+    kombu records the declaration as the queue's binding to its exchange (Celery's
+    exchange of the queue's name), in the set `_kombu.binding.<exchange>`."""
+    if broker_url.startswith("redis"):
+        import redis
+
+        client = redis.Redis.from_url(broker_url)
+        try:
+            return any(queue.encode() in member for member in client.smembers(f"_kombu.binding.{queue}"))
+        finally:
+            client.close()
+    from kombu import Connection
+    from kombu.exceptions import ChannelError
+
+    with Connection(broker_url, connect_timeout=5) as conn:
+        try:
+            conn.default_channel.queue_declare(queue=queue, passive=True)
+        except ChannelError:
+            return False
+    return True
+
+
+@on_both_brokers
+def test_relay_ready__connected_and_queue_declared_before_its_first_publish(
+    settings: Settings, make_fleet: Callable[..., Fleet]
+) -> None:
+    # Given no worker (none declares the queue) and nothing in the outbox
+    assert not _queue_declared(settings.broker_url, settings.queue_name)
+
+    # When a relay is started and the fleet says it is ready
+    fleet = make_fleet(workers=0, relays=1, reconcile_every=None).start()
+
+    # Then the relay has connected to the broker and declared the queue before it
+    # published anything: the first call is not the one that waits for the broker
+    [relay] = fleet.by_role("relay")
+    assert "toolfence relay ready" in relay.log_path.read_text()
+    assert _queue_declared(settings.broker_url, settings.queue_name)
+    assert metric(settings.metrics_dir, PUBLISHED) == 0
+
+
+def test_relay_broker_unreachable_at_start__says_so_is_ready_and_keeps_the_rows(
+    settings: Settings, ledger: Ledger, make_fleet: Callable[..., Fleet]
+) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed_port = sock.getsockname()[1]
+    # Given a relay whose broker does not answer (a closed port)
+    fleet = make_fleet(
+        workers=0, relays=1, reconcile_every=None,
+        env={"TOOLFENCE_BROKER_URL": f"redis://127.0.0.1:{closed_port}/0"},
+    ).start()
+    [relay] = fleet.by_role("relay")
+    log = relay.log_path.read_text()
+
+    # Then it said so, said it is ready, and runs its loop
+    assert "broker not reachable yet" in log and "toolfence relay ready" in log
+    engine = make_engine(settings.database_url)
+    [operation_id] = _enqueue_requests(engine, _writes_of_every_contract("req-no-broker", 1))
+    wait_until(
+        lambda: table_count(engine, outbox, outbox.c.attempts > 0) > 0, timeout=30,
+        what="the relay to try publishing",
+    )
+    # ... and the row stays for a later pass, the operation queued
+    assert relay.alive()
+    assert table_count(engine, outbox, outbox.c.published_at.is_(None)) == 1
+    assert states(engine, [operation_id]) == {operation_id: "queued"}
