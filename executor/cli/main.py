@@ -32,7 +32,7 @@ from executor.core.strictjson import StrictJSONError, loads_strict
 from executor.core.tools import Registry
 from executor.core.types import ProposedCall, ServerContext
 from executor.settings import Settings, SettingsError
-from executor.store.engine import DatabaseUrlError, get_engine
+from executor.store.engine import DatabaseSettingError, get_engine
 from executor.store.errors import StoreDatabaseError
 from executor.store.migrate import SchemaNotReady, migrate, require_schema
 
@@ -983,7 +983,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except UserError as exc:
         return _fail(str(exc), EXIT_FAILURE, args.verbose)
-    except (SettingsError, DatabaseUrlError, SchemaNotReady) as exc:
+    except (SettingsError, DatabaseSettingError, SchemaNotReady) as exc:
         return _fail(str(exc), EXIT_USAGE, args.verbose)
     except ArgumentError as exc:
         return _fail(f"invalid database URL: {_first_line(exc)}", EXIT_USAGE, args.verbose)

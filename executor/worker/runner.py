@@ -162,7 +162,13 @@ class OperationRunner:
         predecessor check (a read, or a request's first call): reserve it and get its
         row in one statement (`store.reserve_first`), with no read before. None when
         that CAS lost (changing nothing): the caller reads the row and takes the
-        general path, which decides duplicates, later writes and take-overs."""
+        general path, which decides duplicates, later writes and take-overs.
+
+        Also None after a connection error when the row shows the reservation did
+        not commit: a statement sent on a connection whose session had died (a
+        pooled connection is pinged only after it sat idle, engine.py) ran nowhere,
+        and the general path tries again on the new connection the invalidated pool
+        hands out. If the row cannot be read, the general path's own read raises."""
         owner_token = store.new_owner_token()
         reserve_sent_at = time.monotonic()
         try:
@@ -175,7 +181,11 @@ class OperationRunner:
         except (OperationalError, DBAPIError, AmbiguousCommit):
             recovered = self._recover_reservation(operation_id, owner_token)
             if recovered is None:
-                raise
+                # Not ours on the row: as if the CAS lost. (Should it have committed
+                # unseen, the row is `started` under a token nobody holds: the
+                # general path treats it as a live owner's, and its lease expiry
+                # as a dead worker's.)
+                return None
             return recovered[0], Acquired(recovered[1], reserve_sent_at)
         if won is None:
             return None

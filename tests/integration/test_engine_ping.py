@@ -1,0 +1,203 @@
+"""Pooled PostgreSQL connections are pinged only after they sat idle
+(`TOOLFENCE_DB_PING_IDLE_SECONDS`), against a real server whose sessions are
+really terminated (`pg_terminate_backend`).
+
+A ping at every checkout costs a round trip; a worker checks out twice per
+operation. What the threshold gives up is only this: a session killed less than
+the threshold after its connection was last used fails its next statement with
+a disconnect error instead of being replaced silently, and the pool is
+invalidated so that the statement after it works. Every caller already handles
+that error (a session can be killed between a ping and the statement after it).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from pydantic import BaseModel, ConfigDict
+from sqlalchemy import Engine, text
+from sqlalchemy.exc import OperationalError
+
+from executor import store
+from executor.core.tools import Access, Approval, Effect, Mode, Registry, RunContext, Tool, Written
+from executor.core.types import ServerContext
+from executor.settings import Settings
+from executor.store.engine import (
+    PING_IDLE_ENV,
+    DatabaseSettingError,
+    make_engine,
+    ping_idle_seconds,
+)
+from executor.worker.runner import OperationRunner, OutcomeLabel
+
+PG_ADMIN_DSN = os.environ.get("TOOLFENCE_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+IDLE = 0.3  # seconds: short, so the test need not wait a second per case
+
+
+def _terminate(engine: Engine) -> int:
+    """Kill the session of the connection the pool hands out next; its backend pid."""
+    with engine.connect() as conn:
+        pid = int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
+    with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        # Gone for the server before the test goes on.
+        deadline = time.monotonic() + 5
+        while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone():
+            assert time.monotonic() < deadline, f"backend {pid} still there"
+            time.sleep(0.01)
+    return pid
+
+
+def _backend_pid(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
+
+
+@pytest.fixture
+def engine(monkeypatch: pytest.MonkeyPatch, pg_url: str) -> Iterator[Engine]:
+    monkeypatch.setenv(PING_IDLE_ENV, str(IDLE))
+    eng = make_engine(pg_url, pool_size=1, max_overflow=0)
+    yield eng
+    eng.dispose()
+
+
+def test_connection_idle_past_the_threshold__killed_session__replaced_before_use(engine: Engine) -> None:
+    killed = _terminate(engine)
+    # When the connection has sat in the pool longer than the threshold
+    time.sleep(IDLE + 0.1)
+
+    # Then the checkout pings it, finds it dead and hands out a new one: no error
+    assert _backend_pid(engine) != killed
+
+
+def test_connection_used_within_the_threshold__killed_session__one_disconnect_error_then_a_new_connection(
+    engine: Engine,
+) -> None:
+    killed = _terminate(engine)
+
+    # When it is checked out again at once (no ping): its statement fails as a disconnect
+    with pytest.raises(OperationalError) as failure, engine.connect() as conn:
+        conn.execute(text("SELECT 1"))
+    assert failure.value.connection_invalidated
+
+    # Then the pool was invalidated: the next checkout is a new session
+    assert _backend_pid(engine) != killed
+
+
+def test_busy_connection__not_pinged__idle_one_pinged(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pings: list[object] = []
+    real_ping = engine.dialect.do_ping
+
+    def counting_ping(dbapi_connection: object) -> bool:
+        pings.append(dbapi_connection)
+        return bool(real_ping(dbapi_connection))
+
+    monkeypatch.setattr(engine.dialect, "do_ping", counting_ping)
+    # When a connection is checked out again and again within the threshold
+    for _ in range(20):
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 42"))
+    # Then it is never pinged
+    assert pings == []
+    # ... and once it has sat idle past the threshold, its next checkout pings it once
+    time.sleep(IDLE + 0.1)
+    for _ in range(3):
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 42"))
+    assert len(pings) == 1
+
+
+def test_zero__every_checkout_pinged(monkeypatch: pytest.MonkeyPatch, pg_url: str) -> None:
+    monkeypatch.setenv(PING_IDLE_ENV, "0")
+    eng = make_engine(pg_url, pool_size=1, max_overflow=0)
+    try:
+        killed = _terminate(eng)
+        # At once, and still no error: SQLAlchemy's pool_pre_ping replaced it
+        assert _backend_pid(eng) != killed
+    finally:
+        eng.dispose()
+
+
+@pytest.mark.parametrize("raw", ["-1", "abc", "inf", "nan", ""])
+def test_bad_threshold__clear_error(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    monkeypatch.setenv(PING_IDLE_ENV, raw)
+    with pytest.raises(DatabaseSettingError, match=PING_IDLE_ENV):
+        ping_idle_seconds()
+
+
+def test_default_threshold_is_one_second(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(PING_IDLE_ENV, raising=False)
+    assert ping_idle_seconds() == 1.0
+
+
+# ------------------------------------------------------------------ the worker on such a pool
+
+
+class NoArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Answer(BaseModel):
+    value: int
+
+
+@pytest.mark.parametrize("write", [False, True], ids=["read", "idempotent-write"])
+def test_worker__its_session_killed_just_before_a_message__reserves_on_a_new_connection(
+    engine: Engine, write: bool
+) -> None:
+    runs: list[str] = []
+
+    def run(args: NoArgs, ctx: RunContext) -> Any:
+        runs.append(ctx.operation_id)
+        return Written(Answer(value=1), f"r-{ctx.operation_id}") if write else Answer(value=1)
+
+    tool = Tool(
+        name="probe.answer", description="answers 1", mode=Mode.WRITE if write else Mode.READ,
+        untrusted_output=False, input_model=NoArgs, output_model=Answer, run=run,
+        access=Access.public_tool(), approval=Approval.never(),
+        **({"effect": [Effect.IDEMPOTENT]} if write else {}),
+    )
+    runner = OperationRunner(
+        Settings(database_url=str(engine.url), broker_url="memory://", lease_seconds=30.0),
+        Registry([tool]), engine,
+    )
+    first, second = (_register(engine, tool) for _ in range(2))
+    assert runner.handle(first).label is OutcomeLabel.SUCCEEDED
+    # Given the worker's one pooled connection, just used, whose session is then killed
+    _terminate(engine)
+
+    # When the next message arrives at once (no ping: the reservation's statement fails)
+    outcome = runner.handle(second)
+
+    # Then the reservation is made on a new connection and the call runs, once
+    assert outcome.label is OutcomeLabel.SUCCEEDED
+    assert runs == [first, second]
+    with engine.connect() as conn:
+        row = store.get_operation(conn, second)
+    assert row is not None and (row.state, row.generation) == ("succeeded", 1)
+
+
+def _register(engine: Engine, tool: Tool[Any]) -> str:
+    operation_id = f"op-{uuid.uuid4().hex[:10]}"
+    with engine.begin() as conn:
+        store.register(
+            conn,
+            store.NewOperation(
+                operation_id=operation_id, request_id=f"req-{operation_id}", call_id="c0",
+                position=0, tool_name=tool.name, schema_version=1, mode=tool.mode.value,
+                intent_hash=uuid.uuid4().hex, arguments={}, context=CONTEXT.to_json(),
+                needs_approval=False, impact=None,
+            ),
+        )
+    return operation_id
+
+
+CONTEXT = ServerContext(principal="p", tenant="t", roles=frozenset(), request_id="r")
