@@ -229,11 +229,19 @@ def test_check_at_execution__lost_database_connection__released_to_retry_not_ref
     outcome = runner.handle(operation_id)
 
     # Nothing ran downstream, so trying again is safe whatever the effect contract
+    assert_released_before_run(engine, outcome, bank, operation_id)
+
+
+def assert_released_before_run(
+    engine: Engine, outcome: Any, bank: Bank, operation_id: str
+) -> None:
+    """Given back to `retry_wait` before the handler ran (`released_before_run`)."""
     assert outcome.label is OutcomeLabel.RETRY_WAIT
     assert bank.runs == []
     with engine.connect() as conn:
         row = store.get_operation(conn, operation_id)
-    assert row is not None and (row.state, row.error_code) == ("retry_wait", "upstream_unavailable")
+        assert row is not None and (row.state, row.error_code) == ("retry_wait", "upstream_unavailable")
+        assert store.audit_trail(conn, operation_id)[-1].decision_code == store.RELEASED_BEFORE_RUN
 
 
 # ------------------------------------------------------------------ access rule
@@ -245,10 +253,8 @@ class Directory:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.asked = 0
 
     def authorizes(self, args: PayArgs, ctx: ServerContext) -> bool:
-        self.asked += 1
         with self.engine.connect() as conn:
             return bool(conn.execute(text("SELECT true")).scalar_one())
 
@@ -260,15 +266,14 @@ def _closed_port() -> int:
 
 
 @pytest.fixture
-def directory(engine: Engine) -> Iterator[Directory]:
+def directory() -> Iterator[Directory]:
     down = make_engine(f"postgresql+psycopg://postgres@127.0.0.1:{_closed_port()}/postgres")
     yield Directory(down)
     down.dispose()
 
 
 def test_access_at_execution__rule_lost_its_database__released_to_retry_then_runs(
-    engine: Engine, db_url: str, runner: OperationRunner, bank: Bank, directory: Directory,
-    pg_url: str,
+    engine: Engine, runner: OperationRunner, bank: Bank, directory: Directory, pg_url: str,
 ) -> None:
     registry = Registry([pay_tool(bank, LARGE, rule=directory.authorizes)])
     runner = OperationRunner(runner.settings, registry, engine)
@@ -279,12 +284,7 @@ def test_access_at_execution__rule_lost_its_database__released_to_retry_then_run
     outcome = runner.handle(operation_id)
 
     # Then the rule decided nothing: the operation is given back, not denied for good
-    assert outcome.label is OutcomeLabel.RETRY_WAIT
-    assert bank.runs == []
-    with engine.connect() as conn:
-        row = store.get_operation(conn, operation_id)
-        assert row is not None and (row.state, row.error_code) == ("retry_wait", "upstream_unavailable")
-        assert store.audit_trail(conn, operation_id)[-1].decision_code == store.RELEASED_BEFORE_RUN
+    assert_released_before_run(engine, outcome, bank, operation_id)
     # When the directory answers again and the retry is due
     directory.engine = make_engine(pg_url)
     assert _promote_when_due(engine, operation_id)
