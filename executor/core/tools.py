@@ -261,6 +261,27 @@ class RunContext:
 _MISSING: Any = object()
 
 
+def _declared_effects(name: str, effect: object) -> frozenset[Effect]:
+    """A tool's `effect` argument as a set of effects, or a declaration error that
+    says what was wrong: a collection is required (a bare string or Effect would be
+    read one character at a time), and each member must be a known effect."""
+    if isinstance(effect, str) or not isinstance(effect, Iterable):
+        raise ToolDeclarationError(
+            f"tool {name!r}: effect must be a collection of effects, such as "
+            f"{{Effect.IDEMPOTENT}}, not {effect!r}"
+        )
+    effects = set()
+    for member in effect:
+        try:
+            effects.add(Effect(member))
+        except ValueError:
+            raise ToolDeclarationError(
+                f"tool {name!r}: unknown effect {member!r} "
+                f"(one of {[e.value for e in Effect]})"
+            ) from None
+    return frozenset(effects)
+
+
 class Tool(Generic[ArgsT]):
     """A declared tool. Use keyword arguments; see the README for each field."""
 
@@ -295,6 +316,15 @@ class Tool(Generic[ArgsT]):
     ) -> None:
         if not name or not isinstance(name, str):
             raise ToolDeclarationError("a tool needs a non-empty name")
+        # Normalised before any check reads it: the checks below compare with
+        # `Mode.WRITE` by identity, so a plain "write" must become the member first
+        # (otherwise a write would skip the effect it must declare).
+        try:
+            mode = Mode(mode)
+        except ValueError:
+            raise ToolDeclarationError(
+                f"tool {name!r}: mode must be one of {[m.value for m in Mode]}, not {mode!r}"
+            ) from None
         missing = [
             label
             for label, value in (
@@ -326,7 +356,7 @@ class Tool(Generic[ArgsT]):
             raise ToolDeclarationError(f"tool {name!r}: approvers must be an ApproverPolicy")
         elif not approvers.roles and approvers.rule is None:
             raise ToolDeclarationError(f"tool {name!r}: approvers names no role and no rule")
-        effects = frozenset() if effect is _MISSING else frozenset(Effect(e) for e in effect)
+        effects = frozenset() if effect is _MISSING else _declared_effects(name, effect)
         if mode is Mode.WRITE and not effects:
             raise ToolDeclarationError(f"tool {name!r}: a write must declare at least one effect")
         if mode is Mode.READ and effects:
@@ -370,7 +400,7 @@ class Tool(Generic[ArgsT]):
             raise ToolDeclarationError(f"tool {name!r}: budget must be a ToolBudget")
         self.name = name
         self.description = description
-        self.mode = Mode(mode)
+        self.mode = mode
         self.input_model = input_model
         self.output_model = output_model
         self.run = run

@@ -800,6 +800,37 @@ def test_tool__inconsistent_declaration__error_names_tool(overrides: dict[str, A
         declare(**overrides)
 
 
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        pytest.param({"mode": "write", "effect": MISSING}, "effect", id="string_write_without_effect"),
+        pytest.param({"mode": "write", "effect": []}, "at least one effect", id="string_write_empty"),
+        pytest.param({"mode": "execute"}, "mode must be one of", id="unknown_mode"),
+        pytest.param({"effect": None}, "collection of effects", id="effect_none"),
+        pytest.param({"effect": "idempotent"}, "collection of effects", id="effect_bare_string"),
+        pytest.param({"effect": Effect.IDEMPOTENT}, "collection of effects", id="effect_bare_member"),
+        pytest.param({"effect": ["exactly_once"]}, "unknown effect 'exactly_once'", id="effect_unknown"),
+    ],
+)
+def test_tool__mode_or_effect_malformed__declaration_error_says_what(
+    overrides: dict[str, Any], says: str
+) -> None:
+    # A mode given as a plain string is still a write: it must declare its effect
+    # like Mode.WRITE does, and a malformed effect is a declaration error, not a
+    # TypeError or ValueError from inside the constructor.
+    with pytest.raises(ToolDeclarationError, match="wire_money") as info:
+        declare(**overrides)
+
+    assert says in str(info.value)
+
+
+def test_tool__mode_and_effects_as_strings__normalised() -> None:
+    tool = declare(mode="write", effect=["idempotent", "lookup"], lookup=lambda args, ctx: None)
+
+    assert tool.mode is Mode.WRITE
+    assert tool.effects == frozenset({Effect.IDEMPOTENT, Effect.LOOKUP})
+
+
 def test_registry__same_name_twice__declaration_error_names_tool() -> None:
     with pytest.raises(ToolDeclarationError, match="refund_order"):
         Registry([refund_tool(), refund_tool()])
