@@ -387,13 +387,14 @@ def cmd_approvals(args: argparse.Namespace) -> int:
 
     engine = _engine(_settings())
     with engine.connect() as conn:
-        rows = operator.pending_approvals(conn)
-        hosted = store.pending_hosted_approvals(conn)
+        rows = operator.pending_approvals(conn, tenant=args.tenant)
+        hosted = store.pending_hosted_approvals(conn, tenant=args.tenant)
     _print_json(
         [
             {
                 "approval_id": r.approval_id,
                 "operation_id": r.operation_id,
+                "tenant": r.tenant,
                 "tool": r.tool_name,
                 "impact": r.impact,
                 "intent_hash": r.intent_hash,
@@ -406,6 +407,7 @@ def cmd_approvals(args: argparse.Namespace) -> int:
         + [
             {
                 "approval_id": h.approval_id,
+                "tenant": h.tenant,
                 "request_id": _shown(h.request_id),
                 "surface": h.surface,
                 "tool": store.HOSTED_APPROVAL_TOOL,
@@ -543,11 +545,12 @@ def cmd_pending(args: argparse.Namespace) -> int:
 
     engine = _engine(_settings())
     with engine.connect() as conn:
-        rows = operator.reconciliation_pending(conn, limit=args.limit)
+        rows = operator.reconciliation_pending(conn, tenant=args.tenant, limit=args.limit)
     _print_json(
         [
             {
                 "operation_id": r.operation_id,
+                "tenant": r.tenant,
                 "tool": r.tool_name,
                 "request_id": r.request_id,
                 "call_id": r.call_id,
@@ -906,7 +909,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("operation_id")
     p.add_argument("--tenant", required=True, help="the operation's tenant")
 
-    add("approvals", cmd_approvals, "List calls waiting for approval, with their impact.")
+    p = add("approvals", cmd_approvals, "List calls waiting for approval, with their impact.")
+    p.add_argument("--tenant", default=None, help="only this tenant's (default: every tenant's)")
 
     p = add("approve", cmd_approve, "Approve a pending call (single use, bound to its intent).")
     p.add_argument("approval_id")
@@ -947,6 +951,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("pending", cmd_pending, "List operations waiting for a person (reconciliation_pending).")
     p.add_argument("--limit", type=int, default=100)
+    p.add_argument("--tenant", default=None, help="only this tenant's (default: every tenant's)")
 
     p = add("resolve", cmd_resolve, "Resolve a reconciliation_pending operation (audited).")
     p.add_argument("operation_id")

@@ -267,7 +267,7 @@ class Service:
     def approvals(self, who: Identity) -> list[ApprovalOut]:
         with read_only(self.engine).connect() as conn:
             rows = operator.pending_approvals(conn, tenant=who.tenant)
-            hosted = [h for h in store.pending_hosted_approvals(conn) if h.tenant == who.tenant]
+            hosted = store.pending_hosted_approvals(conn, tenant=who.tenant)
             now = store.read_now(conn) if hosted else 0.0
         found = [
             ApprovalOut(

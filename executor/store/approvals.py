@@ -388,12 +388,18 @@ def hosted_approvals_of_request(
     return [_hosted_record(row) for row in rows]
 
 
-def pending_hosted_approvals(conn: Connection) -> list[HostedApprovalRecord]:
-    rows = conn.execute(
+def pending_hosted_approvals(
+    conn: Connection, tenant: str | None = None
+) -> list[HostedApprovalRecord]:
+    """Pending hosted approvals, oldest first: one tenant's, or (`None`) every tenant's."""
+    query = (
         select(hosted_approvals)
         .where(hosted_approvals.c.state == ApprovalState.PENDING.value)
         .order_by(hosted_approvals.c.requested_at, hosted_approvals.c.approval_id)
-    ).all()
+    )
+    if tenant is not None:
+        query = query.where(hosted_approvals.c.tenant == tenant)
+    rows = conn.execute(query).all()
     return [_hosted_record(row) for row in rows]
 
 

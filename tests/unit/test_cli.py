@@ -533,6 +533,58 @@ def test_approvals__big_transfer__listed_with_impact_then_approved_once_and_anot
     assert other_result["error"]["code"] == "approval_denied"
 
 
+def test_approvals_and_pending__tenant_given__only_that_tenants_and_each_row_names_its_tenant(
+    home: Path, ledger: Ledger, cli: Callable[..., Run]
+) -> None:
+    from executor import store
+
+    ledger.open_account("other-2", "globex", 0)
+    acme = enqueue_neutral(cli, home, "req-acme", [transfer_of(50_000)])
+    globex_calls = [neutral(
+        "t1", TRANSFER,
+        {"source_account": "other-1", "target_account": "other-2", "amount_cents": 60_000},
+    )]
+    run = cli(
+        "enqueue", write_json(home / "globex.json", globex_calls),
+        "--tenant", "globex", "--principal", "gina", "--request-id", "req-globex",
+    )
+    assert run.code == 0, run.err
+    globex = run.json()
+    notices = {}
+    for tenant, account in (("acme", "acc-1"), ("globex", "other-1")):
+        notice = [neutral("n1", NOTICE, {"account_id": account, "text": "hi"})]
+        run = cli(
+            "enqueue", write_json(home / f"n-{tenant}.json", notice),
+            "--tenant", tenant, "--principal", "p", "--request-id", f"notice-{tenant}",
+        )
+        assert run.code == 0, run.err
+        notices[tenant] = run.json()["calls"][0]["operation_id"]
+    engine = store_engine.get_engine(Settings.from_env().database_url)
+    with engine.begin() as conn:
+        # Each notice's worker took it and vanished: its lease is already over.
+        for operation_id in notices.values():
+            assert store.reserve(conn, operation_id, store.new_owner_token(), lease_seconds=-1.0)
+    assert cli("reconcile").code == 0
+
+    every = cli("approvals").json()
+    only_globex = cli("approvals", "--tenant", "globex").json()
+    pending_every = cli("pending").json()
+    pending_acme = cli("pending", "--tenant", "acme").json()
+
+    assert [(a["tenant"], a["operation_id"]) for a in every] == [
+        ("acme", acme["calls"][0]["operation_id"]), ("globex", globex["calls"][0]["operation_id"]),
+    ]
+    assert [(a["tenant"], a["operation_id"]) for a in only_globex] == [
+        ("globex", globex["calls"][0]["operation_id"]),
+    ]
+    assert sorted((p["tenant"], p["operation_id"]) for p in pending_every) == sorted(
+        (t, o) for t, o in notices.items()
+    )
+    assert [(p["tenant"], p["operation_id"]) for p in pending_acme] == [("acme", notices["acme"])]
+    assert cli("approvals", "--tenant", "initech").json() == []
+    assert cli("pending", "--tenant", "initech").json() == []
+
+
 @pytest.mark.parametrize(
     ("verb", "who", "reason"),
     [
