@@ -146,8 +146,10 @@ def transfer_of(amount_cents: int, call_id: str = "t1") -> dict[str, Any]:
     )
 
 
-def enqueue_neutral(cli: Callable[..., Run], home: Path, request_id: str, calls: list[Any]) -> Any:
-    run = cli("enqueue", write_json(home / f"{request_id}.json", calls), *WHO, "--request-id", request_id)
+def enqueue_neutral(
+    cli: Callable[..., Run], home: Path, request_id: str, calls: list[Any], who: list[str] = WHO
+) -> Any:
+    run = cli("enqueue", write_json(home / f"{request_id}.json", calls), *who, "--request-id", request_id)
     assert run.code == 0, run.err
     return run.json()
 
@@ -540,25 +542,18 @@ def test_approvals_and_pending__tenant_given__only_that_tenants_and_each_row_nam
 
     ledger.open_account("other-2", "globex", 0)
     acme = enqueue_neutral(cli, home, "req-acme", [transfer_of(50_000)])
-    globex_calls = [neutral(
+    gina = ["--tenant", "globex", "--principal", "gina"]
+    globex = enqueue_neutral(cli, home, "req-globex", [neutral(
         "t1", TRANSFER,
         {"source_account": "other-1", "target_account": "other-2", "amount_cents": 60_000},
-    )]
-    run = cli(
-        "enqueue", write_json(home / "globex.json", globex_calls),
-        "--tenant", "globex", "--principal", "gina", "--request-id", "req-globex",
-    )
-    assert run.code == 0, run.err
-    globex = run.json()
-    notices = {}
-    for tenant, account in (("acme", "acc-1"), ("globex", "other-1")):
-        notice = [neutral("n1", NOTICE, {"account_id": account, "text": "hi"})]
-        run = cli(
-            "enqueue", write_json(home / f"n-{tenant}.json", notice),
-            "--tenant", tenant, "--principal", "p", "--request-id", f"notice-{tenant}",
-        )
-        assert run.code == 0, run.err
-        notices[tenant] = run.json()["calls"][0]["operation_id"]
+    )], who=gina)
+    notices = {
+        tenant: enqueue_neutral(
+            cli, home, f"notice-{tenant}", [neutral("n1", NOTICE, {"account_id": account, "text": "hi"})],
+            who=who,
+        )["calls"][0]["operation_id"]
+        for tenant, account, who in (("acme", "acc-1", WHO), ("globex", "other-1", gina))
+    }
     engine = store_engine.get_engine(Settings.from_env().database_url)
     with engine.begin() as conn:
         # Each notice's worker took it and vanished: its lease is already over.
@@ -577,9 +572,7 @@ def test_approvals_and_pending__tenant_given__only_that_tenants_and_each_row_nam
     assert [(a["tenant"], a["operation_id"]) for a in only_globex] == [
         ("globex", globex["calls"][0]["operation_id"]),
     ]
-    assert sorted((p["tenant"], p["operation_id"]) for p in pending_every) == sorted(
-        (t, o) for t, o in notices.items()
-    )
+    assert sorted((p["tenant"], p["operation_id"]) for p in pending_every) == sorted(notices.items())
     assert [(p["tenant"], p["operation_id"]) for p in pending_acme] == [("acme", notices["acme"])]
     assert cli("approvals", "--tenant", "initech").json() == []
     assert cli("pending", "--tenant", "initech").json() == []
