@@ -18,7 +18,15 @@ from sqlalchemy import Connection, Engine, select, text
 from sqlalchemy.orm import Session
 
 from executor import store
-from executor.core.admission import Admitted, Gate, Limits, Rejected, admit, proposal_fingerprint
+from executor.core.admission import (
+    Admitted,
+    Gate,
+    Limits,
+    Rejected,
+    Undecided,
+    admit,
+    proposal_fingerprint,
+)
 from executor.core.budgets import Budgets, Exceeded, Scope
 from executor.core.budgets import exceeded as budget_exceeded
 from executor.core.budgets import refusal as budget_refusal
@@ -53,7 +61,7 @@ from executor.providers.hosted import (
 )
 from executor.settings import budgets_from_env, limits_from_env
 from executor.store.engine import read_only
-from executor.store.errors import store_errors
+from executor.store.errors import CONNECTION_ERRORS, store_errors
 from executor.store.schema import approvals
 from executor.store.schema import calls as calls_table
 from executor.telemetry import metrics
@@ -67,6 +75,24 @@ class InvalidBatch(ValueError):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+class AdmissionUnavailable(Exception):
+    """A tool's access rule or business rule check lost its connection to what it
+    reads (it raised one of `CONNECTION_ERRORS`): it decided nothing, so the call is
+    neither refused nor admitted and `enqueue` raises this instead of recording an
+    answer. Roll the transaction back, as for `StoreDatabaseError`, and enqueue the
+    same request again (calls already recorded are found by their call ids). Carries
+    the tool's name, the gate (`authorization` or `business_rules`) and the
+    exception's class, never its text (a driver's message may quote a connection
+    string or the row it read)."""
+
+    def __init__(self, tool_name: str, gate: Gate, kind: str) -> None:
+        rule = "access rule" if gate is Gate.AUTHORIZATION else "business rule check"
+        super().__init__(f"the {rule} of {tool_name!r} could not reach what it reads ({kind})")
+        self.tool_name = tool_name
+        self.gate = gate
+        self.kind = kind
 
 
 @dataclass(frozen=True)
@@ -183,7 +209,11 @@ def enqueue(
     of the id, its result carrying the id as written, for correlation).
 
     A database error is raised as `StoreDatabaseError` (SQLSTATE and class, never the
-    statement's parameters: they are arguments and server contexts).
+    statement's parameters: they are arguments and server contexts). A tool's access
+    rule or business rule check that loses its connection (`CONNECTION_ERRORS`)
+    raises `AdmissionUnavailable`: it decided nothing, so no answer is recorded for
+    the call (a recorded `permission_denied` would be returned for good to every
+    retry of the request); roll back and enqueue the request again.
     """
     _check_batch(calls)
     check_server_context(context)
@@ -251,7 +281,11 @@ def _enqueue(
             order.write_blocked = order.write_blocked or is_write
             continue
 
-        decision = admit(call, registry, context, limits)
+        try:
+            decision = admit(call, registry, context, limits, reraise=CONNECTION_ERRORS)
+        except Undecided as undecided:
+            metrics.PROPOSALS.labels(_tool_label(call, registry), undecided.gate, "unavailable").inc()
+            raise AdmissionUnavailable(call.tool_name, undecided.gate, undecided.kind) from None
         if isinstance(decision, Rejected):
             metrics.PROPOSALS.labels(_tool_label(call, registry), decision.gate, "rejected").inc()
             record(operation_id=None, gate=decision.gate, result=decision.result)
@@ -939,6 +973,7 @@ def request_exists(conn: Connection, tenant: str, request_id: str) -> bool:
 
 
 __all__ = [
+    "AdmissionUnavailable",
     "CallHandle",
     "EnqueueHandle",
     "HostedCalls",

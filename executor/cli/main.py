@@ -30,7 +30,7 @@ from executor.core.sanitize import exception_summary, sanitize_error_text
 from executor.core.states import State
 from executor.core.strictjson import StrictJSONError, loads_strict
 from executor.core.tools import Registry
-from executor.core.types import ProposedCall, ServerContext
+from executor.core.types import ErrorCode, ProposedCall, ServerContext
 from executor.settings import Settings, SettingsError
 from executor.store.engine import DatabaseSettingError, get_engine
 from executor.store.errors import StoreDatabaseError
@@ -226,7 +226,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     settings = _settings()
     surface = _surface(args.provider) if args.provider else None
     engine = _engine(settings)
-    from outbox.producer import HostedCalls, InvalidBatch, enqueue
+    from outbox.producer import AdmissionUnavailable, HostedCalls, InvalidBatch, enqueue
 
     payload = _read_json_file(args.file, settings.max_argument_depth)
     registry = _registry(settings)
@@ -264,6 +264,10 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
             handle = enqueue(conn, calls, context, registry, budgets=settings.budgets, hosted=hosted)
     except (InvalidBatch, InvalidIdentifier) as exc:
         raise UserError(f"{exc.code}: {exc}") from None
+    except AdmissionUnavailable as exc:
+        raise UserError(
+            f"{ErrorCode.UPSTREAM_UNAVAILABLE.value}: {exc}; nothing was recorded, run it again"
+        ) from None
     _print_json(
         {
             "request_id": handle.request_id,

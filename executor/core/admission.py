@@ -97,6 +97,17 @@ class Rejected(Exception):
         self.gate = gate
 
 
+class Undecided(Exception):
+    """A rule raised one of `admit`'s `reraise` exceptions: it decided nothing, so the
+    call is neither refused nor admitted. `gate` says which rule, `kind` the
+    exception's class (never its text)."""
+
+    def __init__(self, gate: Gate, kind: str) -> None:
+        super().__init__(f"the {gate} gate decided nothing ({kind})")
+        self.gate = gate
+        self.kind = kind
+
+
 def _reject(
     call: ProposedCall,
     gate: Gate,
@@ -442,9 +453,13 @@ def approval_needed(tool: Tool[Any], args: BaseModel, ctx: ServerContext) -> boo
 
 
 def gate_authorization(
-    call: ProposedCall, tool: Tool[Any], args: BaseModel, ctx: ServerContext
+    call: ProposedCall, tool: Tool[Any], args: BaseModel, ctx: ServerContext,
+    reraise: tuple[type[BaseException], ...] = (),
 ) -> None:
-    refusal = authorization_refusal(tool, args, ctx)
+    try:
+        refusal = authorization_refusal(tool, args, ctx, reraise=reraise)
+    except reraise as exc:
+        raise Undecided(Gate.AUTHORIZATION, type(exc).__name__) from None
     if refusal is not None:
         raise _reject(call, Gate.AUTHORIZATION, refusal.code, refusal.message)
 
@@ -453,9 +468,13 @@ def gate_authorization(
 
 
 def gate_business_rules(
-    call: ProposedCall, tool: Tool[Any], args: BaseModel, ctx: ServerContext
+    call: ProposedCall, tool: Tool[Any], args: BaseModel, ctx: ServerContext,
+    reraise: tuple[type[BaseException], ...] = (),
 ) -> None:
-    refusal = business_rule_refusal(tool, args, ctx)
+    try:
+        refusal = business_rule_refusal(tool, args, ctx, reraise=reraise)
+    except reraise as exc:
+        raise Undecided(Gate.BUSINESS_RULES, type(exc).__name__) from None
     if refusal is not None:
         raise _reject(call, Gate.BUSINESS_RULES, refusal.code, refusal.message, refusal.details)
 
@@ -610,14 +629,22 @@ def admit(
     registry: Registry,
     ctx: ServerContext,
     limits: Limits = Limits(),
+    *,
+    reraise: tuple[type[BaseException], ...] = (),
 ) -> Admitted | Rejected:
-    """Run every gate but registration. Returns `Rejected` (with its gate) or `Admitted`."""
+    """Run every gate but registration. Returns `Rejected` (with its gate) or `Admitted`.
+
+    `reraise`: exceptions of the access rule or the business rule check that are not
+    an answer (the producer: a lost connection to what the rule reads). One of them
+    raises `Undecided` (its gate, the exception's class) instead of refusing the
+    call, so nothing is recorded for it and the caller may try again; every other
+    exception of a rule still refuses (fails closed)."""
     try:
         tool = gate_allowlist(call, registry, ctx)
         value = gate_parse(call, limits)
         args = gate_schema(call, tool, value)
-        gate_authorization(call, tool, args, ctx)
-        gate_business_rules(call, tool, args, ctx)
+        gate_authorization(call, tool, args, ctx, reraise)
+        gate_business_rules(call, tool, args, ctx, reraise)
         approved_resources = gate_resources(call, tool, args, ctx)
         needs_approval, impact = gate_approval(call, tool, args, ctx)
         impact = _impact_with_resources(impact, approved_resources)

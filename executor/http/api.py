@@ -58,6 +58,7 @@ from executor.http.problems import (
 )
 from executor.http.service import Service, body_digest
 from executor.store.errors import StoreDatabaseError
+from outbox.producer import AdmissionUnavailable
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -200,7 +201,18 @@ def build_api(service: Service, authenticator: Authenticator, limiter: RateLimit
             request.url.path, 500, ErrorCode.EXECUTION_FAILED, "the database refused the statement",
         )
 
+    async def admission_unavailable(request: Request, exc: Exception) -> JSONResponse:
+        # A tool's rule lost its connection: nothing was recorded (the transaction
+        # rolled back, the Idempotency-Key claim with it), so the same request may
+        # be sent again. The message names the tool and the gate, never the error's text.
+        assert isinstance(exc, AdmissionUnavailable)
+        return problem_response(
+            request.url.path, 503, ErrorCode.UPSTREAM_UNAVAILABLE, str(exc),
+            headers={"Retry-After": "1"},
+        )
+
     app.add_exception_handler(StoreDatabaseError, database_error)
+    app.add_exception_handler(AdmissionUnavailable, admission_unavailable)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(RequestValidationError, validation_error)
 

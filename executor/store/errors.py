@@ -44,6 +44,13 @@ class StoreDatabaseError(StoreError):
         )
 
 
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (DBAPIError, ConnectionError, OSError)
+"""What a tool's code raises when it loses its connection to what it reads or writes
+(its driver's error included). Not an answer: the worker gives the operation back
+to `retry_wait` (a read's handler, a rule or check before the handler ran), and
+`enqueue` raises `AdmissionUnavailable` instead of refusing the call."""
+
+
 @contextmanager
 def store_errors() -> Iterator[None]:
     """Re-raise any `DBAPIError` inside as a `StoreDatabaseError` (not chained: the original's
@@ -54,4 +61,4 @@ def store_errors() -> Iterator[None]:
         raise StoreDatabaseError.from_dbapi(exc) from None
 
 
-__all__ = ["StoreDatabaseError", "store_errors"]
+__all__ = ["CONNECTION_ERRORS", "StoreDatabaseError", "store_errors"]

@@ -52,6 +52,7 @@ from executor.core.tools import (
 from executor.core.types import ErrorCode, ErrorDetail, ServerContext
 from executor.settings import Settings
 from executor.store.engine import read_only, single_statement
+from executor.store.errors import CONNECTION_ERRORS
 from executor.telemetry import metrics
 from executor.worker.failures import (
     FailureDecision,
@@ -68,9 +69,6 @@ from executor.worker.heartbeat import Heartbeat
 log = logging.getLogger("toolfence.worker")
 
 MAX_OPERATION_ID_LENGTH = 200
-# What a read's handler may raise when it loses its connection (its driver's error
-# included): a read is then retried, never ended `failed_terminal`.
-CONNECTION_ERRORS: tuple[type[BaseException], ...] = (DBAPIError, ConnectionError, OSError)
 
 
 class OutcomeLabel(StrEnum):

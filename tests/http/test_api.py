@@ -8,6 +8,7 @@ approver policy, the reconciliation queue, size caps and rate limits.
 from __future__ import annotations
 
 import json
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +23,8 @@ from executor.http.keys import KeyScope
 from executor.http.server import HttpSettings
 from executor.providers import SURFACES, encode_tool_name
 from executor.store.schema import calls, operations, outbox
+from ledger import service as ledger_service
+from ledger.service import Ledger
 
 P, A, OP, R = KeyScope.PRODUCE, KeyScope.APPROVE, KeyScope.OPERATE, KeyScope.READ
 
@@ -193,6 +196,36 @@ def test_post_requests__idempotency_key_with_another_body__idempotency_conflict(
     # Then it is refused as a conflict and nothing is written
     assert_problem(response, 409, "idempotency_conflict")
     assert counts(served) == before
+
+
+def test_post_requests__ledger_database_down__503_nothing_recorded_then_same_key_admits(
+    served: Served, book: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given the ledger's database, which the tools' access rule reads, refuses connections
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]
+    down = Ledger(f"postgresql+psycopg://ledger:hunter2@127.0.0.1:{closed}/ledger")
+    monkeypatch.setattr(ledger_service, "_default", down)
+    key = served.key("acme", "alice", P)
+    body = {"calls": [balance("c1"), transfer("c2", 100)]}
+    before = counts(served)
+    with served.client(key) as client:
+        refused = client.post("/v1/requests", json=body, headers={"Idempotency-Key": "order-down"})
+        # Then the server says try again, names the tool, and records nothing (the key's claim neither)
+        problem = assert_problem(refused, 503, "upstream_unavailable")
+        assert refused.headers["Retry-After"] == "1"
+        assert "ledger.get_balance" in problem["detail"]
+        assert "hunter2" not in refused.text and str(closed) not in refused.text
+        assert counts(served) == before
+        # When the ledger answers again and the same request is sent with the same key
+        monkeypatch.setattr(ledger_service, "_default", book)
+        again = client.post("/v1/requests", json=body, headers={"Idempotency-Key": "order-down"})
+    down.engine.dispose()
+    # Then it is admitted as a new request, not replayed from a stored refusal
+    assert again.status_code == 202, again.text
+    assert "Idempotent-Replayed" not in again.headers
+    assert [c["status"] for c in again.json()["calls"]] == ["pending", "pending"]
 
 
 def test_post_requests__same_idempotency_key_of_two_principals__two_requests(served: Served) -> None:

@@ -11,6 +11,7 @@ import io
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -499,6 +500,33 @@ def test_enqueue__from_stdin__same_as_a_file(
 
     assert run.code == 0, run.err
     assert run.json()["calls"][0]["state"] == "queued"
+
+
+def test_enqueue__ledger_database_down__one_line_upstream_unavailable_and_nothing_recorded(
+    home: Path, ledger: Ledger, cli: Callable[..., Run], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given the ledger's database, which its access rule reads, refuses connections
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]
+    down = Ledger(f"postgresql+psycopg://ledger:hunter2@127.0.0.1:{closed}/ledger")
+    monkeypatch.setattr(ledger_service, "_default", down)
+    calls = [neutral("c1", BALANCE, {"account_id": "acc-1"})]
+    path = write_json(home / "calls.json", calls)
+
+    run = cli("enqueue", path, *WHO, "--request-id", "req-down")
+
+    # Then one line says which tool could not decide and that nothing was recorded
+    assert_one_line_error(run, "upstream_unavailable", "ledger.get_balance", "run it again")
+    assert "hunter2" not in run.err and str(closed) not in run.err
+    unknown = cli("results", "req-down", "--tenant", "acme")
+    assert_one_line_error(unknown, "no request 'req-down'")
+    # When the ledger answers again, the same command admits the call
+    monkeypatch.setattr(ledger_service, "_default", ledger)
+    again = cli("enqueue", path, *WHO, "--request-id", "req-down")
+    assert again.code == 0, again.err
+    assert again.json()["calls"][0]["state"] == "queued"
+    down.engine.dispose()
 
 
 def test_approvals__big_transfer__listed_with_impact_then_approved_once_and_another_denied(

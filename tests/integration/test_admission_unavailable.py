@@ -1,0 +1,213 @@
+"""Admission when a tool's rule loses its connection (docs/decisions.md, Admission).
+
+An access rule or business rule check that reads a database (the ledger's reads
+the account's tenant) and finds it unreachable has decided nothing. `enqueue`
+raises `AdmissionUnavailable` instead of recording `permission_denied` /
+`business_rule_violation` under the call id, which every retry of the request
+would have been answered with for good. Real connections refused by a closed
+port, on SQLite and PostgreSQL for toolfence's own store.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import Engine, func, select, text
+
+from executor.core.admission import Gate
+from executor.core.tools import Access, Approval, Effect, Mode, Registry, RunContext, Tool, Written
+from executor.core.types import ProposedCall, ServerContext
+from executor.settings import Settings
+from executor.store.engine import make_engine
+from executor.store.schema import calls, operations, outbox
+from executor.worker.runner import OperationRunner, OutcomeLabel
+from outbox.producer import AdmissionUnavailable, enqueue, results
+
+SECRET = "s3cretPASSWORDinDSN"
+
+
+class PayArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    account: str
+    amount: int = Field(gt=0)
+
+
+class Paid(BaseModel):
+    receipt: str
+
+
+@dataclass
+class Directory:
+    """What the rules read: a real PostgreSQL server, or a closed port while it is down."""
+
+    up_url: str
+    down_url: str
+    up: bool = True
+    raise_instead: BaseException | None = None
+    runs: list[str] = field(default_factory=list)
+    _engines: dict[bool, Engine] = field(default_factory=dict)
+
+    def _engine(self) -> Engine:
+        if self.up not in self._engines:
+            self._engines[self.up] = make_engine(self.up_url if self.up else self.down_url)
+        return self._engines[self.up]
+
+    def ask(self) -> bool:
+        if self.raise_instead is not None:
+            raise self.raise_instead
+        with self._engine().connect() as conn:
+            return bool(conn.execute(text("SELECT true")).scalar_one())
+
+    def authorizes(self, args: PayArgs, ctx: ServerContext) -> bool:
+        return self.ask()
+
+    def check(self, args: PayArgs, ctx: ServerContext) -> None:
+        self.ask()
+
+    def run(self, args: PayArgs, ctx: RunContext) -> Written:
+        self.runs.append(ctx.operation_id)
+        return Written(Paid(receipt=f"r-{ctx.idempotency_key[:8]}"), ctx.idempotency_key)
+
+    def dispose(self) -> None:
+        for engine in self._engines.values():
+            engine.dispose()
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def directory(pg_url: str) -> Iterator[Directory]:
+    down = f"postgresql+psycopg://directory:{SECRET}@127.0.0.1:{_closed_port()}/directory"
+    found = Directory(up_url=pg_url, down_url=down)
+    yield found
+    found.dispose()
+
+
+def pay_tool(directory: Directory, *, where: str) -> Tool[PayArgs]:
+    return Tool(
+        name="bank.pay", description="pay from an account", mode=Mode.WRITE, untrusted_output=False,
+        input_model=PayArgs, output_model=Paid, run=directory.run,
+        access=Access.for_roles("member", rule=directory.authorizes if where == "rule" else None),
+        check=directory.check if where == "check" else None,
+        approval=Approval.never(), effect=[Effect.FENCED],
+    )
+
+
+def read_tool() -> Tool[PayArgs]:
+    return Tool(
+        name="bank.quote", description="quote a payment", mode=Mode.READ, untrusted_output=False,
+        input_model=PayArgs, output_model=Paid,
+        run=lambda args, ctx: Paid(receipt="quote"), access=Access.for_roles("member"),
+        approval=Approval.never(),
+    )
+
+
+ALICE = ServerContext(principal="alice", tenant="acme", roles=frozenset({"member"}), request_id="req-1")
+PAY = ProposedCall(call_id="c-pay", tool_name="bank.pay", arguments={"account": "a-1", "amount": 5})
+QUOTE = ProposedCall(call_id="c-quote", tool_name="bank.quote", arguments={"account": "a-1", "amount": 5})
+
+
+def rows(engine: Engine) -> tuple[int, int, int]:
+    with engine.connect() as conn:
+        return tuple(  # type: ignore[return-value]
+            int(conn.execute(select(func.count()).select_from(t)).scalar_one())
+            for t in (calls, operations, outbox)
+        )
+
+
+@pytest.mark.parametrize(("where", "gate"), [("rule", Gate.AUTHORIZATION), ("check", Gate.BUSINESS_RULES)])
+def test_enqueue__rule_cannot_reach_its_database__raises_and_records_nothing_then_retry_admits(
+    engine: Engine, db_url: str, directory: Directory, where: str, gate: Gate
+) -> None:
+    registry = Registry([read_tool(), pay_tool(directory, where=where)])
+    # Given the database the tool's rule reads is down (a real connection refused)
+    directory.up = False
+
+    # When a request of a read and the payment is enqueued in the producer's transaction
+    with pytest.raises(AdmissionUnavailable) as raised, engine.begin() as conn:
+        enqueue(conn, [QUOTE, PAY], ALICE, registry)
+
+    # Then the rule decided nothing: no answer is recorded for any call of the batch
+    # (the transaction rolled back), and the error names the tool and gate, not the DSN
+    unavailable = raised.value
+    assert (unavailable.tool_name, unavailable.gate) == ("bank.pay", gate)
+    assert unavailable.kind == "OperationalError"
+    assert SECRET not in str(unavailable) and "127.0.0.1" not in str(unavailable)
+    assert unavailable.__cause__ is None and unavailable.__suppress_context__
+    assert rows(engine) == (0, 0, 0)
+    assert results(engine, "acme", "req-1") == []
+
+    # When the database answers again and the same request is enqueued again
+    directory.up = True
+    with engine.begin() as conn:
+        handle = enqueue(conn, [QUOTE, PAY], ALICE, registry)
+
+    # Then both calls are admitted, and the payment runs once
+    assert [c.status.status for c in handle.calls] == ["pending", "pending"]
+    runner = OperationRunner(Settings(database_url=db_url, broker_url="memory://"), registry, engine)
+    for call in handle.calls:
+        assert call.operation_id is not None
+        assert runner.handle(call.operation_id).label is OutcomeLabel.SUCCEEDED
+    assert [s.status for s in results(engine, "acme", "req-1")] == ["succeeded", "succeeded"]
+    assert len(directory.runs) == 1
+
+
+def test_enqueue__earlier_calls_committed_anyway__retry_finds_them_by_call_id(
+    engine: Engine, directory: Directory
+) -> None:
+    registry = Registry([read_tool(), pay_tool(directory, where="rule")])
+    directory.up = False
+    # Given a caller that catches the error and commits what the batch had written
+    with engine.begin() as conn, pytest.raises(AdmissionUnavailable):
+        enqueue(conn, [QUOTE, PAY], ALICE, registry)
+    assert [s.call_id for s in results(engine, "acme", "req-1")] == ["c-quote"]
+
+    # When the request is enqueued again with the database back
+    directory.up = True
+    with engine.begin() as conn:
+        handle = enqueue(conn, [QUOTE, PAY], ALICE, registry)
+
+    # Then the read is the one already recorded (one operation), and the payment is admitted
+    assert [c.status.status for c in handle.calls] == ["pending", "pending"]
+    assert rows(engine)[1] == 2
+
+
+def test_enqueue__rule_raises_anything_else__still_fails_closed_and_is_recorded(
+    engine: Engine, directory: Directory
+) -> None:
+    registry = Registry([pay_tool(directory, where="rule")])
+    # Given a rule that breaks (not a lost connection)
+    directory.raise_instead = KeyError(f"internals {SECRET}")
+
+    with engine.begin() as conn:
+        [handle] = enqueue(conn, [PAY], ALICE, registry).calls
+
+    # Then the call is denied, as before, with no word of the exception
+    assert handle.status.status == "failed_terminal"
+    assert handle.status.error.code == "permission_denied"  # type: ignore[union-attr]
+    assert SECRET not in handle.status.model_dump_json()
+    assert [s.error.code for s in results(engine, "acme", "req-1")] == ["permission_denied"]  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("exc", [ConnectionError("directory reset"), TimeoutError("directory timed out")])
+def test_enqueue__rule_raises_a_builtin_connection_error__admission_unavailable(
+    engine: Engine, directory: Directory, exc: BaseException
+) -> None:
+    registry = Registry([pay_tool(directory, where="check")])
+    # Given a check whose HTTP-style client raises a connection error of the standard library
+    directory.raise_instead = exc
+
+    with pytest.raises(AdmissionUnavailable) as raised, engine.begin() as conn:
+        enqueue(conn, [PAY], ALICE, registry)
+
+    assert (raised.value.gate, raised.value.kind) == (Gate.BUSINESS_RULES, type(exc).__name__)
+    assert str(exc) not in str(raised.value)
+    assert rows(engine) == (0, 0, 0)
