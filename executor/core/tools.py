@@ -520,7 +520,8 @@ class Registry:
         """`ctx` with the principal's current roles (unchanged without a resolver).
 
         Raises `RoleResolutionFailed` when the resolver raises or answers with
-        something that is not a collection of role names.
+        something that is not a collection of role names; what the resolver raised
+        is its `__cause__` (the worker gives a lost connection back to retry).
         """
         if self.role_resolver is None:
             return ctx

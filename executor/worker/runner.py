@@ -444,6 +444,15 @@ class OperationRunner:
                 ServerContext.from_json(json.loads(row.context))
             )
         except RoleResolutionFailed as exc:
+            if tool is not None and isinstance(exc.__cause__, CONNECTION_ERRORS):
+                # The application's directory is unreachable: the resolver decided
+                # nothing, so, as for the access rule below, the operation is given
+                # back before the handler runs instead of being denied for good.
+                log.warning(
+                    "the role resolver lost its connection for %s: %s",
+                    row.operation_id, exception_summary(exc.__cause__),
+                )
+                return self._release_unstarted(row, tool, reservation)
             log.error("the role resolver failed for %s: %s", row.operation_id, exception_summary(exc))
             return refuse(Refusal(
                 ErrorCode.PERMISSION_DENIED, "permission denied at execution time",

@@ -410,10 +410,10 @@ def test_roles_at_execution__resolver_raises__fails_closed_permission_denied(
 ) -> None:
     operation_id, _ = admit_payment(engine, registry, 100, "req-1")
 
-    def unreachable_directory(ctx: ServerContext) -> list[str]:
-        raise ConnectionError("directory down")
+    def broken_directory(ctx: ServerContext) -> list[str]:
+        raise KeyError("directory internals")
 
-    registry.set_role_resolver(unreachable_directory)
+    registry.set_role_resolver(broken_directory)
 
     runner.handle(operation_id)
 
@@ -422,6 +422,35 @@ def test_roles_at_execution__resolver_raises__fails_closed_permission_denied(
     assert result.error.code == "permission_denied"
     assert [d.code for d in result.error.details] == ["role_resolver_failed"]
     assert "directory" not in result.model_dump_json()
+
+
+def test_roles_at_execution__resolver_lost_its_connection__released_to_retry_then_runs(
+    engine: Engine, registry: Registry, runner: OperationRunner, bank: Bank, directory: Directory,
+    pg_url: str,
+) -> None:
+    operation_id, _ = admit_payment(engine, registry, 100, "req-1")
+
+    def roles_from_directory(ctx: ServerContext) -> list[str]:
+        # The application's directory is a real PostgreSQL server (a closed port while down)
+        return ["member"] if directory.authorizes(PayArgs(account="acc-1", amount=1), ctx) else []
+
+    registry.set_role_resolver(roles_from_directory)
+
+    # When the worker re-checks while the directory refuses connections
+    outcome = runner.handle(operation_id)
+
+    # Then the resolver decided nothing: the operation is given back, not denied for good
+    assert_released_before_run(engine, outcome, bank, operation_id)
+    # When the directory answers again and the retry is due
+    directory.engine = make_engine(pg_url)
+    assert _promote_when_due(engine, operation_id)
+    outcome = runner.handle(operation_id)
+    directory.engine.dispose()
+
+    # Then the roles are asked again and the payment runs once
+    assert outcome.label is OutcomeLabel.SUCCEEDED
+    assert bank.runs == [operation_id] and bank.effects() == 1
+    assert only_result(engine, "req-1").status == "succeeded"
 
 
 # ------------------------------------------------------------------ after an earlier attempt
