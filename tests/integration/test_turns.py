@@ -8,6 +8,7 @@ the same loop in worker subprocesses with SIGKILLs.
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +32,7 @@ from executor.worker.turns import TurnRunner
 from ledger import service as ledger_service
 from ledger.service import Ledger
 from ledger.tools import registry
+from outbox.producer import AdmissionUnavailable, results
 
 ALICE = ServerContext(
     principal="alice", tenant="acme", roles=frozenset({"member", "vip-admin"}), request_id="turn"
@@ -132,6 +134,36 @@ def test_turn__owner_dies_after_a_checkpoint__next_owner_resumes_without_asking_
             select(turn_steps.c.step, turn_steps.c.generation).where(turn_steps.c.turn_id == turn_id)
         ).all())
     assert generations[1] == 1 and generations[2] >= 2
+    assert max(ledger.effects_per_operation().values()) == 1
+
+
+def test_turn__ledger_database_down_when_its_calls_are_enqueued__resumes_and_runs_them_once(
+    engine: Engine, settings: Settings, ledger: Ledger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a turn whose step 1 was checkpointed while the ledger's database, which the
+    # tools' access rule reads, refused connections: admission could not decide
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]
+    down = Ledger(f"postgresql+psycopg://ledger@127.0.0.1:{closed}/ledger")
+    monkeypatch.setattr(ledger_service, "_default", down)
+    script = write_script(tmp_path / "turn.jsonl", THREE_STEPS)
+    turn_id = start(engine, script)
+    with pytest.raises(AdmissionUnavailable):
+        TurnRunner(settings, registry, engine).handle(turn_id)
+    down.engine.dispose()
+    # Then nothing of the step's calls was recorded (no refusal the model would be told)
+    with engine.connect() as conn:
+        row = turn_store.get_turn(conn, turn_id)
+    assert row is not None and row.steps == 1
+    assert results(engine, "acme", step_request_id(turn_id, 1)) == []
+    # When the ledger answers again and another job gets the turn
+    monkeypatch.setattr(ledger_service, "_default", ledger)
+    state = drive(engine, settings, registry, turn_id)
+    # Then step 1's calls are admitted and run once, and step 1 is not asked again
+    assert state == "succeeded"
+    assert asked(script) == {("turn", 1): 1, ("turn", 2): 1, ("turn", 3): 1}
+    assert [s.status for s in results(engine, "acme", step_request_id(turn_id, 1))] == ["succeeded"]
     assert max(ledger.effects_per_operation().values()) == 1
 
 
