@@ -77,19 +77,27 @@ class InvalidBatch(ValueError):
         self.code = code
 
 
+_HOOKS = {
+    Gate.AUTHORIZATION: "access rule",
+    Gate.BUSINESS_RULES: "business rule check",
+    Gate.APPROVAL: "resources or impact hook",
+}
+
+
 class AdmissionUnavailable(Exception):
-    """A tool's access rule or business rule check lost its connection to what it
-    reads (it raised one of `CONNECTION_ERRORS`): it decided nothing, so the call is
-    neither refused nor admitted and `enqueue` raises this instead of recording an
-    answer. Roll the transaction back, as for `StoreDatabaseError`, and enqueue the
-    same request again (calls already recorded are found by their call ids). Carries
-    the tool's name, the gate (`authorization` or `business_rules`) and the
-    exception's class, never its text (a driver's message may quote a connection
-    string or the row it read)."""
+    """A tool's access rule, business rule check, or resources or impact hook lost
+    its connection to what it reads (it raised one of `CONNECTION_ERRORS`): it
+    decided nothing, so the call is neither refused nor admitted and `enqueue`
+    raises this instead of recording an answer. Roll the transaction back, as for
+    `StoreDatabaseError`, and enqueue the same request again (calls already
+    recorded are found by their call ids). Carries the tool's name, the gate
+    (`authorization`, `business_rules` or `approval`) and the exception's class,
+    never its text (a driver's message may quote a connection string or the row
+    it read)."""
 
     def __init__(self, tool_name: str, gate: Gate, kind: str) -> None:
-        rule = "access rule" if gate is Gate.AUTHORIZATION else "business rule check"
-        super().__init__(f"the {rule} of {tool_name!r} could not reach what it reads ({kind})")
+        hook = _HOOKS.get(gate, "hook")
+        super().__init__(f"the {hook} of {tool_name!r} could not reach what it reads ({kind})")
         self.tool_name = tool_name
         self.gate = gate
         self.kind = kind
@@ -210,10 +218,11 @@ def enqueue(
 
     A database error is raised as `StoreDatabaseError` (SQLSTATE and class, never the
     statement's parameters: they are arguments and server contexts). A tool's access
-    rule or business rule check that loses its connection (`CONNECTION_ERRORS`)
-    raises `AdmissionUnavailable`: it decided nothing, so no answer is recorded for
-    the call (a recorded `permission_denied` would be returned for good to every
-    retry of the request); roll back and enqueue the request again.
+    rule, business rule check, or resources or impact hook that loses its
+    connection (`CONNECTION_ERRORS`) raises `AdmissionUnavailable`: it decided
+    nothing, so no answer is recorded for the call (a recorded `permission_denied`
+    would be returned for good to every retry of the request); roll back and
+    enqueue the request again.
     """
     _check_batch(calls)
     check_server_context(context)

@@ -483,7 +483,8 @@ def gate_business_rules(
 
 
 def gate_resources(
-    call: ProposedCall, tool: Tool[Any], args: BaseModel, ctx: ServerContext
+    call: ProposedCall, tool: Tool[Any], args: BaseModel, ctx: ServerContext,
+    reraise: tuple[type[BaseException], ...] = (),
 ) -> frozenset[str] | None:
     """The set of resource ids a write may change, computed by the server from its
     validated arguments: what the approver is shown and the handler is held to.
@@ -505,6 +506,8 @@ def gate_resources(
         raise _reject(
             call, Gate.APPROVAL, ErrorCode.BUSINESS_RULE_VIOLATION, failure.message, failure.details
         ) from None
+    except reraise as exc:
+        raise Undecided(Gate.APPROVAL, type(exc).__name__) from None
     except Exception:
         raise _reject(
             call, Gate.APPROVAL, ErrorCode.BUSINESS_RULE_VIOLATION,
@@ -548,7 +551,8 @@ def default_impact(tool: Tool[Any], args: BaseModel) -> dict[str, Any]:
 
 
 def gate_approval(
-    call: ProposedCall, tool: Tool[Any], args: BaseModel, ctx: ServerContext
+    call: ProposedCall, tool: Tool[Any], args: BaseModel, ctx: ServerContext,
+    reraise: tuple[type[BaseException], ...] = (),
 ) -> tuple[bool, dict[str, Any] | None]:
     if not approval_needed(tool, args, ctx):
         return False, None
@@ -556,6 +560,8 @@ def gate_approval(
     if tool.impact is not None:
         try:
             impact = dict(tool.impact(args, ctx))
+        except reraise as exc:
+            raise Undecided(Gate.APPROVAL, type(exc).__name__) from None
         except Exception:
             raise _reject(
                 call, Gate.APPROVAL, ErrorCode.APPROVAL_REQUIRED,
@@ -634,19 +640,20 @@ def admit(
 ) -> Admitted | Rejected:
     """Run every gate but registration. Returns `Rejected` (with its gate) or `Admitted`.
 
-    `reraise`: exceptions of the access rule or the business rule check that are not
-    an answer (the producer: a lost connection to what the rule reads). One of them
-    raises `Undecided` (its gate, the exception's class) instead of refusing the
-    call, so nothing is recorded for it and the caller may try again; every other
-    exception of a rule still refuses (fails closed)."""
+    `reraise`: exceptions of a tool's hook (access rule, business rule check,
+    resources or impact hook) that are not an answer (the producer: a lost
+    connection to what the hook reads). One of them raises `Undecided` (its gate,
+    the exception's class) instead of refusing the call, so nothing is recorded for
+    it and the caller may try again; every other exception of a hook still refuses
+    (fails closed)."""
     try:
         tool = gate_allowlist(call, registry, ctx)
         value = gate_parse(call, limits)
         args = gate_schema(call, tool, value)
         gate_authorization(call, tool, args, ctx, reraise)
         gate_business_rules(call, tool, args, ctx, reraise)
-        approved_resources = gate_resources(call, tool, args, ctx)
-        needs_approval, impact = gate_approval(call, tool, args, ctx)
+        approved_resources = gate_resources(call, tool, args, ctx, reraise)
+        needs_approval, impact = gate_approval(call, tool, args, ctx, reraise)
         impact = _impact_with_resources(impact, approved_resources)
         try:
             digest = compute_intent_hash(tool, args, ctx, approved_resources)

@@ -18,11 +18,14 @@ import pytest
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import Engine, func, select, text
 
+from executor import store
 from executor.core.admission import Gate
+from executor.core.approvers import ApproverPolicy
 from executor.core.tools import Access, Approval, Effect, Mode, Registry, RunContext, Tool, Written
 from executor.core.types import ProposedCall, ServerContext
 from executor.settings import Settings
 from executor.store.engine import make_engine
+from executor.store.operator import pending_approvals
 from executor.store.schema import calls, operations, outbox
 from executor.worker.runner import OperationRunner, OutcomeLabel
 from outbox.producer import AdmissionUnavailable, enqueue, results
@@ -70,7 +73,10 @@ class Directory:
 
     def run(self, args: PayArgs, ctx: RunContext) -> Written:
         self.runs.append(ctx.operation_id)
-        return Written(Paid(receipt=f"r-{ctx.idempotency_key[:8]}"), ctx.idempotency_key)
+        return Written(
+            Paid(receipt=f"r-{ctx.idempotency_key[:8]}"), ctx.idempotency_key,
+            changed_resources=frozenset({f"account:{args.account}"}),
+        )
 
     def dispose(self) -> None:
         for engine in self._engines.values():
@@ -92,12 +98,25 @@ def directory(pg_url: str) -> Iterator[Directory]:
 
 
 def pay_tool(directory: Directory, *, where: str) -> Tool[PayArgs]:
+    """The payment, with the hook named by `where` reading the directory."""
+
+    def resources(args: PayArgs, ctx: ServerContext) -> list[str]:
+        directory.ask()
+        return [f"account:{args.account}"]
+
+    def impact(args: PayArgs, ctx: ServerContext) -> dict[str, object]:
+        return {"directory_answers": directory.ask(), "amount": args.amount}
+
     return Tool(
         name="bank.pay", description="pay from an account", mode=Mode.WRITE, untrusted_output=False,
         input_model=PayArgs, output_model=Paid, run=directory.run,
         access=Access.for_roles("member", rule=directory.authorizes if where == "rule" else None),
         check=directory.check if where == "check" else None,
-        approval=Approval.never(), effect=[Effect.FENCED],
+        resources=resources if where == "resources" else None,
+        impact=impact if where == "impact" else None,
+        approval=Approval.always() if where == "impact" else Approval.never(),
+        approvers=ApproverPolicy.for_roles("approver"),
+        effect=[Effect.FENCED],
     )
 
 
@@ -111,6 +130,7 @@ def read_tool() -> Tool[PayArgs]:
 
 
 ALICE = ServerContext(principal="alice", tenant="acme", roles=frozenset({"member"}), request_id="req-1")
+BOB = ServerContext(principal="bob", tenant="acme", roles=frozenset({"approver"}), request_id="ap")
 PAY = ProposedCall(call_id="c-pay", tool_name="bank.pay", arguments={"account": "a-1", "amount": 5})
 QUOTE = ProposedCall(call_id="c-quote", tool_name="bank.quote", arguments={"account": "a-1", "amount": 5})
 
@@ -123,7 +143,13 @@ def rows(engine: Engine) -> tuple[int, int, int]:
         )
 
 
-@pytest.mark.parametrize(("where", "gate"), [("rule", Gate.AUTHORIZATION), ("check", Gate.BUSINESS_RULES)])
+HOOKS = [
+    ("rule", Gate.AUTHORIZATION), ("check", Gate.BUSINESS_RULES),
+    ("resources", Gate.APPROVAL), ("impact", Gate.APPROVAL),
+]
+
+
+@pytest.mark.parametrize(("where", "gate"), HOOKS)
 def test_enqueue__rule_cannot_reach_its_database__raises_and_records_nothing_then_retry_admits(
     engine: Engine, db_url: str, directory: Directory, where: str, gate: Gate
 ) -> None:
@@ -150,12 +176,19 @@ def test_enqueue__rule_cannot_reach_its_database__raises_and_records_nothing_the
     with engine.begin() as conn:
         handle = enqueue(conn, [QUOTE, PAY], ALICE, registry)
 
-    # Then both calls are admitted, and the payment runs once
+    # Then both calls are admitted (the impact case waits for a person, who approves),
+    # and the payment runs once
     assert [c.status.status for c in handle.calls] == ["pending", "pending"]
+    quote, pay = handle.calls
+    assert quote.operation_id is not None and pay.operation_id is not None
+    if where == "impact":
+        with engine.begin() as conn:
+            [approval] = pending_approvals(conn)
+            assert approval.impact["directory_answers"] is True
+            store.approve(conn, approval.approval_id, approver=BOB, registry=registry)
     runner = OperationRunner(Settings(database_url=db_url, broker_url="memory://"), registry, engine)
-    for call in handle.calls:
-        assert call.operation_id is not None
-        assert runner.handle(call.operation_id).label is OutcomeLabel.SUCCEEDED
+    for operation_id in (quote.operation_id, pay.operation_id):
+        assert runner.handle(operation_id).label is OutcomeLabel.SUCCEEDED
     assert [s.status for s in results(engine, "acme", "req-1")] == ["succeeded", "succeeded"]
     assert len(directory.runs) == 1
 
