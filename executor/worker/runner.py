@@ -565,6 +565,8 @@ class OperationRunner:
             return _ApprovalStatus.NONE
         try:
             current = compute_intent_hash(tool, args, context)
+        except CONNECTION_ERRORS:
+            raise  # the resources hook decided nothing: the caller gives the operation back
         except Exception:
             return _ApprovalStatus.INVALIDATED
         if approval.state != ApprovalState.APPROVED or current != approval.intent_hash:

@@ -374,6 +374,49 @@ def test_approval_at_execution__policy_now_always__approved_call_still_runs(
     assert isinstance(only_result(engine, "req-big"), Succeeded)
 
 
+def test_approval_at_execution__resources_hook_lost_its_database__released_to_retry_then_runs(
+    engine: Engine, runner: OperationRunner, bank: Bank, directory: Directory, pg_url: str,
+) -> None:
+    # Given an approved payment whose tool computes its resource set from a database
+    # (the approval is bound to that set through the intent hash)
+    def resources(args: PayArgs, ctx: ServerContext) -> list[str]:
+        assert directory.authorizes(args, ctx)
+        return [f"account:{args.account}"]
+
+    def run(args: PayArgs, ctx: RunContext) -> Written:
+        written = bank.run(args, ctx)
+        return Written(written.output, written.receipt, changed_resources={f"account:{args.account}"})
+
+    registry = Registry([Tool(
+        name="bank.pay", description="pay from an account", mode=Mode.WRITE, untrusted_output=False,
+        input_model=PayArgs, output_model=Paid, run=run, access=Access.for_roles("member"),
+        approval=Approval.always(), approvers=ApproverPolicy.for_roles("approver"),
+        effect=[Effect.FENCED], resources=resources,
+    )])
+    runner = OperationRunner(runner.settings, registry, engine)
+    down, directory.engine = directory.engine, make_engine(pg_url)
+    operation_id, approval_id = admit_payment(engine, registry, 100, "req-1")
+    assert approval_id is not None
+    with engine.begin() as conn:
+        assert store.approve(conn, approval_id, approver=BOB, registry=registry).decided
+    up, directory.engine = directory.engine, down
+
+    # When the worker re-computes the set while that database refuses connections
+    outcome = runner.handle(operation_id)
+
+    # Then the hook decided nothing: given back, not approval_invalidated for good
+    assert_released_before_run(engine, outcome, bank, operation_id)
+    # When the database answers again and the retry is due
+    directory.engine = up
+    assert _promote_when_due(engine, operation_id)
+    outcome = runner.handle(operation_id)
+    up.dispose()
+
+    # Then the approval still binds the same set and the payment runs once
+    assert outcome.label is OutcomeLabel.SUCCEEDED
+    assert bank.runs == [operation_id] and bank.effects() == 1
+
+
 # ------------------------------------------------------------------ current roles
 
 
