@@ -27,13 +27,9 @@ from pathlib import Path
 
 import psycopg
 
+from tests.netkit import free_port
+
 PG_BIN = Path(os.environ.get("TOOLFENCE_PG_BIN", "/usr/lib/postgresql/15/bin"))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_port(port: int, timeout: float) -> None:

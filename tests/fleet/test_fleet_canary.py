@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from executor.core.types import ProposedCall, ServerContext
 from executor.settings import Settings
 from executor.store.engine import make_engine
 from outbox.producer import enqueue, results, settled
+from tests.netkit import free_port
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -51,12 +51,6 @@ CALLS = [
                  arguments='{"mode": "echo", "secret": "' + CANARY + '", "secret": "x"}'),
     _call("c_approval", "test.needs_approval", {"secret": CANARY, "amount_cents": 100}),
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _cli(env: dict[str, str], *args: str) -> str:
@@ -93,7 +87,7 @@ def test_canary__secret_everywhere__nowhere_a_model_or_operator_log_shows_it(
     fleet.start_worker(0)
     fleet.reconcile_every = 1.0
     fleet.start_reconciler()
-    port = _free_port()
+    port = free_port()
     fleet._spawn("exporter", 0, ["metrics", "--port", str(port), "--host", "127.0.0.1"])
     fleet.wait_ready(60)
     statuses = wait_until(

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import time
 import uuid
@@ -44,21 +43,16 @@ from executor.store.schema import operations
 from ledger.service import Ledger
 from ledger.tools import registry
 from outbox.producer import enqueue
+from tests.netkit import free_port
 
 MakeFleet = Callable[..., Fleet]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class PrivateRedis:
     """A redis-server of this test's own: no snapshots, no AOF, like the shared one."""
 
     def __init__(self, directory: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.directory = directory
         self.url = f"redis://127.0.0.1:{self.port}/0"
 

@@ -4,7 +4,6 @@ uvicorn in a thread, `toolfence serve` as a subprocess, and a handle on a server
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -18,12 +17,7 @@ from sqlalchemy import Engine
 
 from executor.http.keys import KeyScope, create_key
 from executor.settings import Settings
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.netkit import free_port as free_port  # re-exported: `from servekit import free_port`
 
 
 @dataclass

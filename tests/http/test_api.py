@@ -8,7 +8,6 @@ approver policy, the reconciliation queue, size caps and rate limits.
 from __future__ import annotations
 
 import json
-import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +24,7 @@ from executor.providers import SURFACES, encode_tool_name
 from executor.store.schema import calls, operations, outbox
 from ledger import service as ledger_service
 from ledger.service import Ledger
+from tests.netkit import free_port
 
 P, A, OP, R = KeyScope.PRODUCE, KeyScope.APPROVE, KeyScope.OPERATE, KeyScope.READ
 
@@ -202,9 +202,7 @@ def test_post_requests__ledger_database_down__503_nothing_recorded_then_same_key
     served: Served, book: Ledger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given the ledger's database, which the tools' access rule reads, refuses connections
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        closed = sock.getsockname()[1]
+    closed = free_port()
     down = Ledger(f"postgresql+psycopg://ledger:hunter2@127.0.0.1:{closed}/ledger")
     monkeypatch.setattr(ledger_service, "_default", down)
     key = served.key("acme", "alice", P)

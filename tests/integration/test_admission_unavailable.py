@@ -10,7 +10,6 @@ port, on SQLite and PostgreSQL for toolfence's own store.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -29,6 +28,7 @@ from executor.store.operator import pending_approvals
 from executor.store.schema import calls, operations, outbox
 from executor.worker.runner import OperationRunner, OutcomeLabel
 from outbox.producer import AdmissionUnavailable, enqueue, results
+from tests.netkit import free_port
 
 SECRET = "s3cretPASSWORDinDSN"
 
@@ -83,15 +83,9 @@ class Directory:
             engine.dispose()
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture
 def directory(pg_url: str) -> Iterator[Directory]:
-    down = f"postgresql+psycopg://directory:{SECRET}@127.0.0.1:{_closed_port()}/directory"
+    down = f"postgresql+psycopg://directory:{SECRET}@127.0.0.1:{free_port()}/directory"
     found = Directory(up_url=pg_url, down_url=down)
     yield found
     found.dispose()

@@ -9,7 +9,6 @@ code, an audit decision `<code>_at_execution`, and zero handler invocations.
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from executor.settings import Settings
 from executor.store.engine import make_engine
 from executor.worker.runner import OperationRunner, OutcomeLabel
 from outbox.producer import enqueue, results
+from tests.netkit import free_port
 
 THRESHOLD = 50_000
 
@@ -259,15 +259,9 @@ class Directory:
             return bool(conn.execute(text("SELECT true")).scalar_one())
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture
 def directory() -> Iterator[Directory]:
-    down = make_engine(f"postgresql+psycopg://postgres@127.0.0.1:{_closed_port()}/postgres")
+    down = make_engine(f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/postgres")
     yield Directory(down)
     down.dispose()
 

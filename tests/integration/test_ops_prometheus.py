@@ -14,7 +14,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ from executor.store.clock import db_now
 from executor.store.engine import make_engine
 from executor.store.migrate import migrate
 from executor.store.schema import operations
+from tests.netkit import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 OPS = ROOT / "ops"
@@ -99,12 +99,6 @@ def test_alerts_test__every_alert_rule_has_a_unit_test() -> None:
 
 
 # ----------------------------------------------------------------- a real server
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def http_json(url: str, timeout: float = 10.0) -> tuple[int, Any]:

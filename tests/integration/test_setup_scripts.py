@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.netkit import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 SERVICES = ROOT / "scripts" / "services.sh"
 DEPS = ROOT / "scripts" / "ci-deps.sh"
@@ -32,12 +34,6 @@ INTERPRETERS = {"services.sh": "bash", "ci-deps.sh": "sh"}
 NOBODY = 65534
 # Directories the scripts may not write as anyone but root: nothing can be created under /.
 UNWRITABLE_DIR = "/toolfence-setup-test-unwritable"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def redis_cli(port: int, *args: str) -> str:

@@ -8,7 +8,6 @@ the same loop in worker subprocesses with SIGKILLs.
 
 from __future__ import annotations
 
-import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +32,7 @@ from ledger import service as ledger_service
 from ledger.service import Ledger
 from ledger.tools import registry
 from outbox.producer import AdmissionUnavailable, results
+from tests.netkit import free_port
 
 ALICE = ServerContext(
     principal="alice", tenant="acme", roles=frozenset({"member", "vip-admin"}), request_id="turn"
@@ -142,9 +142,7 @@ def test_turn__ledger_database_down_when_its_calls_are_enqueued__resumes_and_run
 ) -> None:
     # Given a turn whose step 1 was checkpointed while the ledger's database, which the
     # tools' access rule reads, refused connections: admission could not decide
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        closed = sock.getsockname()[1]
+    closed = free_port()
     down = Ledger(f"postgresql+psycopg://ledger@127.0.0.1:{closed}/ledger")
     monkeypatch.setattr(ledger_service, "_default", down)
     script = write_script(tmp_path / "turn.jsonl", THREE_STEPS)

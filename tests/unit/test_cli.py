@@ -11,7 +11,6 @@ import io
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -40,6 +39,7 @@ from executor.worker.runner import OperationRunner
 from ledger import service as ledger_service
 from ledger.service import Ledger
 from outbox.relay import Relay
+from tests.netkit import free_port
 
 COMMANDS = [
     "migrate", "demo", "worker", "relay", "reconcile", "metrics", "enqueue", "results",
@@ -506,9 +506,7 @@ def test_enqueue__ledger_database_down__one_line_upstream_unavailable_and_nothin
     home: Path, ledger: Ledger, cli: Callable[..., Run], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given the ledger's database, which its access rule reads, refuses connections
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        closed = sock.getsockname()[1]
+    closed = free_port()
     down = Ledger(f"postgresql+psycopg://ledger:hunter2@127.0.0.1:{closed}/ledger")
     monkeypatch.setattr(ledger_service, "_default", down)
     calls = [neutral("c1", BALANCE, {"account_id": "acc-1"})]
