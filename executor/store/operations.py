@@ -689,16 +689,24 @@ def complete(
     owner_token: str,
     intent_hash: str,
     *,
+    succeeded: bool,
+    result: Any = None,
+    receipt: str | None = None,
+    error_code: ErrorCode | None = None,
+    error: dict[str, Any] | None = None,
+    duration_ms: float | None = None,
+    decision: str | None = None,
     clock: Clock = DATABASE_CLOCK,
-    **fields: Any,
 ) -> bool:
     """started → succeeded | failed_terminal. A stale owner's completion matches nothing.
 
-    `complete_counted` without a receipt to record or count: its keywords (`succeeded`,
-    `result`, `receipt`, `error_code`, `error`, `duration_ms`, `decision`), and True
-    when the CAS won. `clock` is named here so that callers who pass one see it."""
+    `complete_counted` without a receipt to record or count (its keywords, spelled
+    out so that a caller's misspelt one is a type error, not a TypeError at run
+    time), and True when the CAS won."""
     return complete_counted(
-        conn, operation_id, generation, owner_token, intent_hash, clock=clock, **fields
+        conn, operation_id, generation, owner_token, intent_hash,
+        succeeded=succeeded, result=result, receipt=receipt, error_code=error_code,
+        error=error, duration_ms=duration_ms, decision=decision, clock=clock,
     ).won
 
 
