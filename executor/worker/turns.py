@@ -71,7 +71,7 @@ from executor.turns.values import (
     step_request_id,
 )
 from executor.worker.faults import Faults
-from outbox.producer import enqueue, final, results
+from outbox.producer import AdmissionUnavailable, enqueue, final, results
 
 log = logging.getLogger("toolfence.turns")
 
@@ -79,6 +79,8 @@ MAX_TURN_ID_LENGTH = 64
 POLL_SECONDS = 0.1
 DRIVER_ATTEMPTS = 3
 RELEASE_DELAY_SECONDS = 0.5
+# A tool's hook could not reach what it reads when the step's calls were admitted.
+UNAVAILABLE_RETRY_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -210,8 +212,11 @@ class TurnRunner:
             action = next_action(steps, None, options)
             if isinstance(action, Enqueue):
                 if action.step.step not in enqueued:
-                    if not self._enqueue(lease, context, action.step):
-                        return TurnOutcome("lost_ownership")
+                    try:
+                        if not self._enqueue(lease, context, action.step):
+                            return TurnOutcome("lost_ownership")
+                    except AdmissionUnavailable as exc:
+                        return self._release_unavailable(lease, exc)
                     enqueued.add(action.step.step)
                 action = next_action(steps, self._statuses(context, action.step), options)
 
@@ -258,6 +263,19 @@ class TurnRunner:
                 self.registry,
             )
         return True
+
+    def _release_unavailable(self, lease: turn_store.TurnLease, exc: AdmissionUnavailable) -> TurnOutcome:
+        """A tool's hook lost its connection while the step's calls were admitted:
+        nothing of the step was recorded (its transaction rolled back). The turn is
+        given back and its job scheduled again shortly, rather than failing the job
+        and leaving the turn owned until its lease expires and a sweep finds it."""
+        log.warning(
+            "turn %s: %s; its calls are enqueued again in %.1f s",
+            lease.turn_id, exc, UNAVAILABLE_RETRY_SECONDS,
+        )
+        with self.engine.begin() as conn:
+            won = turn_store.release_turn(conn, lease, delay_seconds=UNAVAILABLE_RETRY_SECONDS)
+        return TurnOutcome("released" if won else "lost_ownership")
 
     def _statuses(self, context: ServerContext, step: StepRecord) -> list[CallStatus]:
         return results(self.reader, context.tenant, step.request_id)

@@ -13,25 +13,26 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, func, select
 from turnkit import Recording, asked, calls, drive, turn_state, write_script
 
 from executor import store
 from executor.core.types import ServerContext
 from executor.settings import Settings
 from executor.store import turns as turn_store
+from executor.store.clock import db_now
 from executor.store.engine import make_engine
-from executor.store.schema import turn_steps, turns
+from executor.store.schema import outbox, turn_steps, turns
 from executor.turns.drivers import DriverError, ScriptedDriver, load_driver
 from executor.turns.prompt import COMPLETED_HEADER
 from executor.turns.service import TurnInProgress, get_turn, start_turn
 from executor.turns.values import ModelRequest, ModelResponse, TurnOptions, Usage, step_request_id
 from executor.worker.faults import AmbiguousCommit
-from executor.worker.turns import TurnRunner
+from executor.worker.turns import UNAVAILABLE_RETRY_SECONDS, TurnRunner
 from ledger import service as ledger_service
 from ledger.service import Ledger
 from ledger.tools import registry
-from outbox.producer import AdmissionUnavailable, results
+from outbox.producer import results
 from tests.netkit import free_port
 
 ALICE = ServerContext(
@@ -147,15 +148,23 @@ def test_turn__ledger_database_down_when_its_calls_are_enqueued__resumes_and_run
     monkeypatch.setattr(ledger_service, "_default", down)
     script = write_script(tmp_path / "turn.jsonl", THREE_STEPS)
     turn_id = start(engine, script)
-    with pytest.raises(AdmissionUnavailable):
-        TurnRunner(settings, registry, engine).handle(turn_id)
+    outcome = TurnRunner(settings, registry, engine).handle(turn_id)
     down.engine.dispose()
-    # Then nothing of the step's calls was recorded (no refusal the model would be told)
+    # Then nothing of the step's calls was recorded (no refusal the model would be told),
+    # and the turn was given back at once with its next job scheduled (not left owned
+    # until its lease expires)
+    assert outcome.label == "released"
     with engine.connect() as conn:
         row = turn_store.get_turn(conn, turn_id)
-    assert row is not None and row.steps == 1
+        scheduled = conn.execute(
+            select(func.max(outbox.c.next_attempt_at) - db_now()).where(
+                outbox.c.operation_id == turn_id, outbox.c.published_at.is_(None)
+            )
+        ).scalar_one()
+    assert row is not None and row.steps == 1 and row.owner_token is None
+    assert 0 < scheduled <= UNAVAILABLE_RETRY_SECONDS
     assert results(engine, "acme", step_request_id(turn_id, 1)) == []
-    # When the ledger answers again and another job gets the turn
+    # When the ledger answers again and the next job gets the turn
     monkeypatch.setattr(ledger_service, "_default", ledger)
     state = drive(engine, settings, registry, turn_id)
     # Then step 1's calls are admitted and run once, and step 1 is not asked again
