@@ -17,7 +17,10 @@ module does not pull in SQLAlchemy, Celery or an SDK through this file.
   `FailedRetryable`, `FailedTerminal`, `Pending`), `ErrorCode`, `State`.
 - Producing: `enqueue`, `results`, `wait_for_results`, `final`, `settled`,
   `default_operation_id`, `Budgets`, `BudgetLimits`; `Settings`, `make_engine`,
-  `get_engine`, `migrate`.
+  `get_engine`, `migrate`; what `enqueue` raises besides a malformed batch
+  (`InvalidBatch`, `InvalidIdentifier`): `StoreDatabaseError` (its
+  `connection_error` says whether trying again may help) and
+  `AdmissionUnavailable` (a tool's hook lost its connection: roll back, try again).
 - Provider surfaces: `SURFACES`, `Surface`, `AdapterError`,
   `encode_tool_name`, `decode_tool_name`; provider-run calls: `HostedPolicy`,
   `HostedServer`, `NO_HOSTED_TOOLS`, `HostedCall`, `hosted_violations`, and
@@ -123,6 +126,7 @@ if TYPE_CHECKING:
         get_engine,
         make_engine,
     )
+    from executor.store.errors import StoreDatabaseError
     from executor.store.migrate import (
         migrate,
     )
@@ -145,6 +149,7 @@ if TYPE_CHECKING:
         Usage,
     )
     from outbox.producer import (
+        AdmissionUnavailable,
         CallHandle,
         EnqueueHandle,
         HostedCalls,
@@ -206,6 +211,8 @@ _EXPORTS: dict[str, str] = {
     "get_engine": "executor.store.engine",
     "make_engine": "executor.store.engine",
     "migrate": "executor.store.migrate",
+    "AdmissionUnavailable": "outbox.producer",
+    "StoreDatabaseError": "executor.store.errors",
     "CallHandle": "outbox.producer",
     "EnqueueHandle": "outbox.producer",
     "HostedCalls": "outbox.producer",
@@ -250,6 +257,7 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = [
     "Access",
+    "AdmissionUnavailable",
     "AdapterError",
     "Approval",
     "ApprovalSubject",
@@ -299,6 +307,7 @@ __all__ = [
     "SettingsError",
     "StaleFencingToken",
     "State",
+    "StoreDatabaseError",
     "Succeeded",
     "Surface",
     "TerminalError",

@@ -1,10 +1,11 @@
-"""Admission when a tool's rule loses its connection (docs/decisions.md, Admission).
+"""Admission when a tool's hook loses its connection (docs/decisions.md, Admission).
 
-An access rule or business rule check that reads a database (the ledger's reads
-the account's tenant) and finds it unreachable has decided nothing. `enqueue`
-raises `AdmissionUnavailable` instead of recording `permission_denied` /
-`business_rule_violation` under the call id, which every retry of the request
-would have been answered with for good. Real connections refused by a closed
+An access rule, business rule check, or resources or impact hook that reads a
+database (the ledger's rule reads the account's tenant, its transfer impact the
+balance) and finds it unreachable has decided nothing. `enqueue` raises
+`AdmissionUnavailable` instead of recording `permission_denied`,
+`business_rule_violation` or `approval_required` under the call id, which every
+retry of the request would have been answered with for good. Real connections refused by a closed
 port, on SQLite and PostgreSQL for toolfence's own store.
 """
 
