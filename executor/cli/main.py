@@ -459,18 +459,16 @@ def _decide_approval(args: argparse.Namespace, verb: ApprovalDecision) -> store.
     engine = _engine(settings)
     registry = _registry(settings)
     approver = _approver(args)
-    if args.approval_id.startswith(store.HOSTED_APPROVAL_PREFIX):
-        decision = _decide_hosted_approval(args, verb, engine, registry, approver, settings)
-    else:
-        with engine.begin() as conn:
-            if store.get_approval(conn, args.approval_id) is None:
-                raise UserError(f"no approval {args.approval_id!r}")
-            if verb is ApprovalDecision.APPROVE:
-                decision = store.approve(conn, args.approval_id, approver=approver, registry=registry)
-            else:
-                decision = store.deny(
-                    conn, args.approval_id, approver=approver, registry=registry, reason=args.reason
-                )
+    try:
+        if args.approval_id.startswith(store.HOSTED_APPROVAL_PREFIX):
+            decision = _decide_hosted_approval(args, verb, engine, registry, approver, settings)
+        else:
+            decision = _decide_operation_approval(args, verb, engine, registry, approver)
+    except store.ApproverUnavailable as exc:
+        raise UserError(
+            f"{ErrorCode.UPSTREAM_UNAVAILABLE.value}: {exc}; {args.approval_id} stays pending, "
+            "run it again"
+        ) from None
     metrics.count_approval_decision(decision, verb)
     if decision.outcome is store.DecisionOutcome.APPROVER_NOT_ALLOWED:
         reason = decision.refusal.value if decision.refusal else "refused"
@@ -481,6 +479,23 @@ def _decide_approval(args: argparse.Namespace, verb: ApprovalDecision) -> store.
     if decision.outcome is store.DecisionOutcome.NOT_PENDING:
         raise UserError(f"approval {args.approval_id} is no longer pending (decided or expired)")
     return decision
+
+
+def _decide_operation_approval(
+    args: argparse.Namespace,
+    verb: ApprovalDecision,
+    engine: Engine,
+    registry: Registry,
+    approver: ServerContext,
+) -> store.Decision:
+    with engine.begin() as conn:
+        if store.get_approval(conn, args.approval_id) is None:
+            raise UserError(f"no approval {args.approval_id!r}")
+        if verb is ApprovalDecision.APPROVE:
+            return store.approve(conn, args.approval_id, approver=approver, registry=registry)
+        return store.deny(
+            conn, args.approval_id, approver=approver, registry=registry, reason=args.reason
+        )
 
 
 def _decide_hosted_approval(

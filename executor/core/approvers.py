@@ -94,13 +94,19 @@ class ApproverPolicy:
 
 
 def approver_refusal(
-    policy: ApproverPolicy | None, approver: ServerContext, subject: ApprovalSubject
+    policy: ApproverPolicy | None,
+    approver: ServerContext,
+    subject: ApprovalSubject,
+    *,
+    reraise: tuple[type[BaseException], ...] = (),
 ) -> ApproverRefusal | None:
     """None when `approver` may take `subject.decision`, else the stable reason why not.
 
     The tenant is checked first and always: another tenant's approver learns
     nothing about the policy. A requester may always withdraw (deny) her own
-    call; approving it needs `allow_self_approval`.
+    call; approving it needs `allow_self_approval`. A rule that raises refuses
+    (`policy_failed`), unless what it raised is in `reraise` (the store: a lost
+    connection, which decides nothing), which propagates.
     """
     if approver.tenant != subject.requester.tenant:
         return ApproverRefusal.OTHER_TENANT
@@ -116,6 +122,8 @@ def approver_refusal(
     if policy.rule is not None:
         try:
             allowed = bool(policy.rule(approver, subject))
+        except reraise:
+            raise
         except Exception:
             return ApproverRefusal.POLICY_FAILED
         if not allowed:

@@ -47,6 +47,8 @@ REFUSALS = {
     "permission_denied": "Your key's scopes do not allow this",
     "invalid_request": "The form was incomplete",
     "csrf": "The form expired; try again",
+    "upstream_unavailable": "Your roles or the approver policy could not be checked just now; "
+    "it stays pending, try again",
 }
 SIGN_IN_REFUSALS = {
     "invalid": "That key is not valid (or revoked).",

@@ -305,11 +305,9 @@ class Service:
         except Exception:
             return None  # a tool changed since admission: show none rather than guess
 
-    def decide(
+    def _decide(
         self, who: Identity, approval_id: str, verb: ApprovalDecision, reason: str | None
-    ) -> DecisionOut:
-        """approve or deny as the key's principal, through the store's approver check;
-        a refusal is committed (it is audited) before it is answered 403."""
+    ) -> tuple[store.Decision, str | None]:
         approver = who.context("http-approval")
         hosted = approval_id.startswith(store.HOSTED_APPROVAL_PREFIX)
         operation_id: str | None = None
@@ -342,6 +340,21 @@ class Service:
                         conn, approval_id, approver=approver, registry=self.registry,
                         reason=reason or "denied",
                     )
+        return decision, operation_id
+
+    def decide(
+        self, who: Identity, approval_id: str, verb: ApprovalDecision, reason: str | None
+    ) -> DecisionOut:
+        """approve or deny as the key's principal, through the store's approver check;
+        a refusal is committed (it is audited) before it is answered 403. An approver
+        check that lost its connection decided nothing: 503, the approval pending."""
+        try:
+            decision, operation_id = self._decide(who, approval_id, verb, reason)
+        except store.ApproverUnavailable as exc:
+            raise ProblemError(
+                503, ErrorCode.UPSTREAM_UNAVAILABLE, f"{exc}; the approval stays pending, try again",
+                headers={"Retry-After": "1"},
+            ) from None
         metrics.count_approval_decision(decision, verb)
         if decision.outcome is store.DecisionOutcome.APPROVER_NOT_ALLOWED:
             refusal = decision.refusal.value if decision.refusal else "refused"

@@ -20,6 +20,7 @@ from __future__ import annotations
 from executor.store.approvals import (
     HOSTED_APPROVAL_PREFIX,
     HOSTED_APPROVAL_TOOL,
+    ApproverUnavailable,
     HostedApproversFor,
     approval_for_operation,
     approve,
@@ -116,6 +117,7 @@ from executor.store.records import (
 )
 
 __all__ = [
+    "ApproverUnavailable",
     "StoreDatabaseError",
     "store_errors",
     "DATABASE_CLOCK",

@@ -34,6 +34,7 @@ from executor.core.tools import Registry, RoleResolutionFailed
 from executor.core.types import ErrorCode, ServerContext
 from executor.store.audit import dumps
 from executor.store.clock import DATABASE_CLOCK, Clock
+from executor.store.errors import CONNECTION_ERRORS
 from executor.store.operations import NOW, _transition, intent_is
 from executor.store.records import (
     ApprovalRecord,
@@ -86,6 +87,17 @@ def _decide(
     ).one_or_none()
 
 
+class ApproverUnavailable(StoreError):
+    """The approver's current roles (the registry's resolver) or the approver
+    policy's rule lost its connection (`CONNECTION_ERRORS`): nothing was decided
+    and nothing audited, the approval stays pending, and the approver may try
+    again. Carries the exception's class, never its text."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(f"the approver's roles or policy could not be checked ({kind})")
+        self.kind = kind
+
+
 def _judge(
     approver: ServerContext,
     registry: Registry | None,
@@ -95,16 +107,23 @@ def _judge(
     """The one approver judgement for operations and hosted approvals alike: the
     approver's current roles (the registry's resolver, when there is a registry),
     then `approver_refusal` under the policy. A resolver or policy lookup that
-    fails refuses."""
+    fails refuses; one that lost its connection raises `ApproverUnavailable`
+    instead (it decided nothing: an `approver_not_allowed` would be a false
+    audit event and a false answer)."""
     try:
         current = approver if registry is None else registry.current_context(approver)
-    except RoleResolutionFailed:
+    except RoleResolutionFailed as exc:
+        if isinstance(exc.__cause__, CONNECTION_ERRORS):
+            raise ApproverUnavailable(type(exc.__cause__).__name__) from None
         return ApproverRefusal.POLICY_FAILED
     try:
         found = policy()
     except Exception:
         found = None  # no policy: `approver_refusal` refuses
-    return approver_refusal(found, current, subject)
+    try:
+        return approver_refusal(found, current, subject, reraise=CONNECTION_ERRORS)
+    except CONNECTION_ERRORS as exc:
+        raise ApproverUnavailable(type(exc).__name__) from None
 
 
 def _check_approver(

@@ -15,14 +15,16 @@ from typing import Any
 import httpx
 import pytest
 from servekit import Served
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from executor import store
 from executor.http.keys import KeyScope
 from executor.http.server import HttpSettings
 from executor.providers import SURFACES, encode_tool_name
+from executor.store.engine import make_engine
 from executor.store.schema import calls, operations, outbox
 from ledger import service as ledger_service
+from ledger import tools as ledger_tools
 from ledger.service import Ledger
 from tests.netkit import free_port
 
@@ -478,6 +480,39 @@ def test_approve__approver_key__audit_names_the_keys_principal(
         ("approver_not_allowed", "alice"),
         ("approved", "carol"),
     ]
+
+
+def test_approve__directory_of_roles_down__503_stays_pending_nothing_audited_then_approves(
+    served: Served, acme_world: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given the application's role resolver asks a directory that refuses connections
+    directory = make_engine(f"postgresql+psycopg://directory:hunter2@127.0.0.1:{free_port()}/directory")
+
+    def roles(ctx: Any) -> list[str]:
+        with directory.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        return ["approver"]
+
+    monkeypatch.setattr(ledger_tools.registry, "role_resolver", roles)
+    carol = served.key("acme", "carol", A, R, roles=("approver",))
+    with served.client(carol) as client:
+        # When carol approves
+        refused = client.post(f"/v1/approvals/{acme_world['approval']}/approve")
+        before = client.get(f"/v1/operations/{acme_world['operation']}").json()
+        # Then 503: her roles could not be checked, the approval stays pending, and
+        # nothing was audited (an approver_not_allowed would be false)
+        assert_problem(refused, 503, "upstream_unavailable")
+        assert refused.headers["Retry-After"] == "1"
+        assert "stays pending" in refused.json()["detail"] and "hunter2" not in refused.text
+        assert before["state"] == "pending_approval"
+        assert [e["decision"] for e in before["audit"] if e["actor"]] == []
+        # When the directory answers again
+        directory.dispose()
+        monkeypatch.setattr(ledger_tools.registry, "role_resolver", lambda ctx: ["approver"])
+        approved = client.post(f"/v1/approvals/{acme_world['approval']}/approve")
+    # Then the same approval goes through
+    assert approved.status_code == 200, approved.text
+    assert approved.json()["state"] == "queued"
 
 
 def test_deny__with_reason__operation_ends_approval_denied(

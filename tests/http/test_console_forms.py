@@ -10,10 +10,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import httpx
-from servekit import Served
+import pytest
+from servekit import Served, free_port
+from sqlalchemy import text
 
 from executor.http.keys import KeyScope
 from executor.store.api_keys import revoke_api_key
+from executor.store.engine import make_engine
+from ledger import tools as ledger_tools
 
 A, OP, P = KeyScope.APPROVE, KeyScope.OPERATE, KeyScope.PRODUCE
 
@@ -87,6 +91,36 @@ def test_approve_form__requester_decides_own_call__policy_refusal_shown_and_audi
     assert [(e["decision"], e["actor"]) for e in record["audit"] if e["actor"]] == [
         ("approver_not_allowed", "alice")
     ]
+
+
+def test_approve_form__role_directory_down__try_again_shown_and_nothing_audited(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given alice's transfer, and a role resolver whose directory refuses connections
+    call = pending_transfer(served)
+    directory = make_engine(f"postgresql+psycopg://directory:hunter2@127.0.0.1:{free_port()}/directory")
+
+    def roles(ctx: object) -> list[str]:
+        with directory.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        return ["approver"]
+
+    monkeypatch.setattr(ledger_tools.registry, "role_resolver", roles)
+    with signed_in(served, served.key("acme", "bob", A, roles=("approver",))) as bob:
+        page = bob.get("/console/approvals").text
+        # When bob approves it through the form
+        answer = bob.post(
+            f"/console/approvals/{call['approval_id']}/approve",
+            data={"csrf": csrf_of(page)}, follow_redirects=True,
+        )
+    directory.dispose()
+    # Then the page says to try again, and the approval is pending with nothing audited
+    assert "could not be checked just now; it stays pending, try again" in answer.text
+    assert "hunter2" not in answer.text
+    with served.client(served.key("acme", "carol", KeyScope.READ)) as client:
+        record = client.get(f"/v1/operations/{call['operation_id']}").json()
+    assert record["state"] == "pending_approval"
+    assert [e["actor"] for e in record["audit"] if e["actor"]] == []
 
 
 def test_forms__without_the_csrf_token__change_nothing(served: Served) -> None:
