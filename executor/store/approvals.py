@@ -136,7 +136,9 @@ def _check_approver(
 ) -> Decision | None:
     """None when `approver` may decide the pending approval; else what `approve`/`deny`
     return without deciding. A refusal is audited on the operation (actor: the
-    approver's principal, decision `approver_not_allowed`) and leaves it pending."""
+    approver's principal, decision `approver_not_allowed`) and leaves it pending.
+    Raises `ApproverUnavailable` (having written nothing) when the check lost its
+    connection."""
     fence = [approvals.c.approval_id == approval_id, approvals.c.state == ApprovalState.PENDING.value]
     if decision is ApprovalDecision.APPROVE:
         fence.append(approvals.c.expires_at > clock.now())
