@@ -80,15 +80,15 @@ class InvalidBatch(ValueError):
 _HOOKS = {
     Gate.AUTHORIZATION: "access rule",
     Gate.BUSINESS_RULES: "business rule check",
-    Gate.APPROVAL: "resources or impact hook",
+    Gate.APPROVAL: "approval predicate, resources or impact hook",
 }
 
 
 class AdmissionUnavailable(Exception):
-    """A tool's access rule, business rule check, or resources or impact hook lost
-    its connection to what it reads (it raised one of `CONNECTION_ERRORS`): it
-    decided nothing, so the call is neither refused nor admitted and `enqueue`
-    raises this instead of recording an answer. Roll the transaction back, as for
+    """A tool's access rule, business rule check, approval predicate, resources or
+    impact hook lost its connection to what it reads (it raised one of
+    `CONNECTION_ERRORS`): it decided nothing, so the call is neither refused nor
+    admitted and `enqueue` raises this instead of recording an answer. Roll the transaction back, as for
     `StoreDatabaseError`, and enqueue the same request again (calls already
     recorded are found by their call ids). Carries the tool's name, the gate
     (`authorization`, `business_rules` or `approval`) and the exception's class,
@@ -218,9 +218,9 @@ def enqueue(
 
     A database error is raised as `StoreDatabaseError` (SQLSTATE and class, never the
     statement's parameters: they are arguments and server contexts). A tool's access
-    rule, business rule check, or resources or impact hook that loses its
-    connection (`CONNECTION_ERRORS`) raises `AdmissionUnavailable`: it decided
-    nothing, so no answer is recorded for the call (a recorded `permission_denied`
+    rule, business rule check, approval predicate, resources or impact hook that
+    loses its connection (`CONNECTION_ERRORS`) raises `AdmissionUnavailable`: it
+    decided nothing, so no answer is recorded for the call (a recorded `permission_denied`
     would be returned for good to every retry of the request); roll back and
     enqueue the request again.
     """

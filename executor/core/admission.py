@@ -442,9 +442,17 @@ def business_rule_refusal(
     return None
 
 
-def approval_needed(tool: Tool[Any], args: BaseModel, ctx: ServerContext) -> bool:
+def approval_needed(
+    tool: Tool[Any], args: BaseModel, ctx: ServerContext, *,
+    reraise: tuple[type[BaseException], ...] = (),
+) -> bool:
+    """Whether the tool's approval predicate wants a person for this call. One that
+    raises asks a person, unless what it raised is in `reraise` (a lost connection:
+    the caller tries again rather than ask someone for nothing)."""
     try:
         return tool.approval.required(args, ctx)
+    except reraise:
+        raise
     except Exception:
         return True  # a predicate that cannot decide asks a person
 
@@ -554,7 +562,11 @@ def gate_approval(
     call: ProposedCall, tool: Tool[Any], args: BaseModel, ctx: ServerContext,
     reraise: tuple[type[BaseException], ...] = (),
 ) -> tuple[bool, dict[str, Any] | None]:
-    if not approval_needed(tool, args, ctx):
+    try:
+        needed = approval_needed(tool, args, ctx, reraise=reraise)
+    except reraise as exc:
+        raise Undecided(Gate.APPROVAL, type(exc).__name__) from None
+    if not needed:
         return False, None
     impact: dict[str, Any] = default_impact(tool, args)
     if tool.impact is not None:
@@ -641,8 +653,8 @@ def admit(
     """Run every gate but registration. Returns `Rejected` (with its gate) or `Admitted`.
 
     `reraise`: exceptions of a tool's hook (access rule, business rule check,
-    resources or impact hook) that are not an answer (the producer: a lost
-    connection to what the hook reads). One of them raises `Undecided` (its gate,
+    approval predicate, resources or impact hook) that are not an answer (the
+    producer: a lost connection to what the hook reads). One of them raises `Undecided` (its gate,
     the exception's class) instead of refusing the call, so nothing is recorded for
     it and the caller may try again; every other exception of a hook still refuses
     (fails closed)."""
@@ -719,7 +731,7 @@ def recheck_before_run(
     `business_rules=False` skips the rules (the worker's retry of a write whose
     earlier attempt may already have changed those facts itself).
     """
-    if not approved and approval_needed(tool, args, ctx):
+    if not approved and approval_needed(tool, args, ctx, reraise=reraise):
         return Refusal(
             ErrorCode.APPROVAL_REQUIRED, "the tool now needs an approval this call does not have"
         )

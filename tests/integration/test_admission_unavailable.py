@@ -109,7 +109,11 @@ def pay_tool(directory: Directory, *, where: str) -> Tool[PayArgs]:
         check=directory.check if where == "check" else None,
         resources=resources if where == "resources" else None,
         impact=impact if where == "impact" else None,
-        approval=Approval.always() if where == "impact" else Approval.never(),
+        approval=(
+            Approval.always() if where == "impact"
+            else Approval.when(lambda args, ctx: not directory.ask()) if where == "predicate"
+            else Approval.never()
+        ),
         approvers=ApproverPolicy.for_roles("approver"),
         effect=[Effect.FENCED],
     )
@@ -140,7 +144,7 @@ def rows(engine: Engine) -> tuple[int, int, int]:
 
 HOOKS = [
     ("rule", Gate.AUTHORIZATION), ("check", Gate.BUSINESS_RULES),
-    ("resources", Gate.APPROVAL), ("impact", Gate.APPROVAL),
+    ("resources", Gate.APPROVAL), ("impact", Gate.APPROVAL), ("predicate", Gate.APPROVAL),
 ]
 
 

@@ -368,6 +368,32 @@ def test_approval_at_execution__policy_now_always__approved_call_still_runs(
     assert isinstance(only_result(engine, "req-big"), Succeeded)
 
 
+def test_approval_at_execution__predicate_lost_its_database__released_to_retry_then_runs(
+    engine: Engine, runner: OperationRunner, bank: Bank, directory: Directory, pg_url: str,
+) -> None:
+    # Given a payment admitted without approval by a predicate that reads a database
+    # ("approval when the directory says the account is under review")
+    def under_review(args: PayArgs, ctx: ServerContext) -> bool:
+        return not directory.authorizes(args, ctx)
+
+    registry = Registry([pay_tool(bank, Approval.when(under_review))])
+    runner = OperationRunner(runner.settings, registry, engine)
+    operation_id, approval_id = admit_payment_when_allowed(engine, registry, directory, pg_url)
+    assert approval_id is None
+
+    # When the worker asks the predicate again while that database refuses connections
+    outcome = runner.handle(operation_id)
+
+    # Then it decided nothing: given back, not approval_required for good
+    assert_released_before_run(engine, outcome, bank, operation_id)
+    directory.engine = make_engine(pg_url)
+    assert _promote_when_due(engine, operation_id)
+    outcome = runner.handle(operation_id)
+    directory.engine.dispose()
+    assert outcome.label is OutcomeLabel.SUCCEEDED
+    assert bank.runs == [operation_id] and bank.effects() == 1
+
+
 def test_approval_at_execution__resources_hook_lost_its_database__released_to_retry_then_runs(
     engine: Engine, runner: OperationRunner, bank: Bank, directory: Directory, pg_url: str,
 ) -> None:
