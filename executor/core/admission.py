@@ -98,9 +98,9 @@ class Rejected(Exception):
 
 
 class Undecided(Exception):
-    """A rule raised one of `admit`'s `reraise` exceptions: it decided nothing, so the
-    call is neither refused nor admitted. `gate` says which rule, `kind` the
-    exception's class (never its text)."""
+    """A tool's hook raised one of `admit`'s `reraise` exceptions: it decided nothing,
+    so the call is neither refused nor admitted. `gate` says which hook's gate,
+    `kind` the exception's class (never its text)."""
 
     def __init__(self, gate: Gate, kind: str) -> None:
         super().__init__(f"the {gate} gate decided nothing ({kind})")
@@ -654,10 +654,10 @@ def admit(
 
     `reraise`: exceptions of a tool's hook (access rule, business rule check,
     approval predicate, resources or impact hook) that are not an answer (the
-    producer: a lost connection to what the hook reads). One of them raises `Undecided` (its gate,
-    the exception's class) instead of refusing the call, so nothing is recorded for
-    it and the caller may try again; every other exception of a hook still refuses
-    (fails closed)."""
+    producer: a lost connection to what the hook reads). One of them raises
+    `Undecided` (its gate, the exception's class) instead of refusing the call, so
+    nothing is recorded for it and the caller may try again; every other exception
+    of a hook still refuses (fails closed)."""
     try:
         tool = gate_allowlist(call, registry, ctx)
         value = gate_parse(call, limits)
