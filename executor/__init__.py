@@ -40,6 +40,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from executor.core.admission import AdmissionUnavailable
     from executor.core.approvers import (
         ApprovalSubject,
         ApproverPolicy,
@@ -149,7 +150,6 @@ if TYPE_CHECKING:
         Usage,
     )
     from outbox.producer import (
-        AdmissionUnavailable,
         CallHandle,
         EnqueueHandle,
         HostedCalls,
@@ -211,7 +211,7 @@ _EXPORTS: dict[str, str] = {
     "get_engine": "executor.store.engine",
     "make_engine": "executor.store.engine",
     "migrate": "executor.store.migrate",
-    "AdmissionUnavailable": "outbox.producer",
+    "AdmissionUnavailable": "executor.core.admission",
     "StoreDatabaseError": "executor.store.errors",
     "CallHandle": "outbox.producer",
     "EnqueueHandle": "outbox.producer",

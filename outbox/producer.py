@@ -19,11 +19,11 @@ from sqlalchemy.orm import Session
 
 from executor import store
 from executor.core.admission import (
+    AdmissionUnavailable,
     Admitted,
     Gate,
     Limits,
     Rejected,
-    Undecided,
     admit,
     proposal_fingerprint,
 )
@@ -75,32 +75,6 @@ class InvalidBatch(ValueError):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
-
-
-_HOOKS = {
-    Gate.AUTHORIZATION: "access rule",
-    Gate.BUSINESS_RULES: "business rule check",
-    Gate.APPROVAL: "approval predicate, resources or impact hook",
-}
-
-
-class AdmissionUnavailable(Exception):
-    """A tool's access rule, business rule check, approval predicate, resources or
-    impact hook lost its connection to what it reads (it raised one of
-    `CONNECTION_ERRORS`): it decided nothing, so the call is neither refused nor
-    admitted and `enqueue` raises this instead of recording an answer. Roll the transaction back, as for
-    `StoreDatabaseError`, and enqueue the same request again (calls already
-    recorded are found by their call ids). Carries the tool's name, the gate
-    (`authorization`, `business_rules` or `approval`) and the exception's class,
-    never its text (a driver's message may quote a connection string or the row
-    it read)."""
-
-    def __init__(self, tool_name: str, gate: Gate, kind: str) -> None:
-        hook = _HOOKS.get(gate, "hook")
-        super().__init__(f"the {hook} of {tool_name!r} could not reach what it reads ({kind})")
-        self.tool_name = tool_name
-        self.gate = gate
-        self.kind = kind
 
 
 @dataclass(frozen=True)
@@ -292,9 +266,9 @@ def _enqueue(
 
         try:
             decision = admit(call, registry, context, limits, reraise=CONNECTION_ERRORS)
-        except Undecided as undecided:
-            metrics.PROPOSALS.labels(_tool_label(call, registry), undecided.gate, "unavailable").inc()
-            raise AdmissionUnavailable(call.tool_name, undecided.gate, undecided.kind) from None
+        except AdmissionUnavailable as unavailable:
+            metrics.PROPOSALS.labels(_tool_label(call, registry), unavailable.gate, "unavailable").inc()
+            raise
         if isinstance(decision, Rejected):
             metrics.PROPOSALS.labels(_tool_label(call, registry), decision.gate, "rejected").inc()
             record(operation_id=None, gate=decision.gate, result=decision.result)

@@ -97,15 +97,35 @@ class Rejected(Exception):
         self.gate = gate
 
 
-class Undecided(Exception):
-    """A tool's hook raised one of `admit`'s `reraise` exceptions: it decided nothing,
-    so the call is neither refused nor admitted. `gate` says which hook's gate,
-    `kind` the exception's class (never its text)."""
+_HOOKS = {
+    Gate.AUTHORIZATION: "access rule",
+    Gate.BUSINESS_RULES: "business rule check",
+    Gate.APPROVAL: "approval predicate, resources or impact hook",
+}
 
-    def __init__(self, gate: Gate, kind: str) -> None:
-        super().__init__(f"the {gate} gate decided nothing ({kind})")
+
+class AdmissionUnavailable(Exception):
+    """A tool's access rule, business rule check, approval predicate, resources or
+    impact hook raised one of `admit`'s `reraise` exceptions (the producer's:
+    `CONNECTION_ERRORS`, it lost its connection to what it reads): it decided
+    nothing, so the call is neither refused nor admitted and `enqueue` raises this
+    instead of recording an answer. Roll the transaction back, as for
+    `StoreDatabaseError`, and enqueue the same request again (calls already
+    recorded are found by their call ids). Carries the tool's name, the gate
+    (`authorization`, `business_rules` or `approval`) and the exception's class,
+    never its text (a driver's message may quote a connection string or the row
+    it read)."""
+
+    def __init__(self, tool_name: str, gate: Gate, kind: str) -> None:
+        hook = _HOOKS.get(gate, "hook")
+        super().__init__(f"the {hook} of {tool_name!r} could not reach what it reads ({kind})")
+        self.tool_name = tool_name
         self.gate = gate
         self.kind = kind
+
+
+def _undecided(call: ProposedCall, gate: Gate, exc: BaseException) -> AdmissionUnavailable:
+    return AdmissionUnavailable(call.tool_name, gate, type(exc).__name__)
 
 
 def _reject(
@@ -467,7 +487,7 @@ def gate_authorization(
     try:
         refusal = authorization_refusal(tool, args, ctx, reraise=reraise)
     except reraise as exc:
-        raise Undecided(Gate.AUTHORIZATION, type(exc).__name__) from None
+        raise _undecided(call, Gate.AUTHORIZATION, exc) from None
     if refusal is not None:
         raise _reject(call, Gate.AUTHORIZATION, refusal.code, refusal.message)
 
@@ -482,7 +502,7 @@ def gate_business_rules(
     try:
         refusal = business_rule_refusal(tool, args, ctx, reraise=reraise)
     except reraise as exc:
-        raise Undecided(Gate.BUSINESS_RULES, type(exc).__name__) from None
+        raise _undecided(call, Gate.BUSINESS_RULES, exc) from None
     if refusal is not None:
         raise _reject(call, Gate.BUSINESS_RULES, refusal.code, refusal.message, refusal.details)
 
@@ -515,7 +535,7 @@ def gate_resources(
             call, Gate.APPROVAL, ErrorCode.BUSINESS_RULE_VIOLATION, failure.message, failure.details
         ) from None
     except reraise as exc:
-        raise Undecided(Gate.APPROVAL, type(exc).__name__) from None
+        raise _undecided(call, Gate.APPROVAL, exc) from None
     except Exception:
         raise _reject(
             call, Gate.APPROVAL, ErrorCode.BUSINESS_RULE_VIOLATION,
@@ -565,7 +585,7 @@ def gate_approval(
     try:
         needed = approval_needed(tool, args, ctx, reraise=reraise)
     except reraise as exc:
-        raise Undecided(Gate.APPROVAL, type(exc).__name__) from None
+        raise _undecided(call, Gate.APPROVAL, exc) from None
     if not needed:
         return False, None
     impact: dict[str, Any] = default_impact(tool, args)
@@ -573,7 +593,7 @@ def gate_approval(
         try:
             impact = dict(tool.impact(args, ctx))
         except reraise as exc:
-            raise Undecided(Gate.APPROVAL, type(exc).__name__) from None
+            raise _undecided(call, Gate.APPROVAL, exc) from None
         except Exception:
             raise _reject(
                 call, Gate.APPROVAL, ErrorCode.APPROVAL_REQUIRED,
@@ -655,7 +675,7 @@ def admit(
     `reraise`: exceptions of a tool's hook (access rule, business rule check,
     approval predicate, resources or impact hook) that are not an answer (the
     producer: a lost connection to what the hook reads). One of them raises
-    `Undecided` (its gate, the exception's class) instead of refusing the call, so
+    `AdmissionUnavailable` (tool, gate, exception class) instead of refusing the call, so
     nothing is recorded for it and the caller may try again; every other exception
     of a hook still refuses (fails closed)."""
     try:

@@ -516,12 +516,15 @@ class Registry:
     def set_role_resolver(self, resolver: RoleResolver | None) -> None:
         self.role_resolver = resolver
 
-    def current_context(self, ctx: ServerContext) -> ServerContext:
+    def current_context(
+        self, ctx: ServerContext, *, reraise: tuple[type[BaseException], ...] = ()
+    ) -> ServerContext:
         """`ctx` with the principal's current roles (unchanged without a resolver).
 
         Raises `RoleResolutionFailed` when the resolver raises or answers with
-        something that is not a collection of role names; what the resolver raised
-        is its `__cause__` (the worker gives a lost connection back to retry).
+        something that is not a collection of role names; what it raises of
+        `reraise` propagates as it is (the worker and the approver check: a lost
+        connection decided nothing, and is tried again rather than refused).
         """
         if self.role_resolver is None:
             return ctx
@@ -532,6 +535,8 @@ class Registry:
             roles = frozenset(answered)
             if not all(isinstance(role, str) for role in roles):
                 raise TypeError("a role resolver returns role names")
+        except reraise:
+            raise
         except Exception as exc:
             raise RoleResolutionFailed(ctx.principal) from exc
         return ctx.model_copy(update={"roles": roles})

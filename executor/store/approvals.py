@@ -111,16 +111,17 @@ def _judge(
     instead (it decided nothing: an `approver_not_allowed` would be a false
     audit event and a false answer)."""
     try:
-        current = approver if registry is None else registry.current_context(approver)
-    except RoleResolutionFailed as exc:
-        if isinstance(exc.__cause__, CONNECTION_ERRORS):
-            raise ApproverUnavailable(type(exc.__cause__).__name__) from None
-        return ApproverRefusal.POLICY_FAILED
-    try:
-        found = policy()
-    except Exception:
-        found = None  # no policy: `approver_refusal` refuses
-    try:
+        try:
+            current = (
+                approver if registry is None
+                else registry.current_context(approver, reraise=CONNECTION_ERRORS)
+            )
+        except RoleResolutionFailed:
+            return ApproverRefusal.POLICY_FAILED
+        try:
+            found = policy()
+        except Exception:
+            found = None  # no policy: `approver_refusal` refuses
         return approver_refusal(found, current, subject, reraise=CONNECTION_ERRORS)
     except CONNECTION_ERRORS as exc:
         raise ApproverUnavailable(type(exc).__name__) from None

@@ -440,19 +440,16 @@ class OperationRunner:
         try:
             # The principal's roles now, from the application (the stored admission
             # context when it registered no resolver): a revoked role stops the call.
+            # A resolver that lost its connection decided nothing: as for the access
+            # rule below, the operation is given back instead of denied for good.
             context = self.registry.current_context(
-                ServerContext.from_json(json.loads(row.context))
+                ServerContext.from_json(json.loads(row.context)), reraise=CONNECTION_ERRORS
             )
+        except CONNECTION_ERRORS:
+            if tool is None:
+                return refuse(Refusal(ErrorCode.UNKNOWN_TOOL, "permission denied at execution time"))
+            return self._release_unstarted(row, tool, reservation)
         except RoleResolutionFailed as exc:
-            if tool is not None and isinstance(exc.__cause__, CONNECTION_ERRORS):
-                # The application's directory is unreachable: the resolver decided
-                # nothing, so, as for the access rule below, the operation is given
-                # back before the handler runs instead of being denied for good.
-                log.warning(
-                    "the role resolver lost its connection for %s: %s",
-                    row.operation_id, exception_summary(exc.__cause__),
-                )
-                return self._release_unstarted(row, tool, reservation)
             log.error("the role resolver failed for %s: %s", row.operation_id, exception_summary(exc))
             return refuse(Refusal(
                 ErrorCode.PERMISSION_DENIED, "permission denied at execution time",

@@ -174,6 +174,20 @@ def test_registry__role_resolver_fails_or_answers_nonsense__role_resolution_fail
         registry.current_context(REQUESTER)
 
 
+def test_registry__role_resolver_lost_its_connection__reraise_propagates_it_else_resolution_failed() -> None:
+    def directory_down(ctx: ServerContext) -> list[str]:
+        raise ConnectionError("directory reset")
+
+    registry = Registry(role_resolver=directory_down)
+
+    # What the caller names in `reraise` is not an answer: it propagates as it is
+    with pytest.raises(ConnectionError):
+        registry.current_context(REQUESTER, reraise=(ConnectionError,))
+    # Without it, any exception of the resolver is a failure to resolve (fail closed)
+    with pytest.raises(RoleResolutionFailed):
+        registry.current_context(REQUESTER)
+
+
 # ------------------------------------------------------------------ re-check before run
 
 
