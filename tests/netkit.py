@@ -1,13 +1,25 @@
-"""The one free-port helper of the test suite.
+"""Ports and refused connections for the test suite.
 
 `free_port()` binds port 0 on 127.0.0.1, reads the port the kernel chose and
 closes the socket: a port nothing listens on (for a moment), to start a private
-server on, or to point a client at so that its connection is refused for real.
+server on. `refused_database_url()` points a PostgreSQL client at such a port,
+so that connecting is refused for real (a database, a directory, a ledger that
+is down), with a password in it that no error may repeat (`REFUSED_PASSWORD`).
+`Directory` is what a tool's hook or an application's role resolver reads: a
+real PostgreSQL server while `up`, a refused port while not.
 """
 
 from __future__ import annotations
 
 import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Engine, text
+
+from executor.store.engine import make_engine
+
+REFUSED_PASSWORD = "hunter2"
 
 
 def free_port() -> int:
@@ -16,4 +28,40 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-__all__ = ["free_port"]
+def refused_database_url(name: str = "directory") -> str:
+    return f"postgresql+psycopg://{name}:{REFUSED_PASSWORD}@127.0.0.1:{free_port()}/{name}"
+
+
+@dataclass
+class Directory:
+    """`ask()` runs a query on the server while `up`, on a refused port while not
+    (a real connection refused, not a raised stand-in); `raise_instead` makes it
+    raise that exception instead (a hook's own bug). `authorizes` is `ask` with a
+    hook's signature; `roles` is a role resolver that asks first."""
+
+    up_url: str
+    up: bool = True
+    raise_instead: BaseException | None = None
+    down_url: str = field(default_factory=refused_database_url)
+    _engines: dict[bool, Engine] = field(default_factory=dict)
+
+    def ask(self) -> bool:
+        if self.raise_instead is not None:
+            raise self.raise_instead
+        if self.up not in self._engines:
+            self._engines[self.up] = make_engine(self.up_url if self.up else self.down_url)
+        with self._engines[self.up].connect() as conn:
+            return bool(conn.execute(text("SELECT true")).scalar_one())
+
+    def authorizes(self, args: Any, ctx: Any) -> bool:
+        return self.ask()
+
+    def roles(self, ctx: Any) -> list[str]:
+        return ["approver", "member"] if self.ask() else []
+
+    def dispose(self) -> None:
+        for engine in self._engines.values():
+            engine.dispose()
+
+
+__all__ = ["REFUSED_PASSWORD", "Directory", "free_port", "refused_database_url"]

@@ -15,18 +15,17 @@ from typing import Any
 import httpx
 import pytest
 from servekit import Served
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select
 
 from executor import store
 from executor.http.keys import KeyScope
 from executor.http.server import HttpSettings
 from executor.providers import SURFACES, encode_tool_name
-from executor.store.engine import make_engine
 from executor.store.schema import calls, operations, outbox
 from ledger import service as ledger_service
 from ledger import tools as ledger_tools
 from ledger.service import Ledger
-from tests.netkit import free_port
+from tests.netkit import REFUSED_PASSWORD, Directory, refused_database_url
 
 P, A, OP, R = KeyScope.PRODUCE, KeyScope.APPROVE, KeyScope.OPERATE, KeyScope.READ
 
@@ -204,8 +203,7 @@ def test_post_requests__ledger_database_down__503_nothing_recorded_then_same_key
     served: Served, book: Ledger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given the ledger's database, which the tools' access rule reads, refuses connections
-    closed = free_port()
-    down = Ledger(f"postgresql+psycopg://ledger:hunter2@127.0.0.1:{closed}/ledger")
+    down = Ledger(refused_database_url("ledger"))
     monkeypatch.setattr(ledger_service, "_default", down)
     key = served.key("acme", "alice", P)
     body = {"calls": [balance("c1"), transfer("c2", 100)]}
@@ -216,7 +214,7 @@ def test_post_requests__ledger_database_down__503_nothing_recorded_then_same_key
         problem = assert_problem(refused, 503, "upstream_unavailable")
         assert refused.headers["Retry-After"] == "1"
         assert "ledger.get_balance" in problem["detail"]
-        assert "hunter2" not in refused.text and str(closed) not in refused.text
+        assert REFUSED_PASSWORD not in refused.text and "127.0.0.1" not in refused.text
         assert counts(served) == before
         # When the ledger answers again and the same request is sent with the same key
         monkeypatch.setattr(ledger_service, "_default", book)
@@ -483,17 +481,11 @@ def test_approve__approver_key__audit_names_the_keys_principal(
 
 
 def test_approve__directory_of_roles_down__503_stays_pending_nothing_audited_then_approves(
-    served: Served, acme_world: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    served: Served, acme_world: dict[str, str], monkeypatch: pytest.MonkeyPatch, pg_url: str
 ) -> None:
     # Given the application's role resolver asks a directory that refuses connections
-    directory = make_engine(f"postgresql+psycopg://directory:hunter2@127.0.0.1:{free_port()}/directory")
-
-    def roles(ctx: Any) -> list[str]:
-        with directory.connect() as conn:
-            conn.execute(text("SELECT 1"))
-        return ["approver"]
-
-    monkeypatch.setattr(ledger_tools.registry, "role_resolver", roles)
+    directory = Directory(up_url=pg_url, up=False)
+    monkeypatch.setattr(ledger_tools.registry, "role_resolver", directory.roles)
     carol = served.key("acme", "carol", A, R, roles=("approver",))
     with served.client(carol) as client:
         # When carol approves
@@ -503,13 +495,13 @@ def test_approve__directory_of_roles_down__503_stays_pending_nothing_audited_the
         # nothing was audited (an approver_not_allowed would be false)
         assert_problem(refused, 503, "upstream_unavailable")
         assert refused.headers["Retry-After"] == "1"
-        assert "stays pending" in refused.json()["detail"] and "hunter2" not in refused.text
+        assert "stays pending" in refused.json()["detail"] and REFUSED_PASSWORD not in refused.text
         assert before["state"] == "pending_approval"
         assert [e["decision"] for e in before["audit"] if e["actor"]] == []
         # When the directory answers again
-        directory.dispose()
-        monkeypatch.setattr(ledger_tools.registry, "role_resolver", lambda ctx: ["approver"])
+        directory.up = True
         approved = client.post(f"/v1/approvals/{acme_world['approval']}/approve")
+    directory.dispose()
     # Then the same approval goes through
     assert approved.status_code == 200, approved.text
     assert approved.json()["state"] == "queued"

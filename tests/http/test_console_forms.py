@@ -11,13 +11,12 @@ from contextlib import contextmanager
 
 import httpx
 import pytest
-from servekit import Served, free_port
-from sqlalchemy import text
+from servekit import Served
 
 from executor.http.keys import KeyScope
 from executor.store.api_keys import revoke_api_key
-from executor.store.engine import make_engine
 from ledger import tools as ledger_tools
+from tests.netkit import REFUSED_PASSWORD, Directory
 
 A, OP, P = KeyScope.APPROVE, KeyScope.OPERATE, KeyScope.PRODUCE
 
@@ -94,18 +93,12 @@ def test_approve_form__requester_decides_own_call__policy_refusal_shown_and_audi
 
 
 def test_approve_form__role_directory_down__try_again_shown_and_nothing_audited(
-    served: Served, monkeypatch: pytest.MonkeyPatch
+    served: Served, monkeypatch: pytest.MonkeyPatch, pg_url: str
 ) -> None:
     # Given alice's transfer, and a role resolver whose directory refuses connections
     call = pending_transfer(served)
-    directory = make_engine(f"postgresql+psycopg://directory:hunter2@127.0.0.1:{free_port()}/directory")
-
-    def roles(ctx: object) -> list[str]:
-        with directory.connect() as conn:
-            conn.execute(text("SELECT 1"))
-        return ["approver"]
-
-    monkeypatch.setattr(ledger_tools.registry, "role_resolver", roles)
+    directory = Directory(up_url=pg_url, up=False)
+    monkeypatch.setattr(ledger_tools.registry, "role_resolver", directory.roles)
     with signed_in(served, served.key("acme", "bob", A, roles=("approver",))) as bob:
         page = bob.get("/console/approvals").text
         # When bob approves it through the form
@@ -116,7 +109,7 @@ def test_approve_form__role_directory_down__try_again_shown_and_nothing_audited(
     directory.dispose()
     # Then the page says to try again, and the approval is pending with nothing audited
     assert "could not be checked just now; it stays pending, try again" in answer.text
-    assert "hunter2" not in answer.text
+    assert REFUSED_PASSWORD not in answer.text
     with served.client(served.key("acme", "carol", KeyScope.READ)) as client:
         record = client.get(f"/v1/operations/{call['operation_id']}").json()
     assert record["state"] == "pending_approval"

@@ -1,12 +1,12 @@
 """Admission when a tool's hook loses its connection (docs/decisions.md, Admission).
 
-An access rule, business rule check, or resources or impact hook that reads a
-database (the ledger's rule reads the account's tenant, its transfer impact the
-balance) and finds it unreachable has decided nothing. `enqueue` raises
-`AdmissionUnavailable` instead of recording `permission_denied`,
+An access rule, business rule check, approval predicate, resources or impact
+hook that reads a database (the ledger's rule reads the account's tenant, its
+transfer impact the balance) and finds it unreachable has decided nothing.
+`enqueue` raises `AdmissionUnavailable` instead of recording `permission_denied`,
 `business_rule_violation` or `approval_required` under the call id, which every
-retry of the request would have been answered with for good. Real connections refused by a closed
-port, on SQLite and PostgreSQL for toolfence's own store.
+retry of the request would have been answered with for good. Real connections
+refused by a closed port, on SQLite and PostgreSQL for toolfence's own store.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
-from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import Engine, func, select, text
+from paykit import Paid, PayArgs
+from sqlalchemy import Engine, func, select
 
 from executor import store
 from executor.core.admission import Gate
@@ -24,53 +24,18 @@ from executor.core.approvers import ApproverPolicy
 from executor.core.tools import Access, Approval, Effect, Mode, Registry, RunContext, Tool, Written
 from executor.core.types import ProposedCall, ServerContext
 from executor.settings import Settings
-from executor.store.engine import make_engine
 from executor.store.operator import pending_approvals
 from executor.store.schema import calls, operations, outbox
 from executor.worker.runner import OperationRunner, OutcomeLabel
 from outbox.producer import AdmissionUnavailable, enqueue, results
-from tests.netkit import free_port
-
-SECRET = "s3cretPASSWORDinDSN"
-
-
-class PayArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    account: str
-    amount: int = Field(gt=0)
-
-
-class Paid(BaseModel):
-    receipt: str
+from tests.netkit import REFUSED_PASSWORD, Directory
 
 
 @dataclass
-class Directory:
-    """What the rules read: a real PostgreSQL server, or a closed port while it is down."""
+class Payments:
+    """The payment's downstream: every operation id it ran."""
 
-    up_url: str
-    down_url: str
-    up: bool = True
-    raise_instead: BaseException | None = None
     runs: list[str] = field(default_factory=list)
-    _engines: dict[bool, Engine] = field(default_factory=dict)
-
-    def _engine(self) -> Engine:
-        if self.up not in self._engines:
-            self._engines[self.up] = make_engine(self.up_url if self.up else self.down_url)
-        return self._engines[self.up]
-
-    def ask(self) -> bool:
-        if self.raise_instead is not None:
-            raise self.raise_instead
-        with self._engine().connect() as conn:
-            return bool(conn.execute(text("SELECT true")).scalar_one())
-
-    def authorizes(self, args: PayArgs, ctx: ServerContext) -> bool:
-        return self.ask()
-
-    def check(self, args: PayArgs, ctx: ServerContext) -> None:
-        self.ask()
 
     def run(self, args: PayArgs, ctx: RunContext) -> Written:
         self.runs.append(ctx.operation_id)
@@ -79,21 +44,24 @@ class Directory:
             changed_resources=frozenset({f"account:{args.account}"}),
         )
 
-    def dispose(self) -> None:
-        for engine in self._engines.values():
-            engine.dispose()
-
 
 @pytest.fixture
 def directory(pg_url: str) -> Iterator[Directory]:
-    down = f"postgresql+psycopg://directory:{SECRET}@127.0.0.1:{free_port()}/directory"
-    found = Directory(up_url=pg_url, down_url=down)
+    found = Directory(up_url=pg_url)
     yield found
     found.dispose()
 
 
-def pay_tool(directory: Directory, *, where: str) -> Tool[PayArgs]:
+@pytest.fixture
+def payments() -> Payments:
+    return Payments()
+
+
+def pay_tool(directory: Directory, payments: Payments, *, where: str) -> Tool[PayArgs]:
     """The payment, with the hook named by `where` reading the directory."""
+
+    def check(args: PayArgs, ctx: ServerContext) -> None:
+        directory.ask()
 
     def resources(args: PayArgs, ctx: ServerContext) -> list[str]:
         directory.ask()
@@ -104,9 +72,9 @@ def pay_tool(directory: Directory, *, where: str) -> Tool[PayArgs]:
 
     return Tool(
         name="bank.pay", description="pay from an account", mode=Mode.WRITE, untrusted_output=False,
-        input_model=PayArgs, output_model=Paid, run=directory.run,
+        input_model=PayArgs, output_model=Paid, run=payments.run,
         access=Access.for_roles("member", rule=directory.authorizes if where == "rule" else None),
-        check=directory.check if where == "check" else None,
+        check=check if where == "check" else None,
         resources=resources if where == "resources" else None,
         impact=impact if where == "impact" else None,
         approval=(
@@ -150,9 +118,9 @@ HOOKS = [
 
 @pytest.mark.parametrize(("where", "gate"), HOOKS)
 def test_enqueue__rule_cannot_reach_its_database__raises_and_records_nothing_then_retry_admits(
-    engine: Engine, db_url: str, directory: Directory, where: str, gate: Gate
+    engine: Engine, db_url: str, directory: Directory, payments: Payments, where: str, gate: Gate
 ) -> None:
-    registry = Registry([read_tool(), pay_tool(directory, where=where)])
+    registry = Registry([read_tool(), pay_tool(directory, payments, where=where)])
     # Given the database the tool's rule reads is down (a real connection refused)
     directory.up = False
 
@@ -165,7 +133,7 @@ def test_enqueue__rule_cannot_reach_its_database__raises_and_records_nothing_the
     unavailable = raised.value
     assert (unavailable.tool_name, unavailable.gate) == ("bank.pay", gate)
     assert unavailable.kind == "OperationalError"
-    assert SECRET not in str(unavailable) and "127.0.0.1" not in str(unavailable)
+    assert REFUSED_PASSWORD not in str(unavailable) and "127.0.0.1" not in str(unavailable)
     assert unavailable.__cause__ is None and unavailable.__suppress_context__
     assert rows(engine) == (0, 0, 0)
     assert results(engine, "acme", "req-1") == []
@@ -189,13 +157,13 @@ def test_enqueue__rule_cannot_reach_its_database__raises_and_records_nothing_the
     for operation_id in (quote.operation_id, pay.operation_id):
         assert runner.handle(operation_id).label is OutcomeLabel.SUCCEEDED
     assert [s.status for s in results(engine, "acme", "req-1")] == ["succeeded", "succeeded"]
-    assert len(directory.runs) == 1
+    assert len(payments.runs) == 1
 
 
 def test_enqueue__earlier_calls_committed_anyway__retry_finds_them_by_call_id(
-    engine: Engine, directory: Directory
+    engine: Engine, directory: Directory, payments: Payments
 ) -> None:
-    registry = Registry([read_tool(), pay_tool(directory, where="rule")])
+    registry = Registry([read_tool(), pay_tool(directory, payments, where="rule")])
     directory.up = False
     # Given a caller that catches the error and commits what the batch had written
     with engine.begin() as conn, pytest.raises(AdmissionUnavailable):
@@ -213,11 +181,11 @@ def test_enqueue__earlier_calls_committed_anyway__retry_finds_them_by_call_id(
 
 
 def test_enqueue__rule_raises_anything_else__still_fails_closed_and_is_recorded(
-    engine: Engine, directory: Directory
+    engine: Engine, directory: Directory, payments: Payments
 ) -> None:
-    registry = Registry([pay_tool(directory, where="rule")])
+    registry = Registry([pay_tool(directory, payments, where="rule")])
     # Given a rule that breaks (not a lost connection)
-    directory.raise_instead = KeyError(f"internals {SECRET}")
+    directory.raise_instead = KeyError(f"internals {REFUSED_PASSWORD}")
 
     with engine.begin() as conn:
         [handle] = enqueue(conn, [PAY], ALICE, registry).calls
@@ -225,15 +193,15 @@ def test_enqueue__rule_raises_anything_else__still_fails_closed_and_is_recorded(
     # Then the call is denied, as before, with no word of the exception
     assert handle.status.status == "failed_terminal"
     assert handle.status.error.code == "permission_denied"  # type: ignore[union-attr]
-    assert SECRET not in handle.status.model_dump_json()
+    assert REFUSED_PASSWORD not in handle.status.model_dump_json()
     assert [s.error.code for s in results(engine, "acme", "req-1")] == ["permission_denied"]  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("exc", [ConnectionError("directory reset"), TimeoutError("directory timed out")])
 def test_enqueue__rule_raises_a_builtin_connection_error__admission_unavailable(
-    engine: Engine, directory: Directory, exc: BaseException
+    engine: Engine, directory: Directory, payments: Payments, exc: BaseException
 ) -> None:
-    registry = Registry([pay_tool(directory, where="check")])
+    registry = Registry([pay_tool(directory, payments, where="check")])
     # Given a check whose HTTP-style client raises a connection error of the standard library
     directory.raise_instead = exc
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import Engine, text
+from paykit import Paid, PayArgs
+from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError
 
 from executor import store
@@ -34,22 +34,11 @@ from executor.core.tools import (
 )
 from executor.core.types import FailedTerminal, ProposedCall, ServerContext, Succeeded
 from executor.settings import Settings
-from executor.store.engine import make_engine
 from executor.worker.runner import OperationRunner, OutcomeLabel
 from outbox.producer import enqueue, results
-from tests.netkit import free_port
+from tests.netkit import Directory
 
 THRESHOLD = 50_000
-
-
-class PayArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    account: str
-    amount: int = Field(gt=0)
-
-
-class Paid(BaseModel):
-    receipt: str
 
 
 @dataclass
@@ -247,47 +236,37 @@ def assert_released_before_run(
 # ------------------------------------------------------------------ access rule
 
 
-class Directory:
-    """An access rule that asks a real PostgreSQL server, as the ledger's does (the
-    account's tenant): `engine` points at a closed port while the directory is down."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-
-    def authorizes(self, args: PayArgs, ctx: ServerContext) -> bool:
-        with self.engine.connect() as conn:
-            return bool(conn.execute(text("SELECT true")).scalar_one())
-
-
 @pytest.fixture
-def directory() -> Iterator[Directory]:
-    down = make_engine(f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/postgres")
-    yield Directory(down)
-    down.dispose()
+def directory(pg_url: str) -> Iterator[Directory]:
+    """Down unless a test says `up`: the database a hook reads, while the worker re-checks."""
+    found = Directory(up_url=pg_url, up=False)
+    yield found
+    found.dispose()
+
+
+def released_then_runs_once(
+    engine: Engine, runner: OperationRunner, bank: Bank, directory: Directory, operation_id: str
+) -> None:
+    """The worker re-checks while the directory refuses connections (a real refused
+    connection): the hook decided nothing, so the operation is given back, not ended
+    for good. Once the directory answers and the retry is due, the hook is asked
+    again and the payment runs once."""
+    assert_released_before_run(engine, runner.handle(operation_id), bank, operation_id)
+    directory.up = True
+    assert _promote_when_due(engine, operation_id)
+    assert runner.handle(operation_id).label is OutcomeLabel.SUCCEEDED
+    assert bank.runs == [operation_id] and bank.effects() == 1
 
 
 def test_access_at_execution__rule_lost_its_database__released_to_retry_then_runs(
-    engine: Engine, runner: OperationRunner, bank: Bank, directory: Directory, pg_url: str,
+    engine: Engine, runner: OperationRunner, bank: Bank, directory: Directory,
 ) -> None:
+    # Given a payment admitted while the directory its access rule reads was up
     registry = Registry([pay_tool(bank, LARGE, rule=directory.authorizes)])
     runner = OperationRunner(runner.settings, registry, engine)
-    operation_id, _ = admit_payment_when_allowed(engine, registry, directory, pg_url)
-    # Given the directory the access rule reads is down when the worker re-checks
-    # (a real connection refused, not a raised stand-in)
+    operation_id, _ = admit_payment_when_allowed(engine, registry, directory)
 
-    outcome = runner.handle(operation_id)
-
-    # Then the rule decided nothing: the operation is given back, not denied for good
-    assert_released_before_run(engine, outcome, bank, operation_id)
-    # When the directory answers again and the retry is due
-    directory.engine = make_engine(pg_url)
-    assert _promote_when_due(engine, operation_id)
-    outcome = runner.handle(operation_id)
-    directory.engine.dispose()
-
-    # Then the rule is asked again and the payment runs once
-    assert outcome.label is OutcomeLabel.SUCCEEDED
-    assert bank.runs == [operation_id] and bank.effects() == 1
+    released_then_runs_once(engine, runner, bank, directory, operation_id)
     assert only_result(engine, "req-1").status == "succeeded"
 
 
@@ -318,16 +297,14 @@ def test_access_at_execution__rule_raises_something_else__still_fails_closed(
 
 
 def admit_payment_when_allowed(
-    engine: Engine, registry: Registry, directory: Directory, pg_url: str
+    engine: Engine, registry: Registry, directory: Directory
 ) -> tuple[str, str | None]:
-    """Admit with the directory up (admission's rule is asked too), then take it down."""
-    down = directory.engine
-    directory.engine = make_engine(pg_url)
+    """Admit with the directory up (admission's hooks ask it too), then take it down."""
+    directory.up = True
     try:
         return admit_payment(engine, registry, 100, "req-1")
     finally:
-        directory.engine.dispose()
-        directory.engine = down
+        directory.up = False
 
 
 # ------------------------------------------------------------------ approval requirement
@@ -369,38 +346,26 @@ def test_approval_at_execution__policy_now_always__approved_call_still_runs(
 
 
 def test_approval_at_execution__predicate_lost_its_database__released_to_retry_then_runs(
-    engine: Engine, runner: OperationRunner, bank: Bank, directory: Directory, pg_url: str,
+    engine: Engine, runner: OperationRunner, bank: Bank, directory: Directory,
 ) -> None:
     # Given a payment admitted without approval by a predicate that reads a database
-    # ("approval when the directory says the account is under review")
-    def under_review(args: PayArgs, ctx: ServerContext) -> bool:
-        return not directory.authorizes(args, ctx)
-
-    registry = Registry([pay_tool(bank, Approval.when(under_review))])
+    # ("approval when the directory says the account is under review"): not
+    # approval_required for good when that database is down at the re-check
+    registry = Registry([pay_tool(bank, Approval.when(lambda args, ctx: not directory.ask()))])
     runner = OperationRunner(runner.settings, registry, engine)
-    operation_id, approval_id = admit_payment_when_allowed(engine, registry, directory, pg_url)
+    operation_id, approval_id = admit_payment_when_allowed(engine, registry, directory)
     assert approval_id is None
 
-    # When the worker asks the predicate again while that database refuses connections
-    outcome = runner.handle(operation_id)
-
-    # Then it decided nothing: given back, not approval_required for good
-    assert_released_before_run(engine, outcome, bank, operation_id)
-    directory.engine = make_engine(pg_url)
-    assert _promote_when_due(engine, operation_id)
-    outcome = runner.handle(operation_id)
-    directory.engine.dispose()
-    assert outcome.label is OutcomeLabel.SUCCEEDED
-    assert bank.runs == [operation_id] and bank.effects() == 1
+    released_then_runs_once(engine, runner, bank, directory, operation_id)
 
 
 def test_approval_at_execution__resources_hook_lost_its_database__released_to_retry_then_runs(
-    engine: Engine, runner: OperationRunner, bank: Bank, directory: Directory, pg_url: str,
+    engine: Engine, runner: OperationRunner, bank: Bank, directory: Directory,
 ) -> None:
     # Given an approved payment whose tool computes its resource set from a database
     # (the approval is bound to that set through the intent hash)
     def resources(args: PayArgs, ctx: ServerContext) -> list[str]:
-        assert directory.authorizes(args, ctx)
+        assert directory.ask()
         return [f"account:{args.account}"]
 
     def run(args: PayArgs, ctx: RunContext) -> Written:
@@ -414,27 +379,16 @@ def test_approval_at_execution__resources_hook_lost_its_database__released_to_re
         effect=[Effect.FENCED], resources=resources,
     )])
     runner = OperationRunner(runner.settings, registry, engine)
-    down, directory.engine = directory.engine, make_engine(pg_url)
+    directory.up = True
     operation_id, approval_id = admit_payment(engine, registry, 100, "req-1")
     assert approval_id is not None
     with engine.begin() as conn:
         assert store.approve(conn, approval_id, approver=BOB, registry=registry).decided
-    up, directory.engine = directory.engine, down
+    directory.up = False
 
-    # When the worker re-computes the set while that database refuses connections
-    outcome = runner.handle(operation_id)
-
-    # Then the hook decided nothing: given back, not approval_invalidated for good
-    assert_released_before_run(engine, outcome, bank, operation_id)
-    # When the database answers again and the retry is due
-    directory.engine = up
-    assert _promote_when_due(engine, operation_id)
-    outcome = runner.handle(operation_id)
-    up.dispose()
-
-    # Then the approval still binds the same set and the payment runs once
-    assert outcome.label is OutcomeLabel.SUCCEEDED
-    assert bank.runs == [operation_id] and bank.effects() == 1
+    # Then a database down when the worker recomputes the set is not
+    # approval_invalidated for good, and the approval still binds the same set after
+    released_then_runs_once(engine, runner, bank, directory, operation_id)
 
 
 # ------------------------------------------------------------------ current roles
@@ -489,30 +443,12 @@ def test_roles_at_execution__resolver_raises__fails_closed_permission_denied(
 
 def test_roles_at_execution__resolver_lost_its_connection__released_to_retry_then_runs(
     engine: Engine, registry: Registry, runner: OperationRunner, bank: Bank, directory: Directory,
-    pg_url: str,
 ) -> None:
     operation_id, _ = admit_payment(engine, registry, 100, "req-1")
+    # Given the application's role resolver asks a directory (a real PostgreSQL server)
+    registry.set_role_resolver(lambda ctx: ["member"] if directory.ask() else [])
 
-    def roles_from_directory(ctx: ServerContext) -> list[str]:
-        # The application's directory is a real PostgreSQL server (a closed port while down)
-        return ["member"] if directory.authorizes(PayArgs(account="acc-1", amount=1), ctx) else []
-
-    registry.set_role_resolver(roles_from_directory)
-
-    # When the worker re-checks while the directory refuses connections
-    outcome = runner.handle(operation_id)
-
-    # Then the resolver decided nothing: the operation is given back, not denied for good
-    assert_released_before_run(engine, outcome, bank, operation_id)
-    # When the directory answers again and the retry is due
-    directory.engine = make_engine(pg_url)
-    assert _promote_when_due(engine, operation_id)
-    outcome = runner.handle(operation_id)
-    directory.engine.dispose()
-
-    # Then the roles are asked again and the payment runs once
-    assert outcome.label is OutcomeLabel.SUCCEEDED
-    assert bank.runs == [operation_id] and bank.effects() == 1
+    released_then_runs_once(engine, runner, bank, directory, operation_id)
     assert only_result(engine, "req-1").status == "succeeded"
 
 

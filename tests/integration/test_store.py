@@ -39,7 +39,7 @@ from executor.store import (
 from executor.store.clock import ManualClock
 from executor.store.engine import make_engine, single_statement
 from executor.store.schema import audit_events, operations, outbox, receipts
-from tests.netkit import free_port
+from tests.netkit import REFUSED_PASSWORD, Directory
 
 LEASE = 30.0
 SECRET_ARGUMENT = "card-4111-1111-1111-1111"
@@ -967,18 +967,6 @@ def test_approve__approver_not_allowed__audited_and_approval_still_pending(
     assert s.row(operation_id)["state"] == "queued"
 
 
-def _directory_roles(url: str) -> Any:
-    """A role resolver asking a real PostgreSQL server (the application's directory)."""
-    directory = make_engine(url)
-
-    def roles(ctx: ServerContext) -> list[str]:
-        with directory.connect() as conn:
-            return ["approver"] if conn.execute(text("SELECT true")).scalar_one() else []
-
-    roles.engine = directory  # type: ignore[attr-defined]
-    return roles
-
-
 @pytest.mark.parametrize("verb", ["approve", "deny"])
 @pytest.mark.parametrize("where", ["resolver", "policy rule"])
 def test_decide__approver_check_lost_its_connection__unavailable_nothing_audited_then_decides(
@@ -987,11 +975,13 @@ def test_decide__approver_check_lost_its_connection__unavailable_nothing_audited
     # Given an operation waiting for approval, and an approver check (the application's
     # role resolver, or the policy's rule) that reads a directory refusing connections
     operation_id, approval_id = pending(s)
-    down = _directory_roles(f"postgresql+psycopg://directory:hunter2@127.0.0.1:{free_port()}/directory")
+    directory = Directory(up_url=pg_url, up=False)
     if where == "resolver":
-        registry = Registry([refund_tool(ApproverPolicy.for_roles("approver"))], role_resolver=down)
+        registry = Registry(
+            [refund_tool(ApproverPolicy.for_roles("approver"))], role_resolver=directory.roles
+        )
     else:
-        registry = Registry([refund_tool(ApproverPolicy.when(lambda a, subject: "approver" in down(a)))])
+        registry = Registry([refund_tool(ApproverPolicy.when(lambda a, subject: directory.ask()))])
     decide = s.approve if verb == "approve" else functools.partial(s.deny, reason="no")
 
     # When bob decides
@@ -1001,16 +991,12 @@ def test_decide__approver_check_lost_its_connection__unavailable_nothing_audited
     # Then nothing was decided or audited (no false approver_not_allowed), and the
     # error names the check's exception class, never the directory's DSN
     assert raised.value.kind == "OperationalError"
-    assert "hunter2" not in str(raised.value)
+    assert REFUSED_PASSWORD not in str(raised.value)
     assert s.get_approval(approval_id).state == "pending"
-    down.engine.dispose()
     # When the directory answers again, the same decision goes through
-    up = _directory_roles(pg_url)
-    registry.set_role_resolver(up if where == "resolver" else None)
-    if where == "policy rule":
-        registry.replace(refund_tool(ApproverPolicy.when(lambda a, subject: "approver" in up(a))))
+    directory.up = True
     assert decide(approval_id, approver=BOB, registry=registry).decided
-    up.engine.dispose()
+    directory.dispose()
 
 
 def test_approve__self_approval_allowed_by_the_policy__requester_approves(s: Store) -> None:

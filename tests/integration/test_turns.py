@@ -33,7 +33,7 @@ from ledger import service as ledger_service
 from ledger.service import Ledger
 from ledger.tools import registry
 from outbox.producer import results
-from tests.netkit import free_port
+from tests.netkit import refused_database_url
 
 ALICE = ServerContext(
     principal="alice", tenant="acme", roles=frozenset({"member", "vip-admin"}), request_id="turn"
@@ -143,8 +143,7 @@ def test_turn__ledger_database_down_when_its_calls_are_enqueued__resumes_and_run
 ) -> None:
     # Given a turn whose step 1 was checkpointed while the ledger's database, which the
     # tools' access rule reads, refused connections: admission could not decide
-    closed = free_port()
-    down = Ledger(f"postgresql+psycopg://ledger@127.0.0.1:{closed}/ledger")
+    down = Ledger(refused_database_url("ledger"))
     monkeypatch.setattr(ledger_service, "_default", down)
     script = write_script(tmp_path / "turn.jsonl", THREE_STEPS)
     turn_id = start(engine, script)

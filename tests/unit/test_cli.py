@@ -25,7 +25,7 @@ import pytest
 from google.genai import interactions as genai_interactions
 from google.genai import types as genai_types
 from pydantic import TypeAdapter
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select
 
 from executor.cli.main import build_parser, main
 from executor.core.tools import load_registry
@@ -34,14 +34,13 @@ from executor.providers.gemini_generate import is_synthetic_call_id
 from executor.settings import Settings
 from executor.store import engine as store_engine
 from executor.store import schema
-from executor.store.engine import make_engine
 from executor.store.migrate import head_revision
 from executor.worker.runner import OperationRunner
 from ledger import service as ledger_service
 from ledger import tools as ledger_tools
 from ledger.service import Ledger
 from outbox.relay import Relay
-from tests.netkit import free_port
+from tests.netkit import REFUSED_PASSWORD, Directory, refused_database_url
 
 COMMANDS = [
     "migrate", "demo", "worker", "relay", "reconcile", "metrics", "enqueue", "results",
@@ -508,8 +507,7 @@ def test_enqueue__ledger_database_down__one_line_upstream_unavailable_and_nothin
     home: Path, ledger: Ledger, cli: Callable[..., Run], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given the ledger's database, which its access rule reads, refuses connections
-    closed = free_port()
-    down = Ledger(f"postgresql+psycopg://ledger:hunter2@127.0.0.1:{closed}/ledger")
+    down = Ledger(refused_database_url("ledger"))
     monkeypatch.setattr(ledger_service, "_default", down)
     calls = [neutral("c1", BALANCE, {"account_id": "acc-1"})]
     path = write_json(home / "calls.json", calls)
@@ -518,7 +516,7 @@ def test_enqueue__ledger_database_down__one_line_upstream_unavailable_and_nothin
 
     # Then one line says which tool could not decide and that nothing was recorded
     assert_one_line_error(run, "upstream_unavailable", "ledger.get_balance", "run it again")
-    assert "hunter2" not in run.err and str(closed) not in run.err
+    assert REFUSED_PASSWORD not in run.err and "127.0.0.1" not in run.err
     unknown = cli("results", "req-down", "--tenant", "acme")
     assert_one_line_error(unknown, "no request 'req-down'")
     # When the ledger answers again, the same command admits the call
@@ -530,30 +528,24 @@ def test_enqueue__ledger_database_down__one_line_upstream_unavailable_and_nothin
 
 
 def test_approve__role_directory_down__one_line_upstream_unavailable_and_still_pending(
-    home: Path, ledger: Ledger, cli: Callable[..., Run], monkeypatch: pytest.MonkeyPatch
+    home: Path, ledger: Ledger, cli: Callable[..., Run], monkeypatch: pytest.MonkeyPatch, pg_url: str
 ) -> None:
     big = enqueue_neutral(cli, home, "req-big", [transfer_of(50_000)])
     approval_id = big["calls"][0]["approval_id"]
     # Given the application's role resolver asks a directory that refuses connections
-    directory = make_engine(f"postgresql+psycopg://directory:hunter2@127.0.0.1:{free_port()}/directory")
-
-    def roles(ctx: Any) -> list[str]:
-        with directory.connect() as conn:
-            conn.execute(text("SELECT 1"))
-        return ["approver"]
-
-    monkeypatch.setattr(ledger_tools.registry, "role_resolver", roles)
+    directory = Directory(up_url=pg_url, up=False)
+    monkeypatch.setattr(ledger_tools.registry, "role_resolver", directory.roles)
 
     run = cli("approve", approval_id, *BOB)
 
     # Then one line says the check could not be made and the approval is still pending
     assert_one_line_error(run, "upstream_unavailable", "stays pending", approval_id)
-    assert "hunter2" not in run.err
+    assert REFUSED_PASSWORD not in run.err
     assert [a["approval_id"] for a in cli("approvals").json()] == [approval_id]
-    directory.dispose()
     # When the directory answers, the same command approves it
-    monkeypatch.setattr(ledger_tools.registry, "role_resolver", lambda ctx: ["approver"])
+    directory.up = True
     assert cli("approve", approval_id, *BOB).code == 0
+    directory.dispose()
 
 
 def test_approvals__big_transfer__listed_with_impact_then_approved_once_and_another_denied(
