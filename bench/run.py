@@ -29,7 +29,7 @@ from typing import Any
 
 import psycopg
 import redis
-from sqlalchemy import Engine, and_, event, func, select, text
+from sqlalchemy import Engine, and_, func, select, text
 
 from bench import cpu
 
@@ -676,22 +676,32 @@ def sweep_time(engine: Engine, stale: int = 10) -> float:
 
 
 def count_round_trips(engine: Engine, n: int = 50) -> dict[str, float]:
-    """Statements and commits per operation, counted in-process on the real code paths."""
+    """Statements and commits per operation, counted in-process on the real code paths.
+
+    Counted at the driver (psycopg), not from SQLAlchemy's events: the worker's two
+    hot statements run on the driver's connection (executor/store/driver.py) and
+    never pass through them. A statement in autocommit is its own commit."""
     from executor.core.tools import load_registry
     from executor.settings import Settings
     from executor.worker.runner import OperationRunner
     from outbox.relay import Relay
 
     counts = {"statements": 0, "commits": 0}
+    real_execute, real_commit = psycopg.Cursor.execute, psycopg.Connection.commit
 
-    def on_execute(*_: Any) -> None:
+    def counting_execute(self: Any, *args: Any, **kwargs: Any) -> Any:
         counts["statements"] += 1
+        if self.connection.autocommit:
+            counts["commits"] += 1
+        return real_execute(self, *args, **kwargs)
 
-    def on_commit(*_: Any) -> None:
-        counts["commits"] += 1
+    def counting_commit(self: Any) -> None:
+        if self.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            counts["commits"] += 1
+        real_commit(self)
 
-    event.listen(engine, "before_cursor_execute", on_execute)
-    event.listen(engine, "commit", on_commit)
+    psycopg.Cursor.execute = counting_execute  # type: ignore[method-assign]
+    psycopg.Connection.commit = counting_commit  # type: ignore[method-assign]
     prefix = f"rt-{uuid.uuid4().hex[:6]}"
     out: dict[str, float] = {}
     try:
@@ -724,8 +734,8 @@ def count_round_trips(engine: Engine, n: int = 50) -> dict[str, float]:
         out["worker statements/op (toolfence only)"] = counts["statements"] / max(1, len(mine))
         out["worker commits/op (toolfence only)"] = counts["commits"] / max(1, len(mine))
     finally:
-        event.remove(engine, "before_cursor_execute", on_execute)
-        event.remove(engine, "commit", on_commit)
+        psycopg.Cursor.execute = real_execute  # type: ignore[method-assign]
+        psycopg.Connection.commit = real_commit  # type: ignore[method-assign]
     return out
 
 

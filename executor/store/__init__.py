@@ -12,7 +12,8 @@ One home per concern, one import for callers (`from executor import store`):
   the store and the exporter share;
 - `approvals` (operation and hosted approvals), `receipts`, `intake` (call, outbox and
   hosted-call rows), `reads`, `audit`;
-- `schema` (tables), `engine`, `clock`, `migrate` and `migrations/`.
+- `schema` (tables), `engine`, `driver` (the worker's two hot statements on the
+  driver's connection), `clock`, `migrate` and `migrations/`.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from executor.store.audit import (
     audit_trail,
 )
 from executor.store.clock import DATABASE_CLOCK, Clock, ManualClock, read_now
+from executor.store.driver import Executes
 from executor.store.errors import StoreDatabaseError, store_errors
 from executor.store.intake import (
     add_outbox_row,
@@ -120,6 +122,7 @@ __all__ = [
     "ApproverUnavailable",
     "StoreDatabaseError",
     "store_errors",
+    "Executes",
     "DATABASE_CLOCK",
     "RELEASED_BEFORE_RUN",
     "HOSTED_APPROVAL_PREFIX",

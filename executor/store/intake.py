@@ -20,11 +20,12 @@ from sqlalchemy import (
 from executor.core.admission import Gate
 from executor.store.audit import dumps
 from executor.store.clock import DATABASE_CLOCK, Clock, built_once
+from executor.store.driver import Executes
 from executor.store.schema import calls, hosted_calls, outbox
 
 
 def add_outbox_row(
-    conn: Connection, operation_id: str, clock: Clock = DATABASE_CLOCK, delay_seconds: float = 0.0
+    conn: Executes, operation_id: str, clock: Clock = DATABASE_CLOCK, delay_seconds: float = 0.0
 ) -> None:
     """Ask the relay to publish the operation id (in the caller's transaction)."""
     conn.execute(

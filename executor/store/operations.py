@@ -67,6 +67,7 @@ from executor.store.audit import (
     event_params,
 )
 from executor.store.clock import DATABASE_CLOCK, Clock, built_once
+from executor.store.driver import DriverRow, Executes
 from executor.store.intake import add_outbox_row
 from executor.store.ordering import (
     release_successors,
@@ -282,7 +283,7 @@ def _with_receipt(statement: Select[Any], moved: CTE, clock: Clock, *, counted: 
 
 
 def _transition(
-    conn: Connection,
+    conn: Executes,
     operation_id: str,
     from_state: State,
     to_state: State,
@@ -294,7 +295,7 @@ def _transition(
     duration_ms: float | None = None,
     returning: Sequence[str] = (),
     receipt: ReceiptToRecord | None = None,
-) -> Row[Any] | None:
+) -> Row[Any] | DriverRow | None:
     """One CAS: `from_state → to_state` for the operation, only where `fence` holds.
 
     Every transition is one call of this, so each does the same four things: the
@@ -350,10 +351,11 @@ def _transition(
             params[f"value_{column}"] = values[column]
     if postgresql:
         params |= event_params(decision, actor=actor, duration_ms=duration_ms)
-    row = conn.execute(statement, params).one_or_none()
+    row: Row[Any] | DriverRow | None = conn.execute(statement, params).one_or_none()
     if row is None:
         return None
     if not postgresql:
+        assert isinstance(conn, Connection)  # the driver-level path is PostgreSQL's only
         append_event(conn, row, from_state, to_state, decision, clock, actor=actor, duration_ms=duration_ms)
     if to_state is State.QUEUED:
         add_outbox_row(conn, operation_id, clock)
@@ -530,7 +532,7 @@ _REST_OF_ROW = tuple(
 
 
 def reserve_first(
-    conn: Connection,
+    conn: Executes,
     operation_id: str,
     owner_token: str,
     lease_seconds: float,
@@ -579,7 +581,7 @@ def take_over(
 
 
 def _hand_out_ownership(
-    conn: Connection,
+    conn: Executes,
     operation_id: str,
     from_state: State,
     *fence: Fence,
@@ -588,7 +590,7 @@ def _hand_out_ownership(
     decision: str,
     clock: Clock,
     returning: Sequence[str] = (),
-) -> tuple[Reservation, Row[Any]] | None:
+) -> tuple[Reservation, Row[Any] | DriverRow] | None:
     """What `reserve`, `reserve_first` and `take_over` write (they differ in what they
     take over from): generation+1, the new owner token and a lease on the database
     clock, in one CAS. Returns the reservation and the row (`returning` names more
@@ -716,7 +718,7 @@ class Completion(NamedTuple):
 
 
 def complete_counted(
-    conn: Connection,
+    conn: Executes,
     operation_id: str,
     generation: int,
     owner_token: str,

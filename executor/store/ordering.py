@@ -42,6 +42,7 @@ from sqlalchemy import (
 from executor.core.states import SETTLED, TERMINAL, State
 from executor.core.tools import Mode
 from executor.store.clock import Clock
+from executor.store.driver import Executes
 from executor.store.intake import add_outbox_row
 from executor.store.schema import operations
 
@@ -146,7 +147,7 @@ def predecessor_failed(conn: Connection, operation_id: str) -> bool:
 
 
 def release_successors(
-    conn: Connection, tenant: str, request_id: str, position: int, clock: Clock
+    conn: Executes, tenant: str, request_id: str, position: int, clock: Clock
 ) -> None:
     """An operation settled: wake the queued successors of its request that are now runnable.
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from sqlalchemy import (
-    Connection,
     Insert,
     bindparam,
     func,
@@ -12,6 +11,7 @@ from sqlalchemy import (
 )
 
 from executor.store.clock import DATABASE_CLOCK, Clock, built_once
+from executor.store.driver import Executes
 from executor.store.schema import receipts
 
 
@@ -28,7 +28,7 @@ def _insert_receipt(clock: Clock) -> Insert:
 
 
 def record_receipt(
-    conn: Connection,
+    conn: Executes,
     operation_id: str,
     generation: int,
     receipt: str,
@@ -52,5 +52,5 @@ _DISTINCT_ACCEPTED = select(func.count(func.distinct(receipts.c.receipt))).where
 )
 
 
-def distinct_accepted_receipts(conn: Connection, operation_id: str) -> int:
+def distinct_accepted_receipts(conn: Executes, operation_id: str) -> int:
     return int(conn.execute(_DISTINCT_ACCEPTED, {"operation_id": operation_id}).scalar_one())

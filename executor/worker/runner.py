@@ -17,6 +17,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -51,6 +52,7 @@ from executor.core.tools import (
 )
 from executor.core.types import ErrorCode, ErrorDetail, ServerContext
 from executor.settings import Settings
+from executor.store import driver
 from executor.store.engine import read_only, single_statement
 from executor.store.errors import CONNECTION_ERRORS
 from executor.telemetry import metrics
@@ -121,6 +123,9 @@ class OperationRunner:
         self.engine = engine
         self.reader = read_only(engine)
         self.single = single_statement(engine)
+        # The reservation and the completion, the two statements every operation
+        # costs, run on the pooled driver connection (store/driver.py) on PostgreSQL.
+        self.on_driver = driver.supported(engine)
         self.faults = Faults(settings)
 
     # ----------------------------------------------------------------- entry
@@ -171,7 +176,7 @@ class OperationRunner:
         reserve_sent_at = time.monotonic()
         try:
             # One statement, so its own transaction (no BEGIN/COMMIT round trips).
-            with self.single.begin() as conn:
+            with self._single_statement() as conn:
                 won = store.reserve_first(conn, operation_id, owner_token, self.settings.lease_seconds)
             if won is not None:
                 # After the commit, as in `_acquire`.
@@ -188,6 +193,12 @@ class OperationRunner:
         if won is None:
             return None
         return won[1], Acquired(won[0], reserve_sent_at)
+
+    def _single_statement(self) -> AbstractContextManager[store.Executes]:
+        return driver.autocommit(self.engine) if self.on_driver else self.single.begin()
+
+    def _transaction(self) -> AbstractContextManager[store.Executes]:
+        return driver.transaction(self.engine) if self.on_driver else self.engine.begin()
 
     def _acquire(self, row: store.OperationRow, tool: Tool[Any] | None) -> Acquired | Outcome:
         owner_token = store.new_owner_token()
@@ -317,7 +328,7 @@ class OperationRunner:
             error = seal_error(error)  # a tool wrote its text: the model will read it
 
         def attempt() -> bool:
-            with self.engine.begin() as conn:
+            with self._transaction() as conn:
                 # The receipt, the completion and (a write) the count of its distinct
                 # receipts: one statement on PostgreSQL (store.complete_counted).
                 completion = store.complete_counted(

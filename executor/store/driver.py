@@ -1,0 +1,265 @@
+"""The worker's hot statements, run on the driver's connection (PostgreSQL).
+
+A worker's path per operation is two statements built once by the store (the
+reservation and the completion, `operations.py`). Through SQLAlchemy's
+`Connection` each costs 150-250 µs of the worker's CPU around psycopg's own
+work: an execution context, result metadata and `Row` objects, the
+transaction's bookkeeping and, for the autocommit reservation, an isolation
+level set on checkout and reset on checkin. Measured in one process on the
+same statement: 240 µs (a transaction) and 180 µs (autocommit) through
+`Connection`, 75 µs on the pooled driver connection (docs/decisions.md,
+"Driver-level hot path").
+
+So those statements run here: the same SQL (the statement the store built,
+compiled once per statement object by SQLAlchemy's own PostgreSQL compiler),
+the same pool (`engine.raw_connection()`: checkout events such as the idle
+ping still fire, and the connection goes back with the pool's reset), the same
+transaction semantics, and the same errors. A driver error is raised as the
+`sqlalchemy.exc.DBAPIError` subclass SQLAlchemy would have raised (never with
+its parameters), and a lost connection invalidates the pool exactly as
+SQLAlchemy does on a disconnect, so every caller's handling of a lost
+connection (owner-token recovery, `_with_ambiguity`) is unchanged.
+
+`DriverConnection` offers the part of `Connection` the store's hot functions
+use (`dialect`, `execute(statement, parameters)` and the result's
+`one_or_none`, `scalar_one`, `scalars`); they accept either (`Executes`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, Protocol, cast
+
+import psycopg
+from sqlalchemy import Engine, Executable
+from sqlalchemy.engine import Dialect
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.pool import PoolProxiedConnection
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.elements import ClauseElement
+
+
+class Executes(Protocol):
+    """What the store's hot functions need of a connection: SQLAlchemy's `Connection`
+    or a `DriverConnection`."""
+
+    @property
+    def dialect(self) -> Dialect: ...
+
+    def execute(self, statement: Executable, parameters: Mapping[str, Any] | None = None, /) -> Any: ...
+
+
+class DriverRow:
+    """A result row: attribute access by column name and `_mapping`, as a `Row` has."""
+
+    __slots__ = ("_mapping",)
+
+    def __init__(self, mapping: dict[str, Any]) -> None:
+        self._mapping = mapping
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._mapping[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __repr__(self) -> str:
+        return f"DriverRow({self._mapping!r})"
+
+
+class DriverResult:
+    """The rows of one statement, fetched in full (the hot statements return at most a
+    handful)."""
+
+    __slots__ = ("_rows",)
+
+    def __init__(self, rows: list[DriverRow]) -> None:
+        self._rows = rows
+
+    def one_or_none(self) -> DriverRow | None:
+        if len(self._rows) > 1:
+            raise ValueError("the statement returned more than one row")
+        return self._rows[0] if self._rows else None
+
+    def first(self) -> DriverRow | None:
+        return self._rows[0] if self._rows else None
+
+    def all(self) -> list[DriverRow]:
+        return list(self._rows)
+
+    def scalars(self) -> Iterator[Any]:
+        return (next(iter(row._mapping.values())) for row in self._rows)
+
+    def scalar_one(self) -> Any:
+        row = self.one_or_none()
+        if row is None:
+            raise ValueError("the statement returned no row")
+        return next(iter(row._mapping.values()))
+
+    def scalar_one_or_none(self) -> Any:
+        row = self.one_or_none()
+        return None if row is None else next(iter(row._mapping.values()))
+
+
+class _Compiled:
+    __slots__ = ("statement", "sql", "defaults", "required", "processors")
+
+    def __init__(self, statement: Executable, dialect: Dialect) -> None:
+        assert isinstance(statement, ClauseElement)
+        compiled = statement.compile(dialect=dialect)
+        assert isinstance(compiled, SQLCompiler)
+        if compiled.positional:
+            raise TypeError("the driver-level path takes named parameters only")
+        self.statement = statement  # pins the id() the cache is keyed by
+        self.sql = compiled.string
+        # What SQLAlchemy would do to a value on its way in (a Boolean's strict check).
+        self.processors: dict[str, Callable[[Any], Any]] = {}
+        for name, process in compiled._bind_processors.items():  # noqa: SLF001 - once per statement
+            if not callable(process):  # a tuple's processors, per element
+                raise TypeError("the driver-level path takes no tuple parameters")
+            self.processors[name] = process
+        names = compiled.bind_names
+        binds = compiled.binds.values()
+        # The values SQLAlchemy bound when the statement was built (a literal's
+        # anonymous parameter), processed once; the caller's values are the rest.
+        self.defaults = {
+            names[bind]: self._processed(names[bind], bind.effective_value)
+            for bind in binds if not bind.required
+        }
+        self.required = frozenset(names[bind] for bind in binds if bind.required)
+
+    def _processed(self, name: str, value: Any) -> Any:
+        process = self.processors.get(name)
+        return value if process is None else process(value)
+
+    def parameters(self, given: Mapping[str, Any] | None) -> dict[str, Any]:
+        values = {**self.defaults}
+        for name, value in (given or {}).items():
+            values[name] = self._processed(name, value)
+        if not self.required <= values.keys():
+            missing = ", ".join(sorted(self.required - values.keys()))
+            raise TypeError(f"a value is required for the statement's parameter(s) {missing}")
+        return values
+
+
+_compiled: dict[int, _Compiled] = {}
+_compiled_lock = threading.Lock()
+# Statements built afresh per call (a test's ManualClock) would fill the cache.
+_MAX_COMPILED = 512
+
+
+def _compile(statement: Executable, dialect: Dialect) -> _Compiled:
+    entry = _compiled.get(id(statement))
+    if entry is not None and entry.statement is statement:
+        return entry
+    entry = _Compiled(statement, dialect)
+    with _compiled_lock:
+        if len(_compiled) >= _MAX_COMPILED:
+            _compiled.clear()
+        _compiled[id(statement)] = entry
+    return entry
+
+
+class DriverConnection:
+    """One pooled connection, used at driver level (see the module's docstring)."""
+
+    def __init__(self, engine: Engine, pooled: PoolProxiedConnection) -> None:
+        self._engine = engine
+        self._pooled = pooled
+        driver = pooled.driver_connection
+        assert isinstance(driver, psycopg.Connection)
+        self._driver: psycopg.Connection[Any] = driver
+        self.dialect = engine.dialect
+
+    def execute(self, statement: Executable, parameters: Mapping[str, Any] | None = None, /) -> DriverResult:
+        compiled = _compile(statement, self.dialect)
+        values = compiled.parameters(parameters)
+        try:
+            with self._driver.cursor() as cursor:
+                cursor.execute(compiled.sql, values)
+                if cursor.description is None:
+                    return DriverResult([])
+                names = [column.name for column in cursor.description]
+                rows = cursor.fetchall()
+                return DriverResult([DriverRow(dict(zip(names, row, strict=True))) for row in rows])
+        except psycopg.Error as exc:
+            raise self._wrapped(exc, compiled.sql) from exc
+
+    def commit(self) -> None:
+        try:
+            self._driver.commit()
+        except psycopg.Error as exc:
+            raise self._wrapped(exc, "COMMIT") from exc
+
+    def _wrapped(self, exc: psycopg.Error, sql: str) -> BaseException:
+        """What SQLAlchemy's `Connection` raises for this driver error, and what it does
+        first: a disconnect invalidates this connection and the pool (connections
+        older than now are replaced at their next checkout)."""
+        disconnect = self.dialect.is_disconnect(cast(Any, exc), self._pooled, None)
+        if disconnect:
+            self._engine.pool._invalidate(self._pooled, exc)  # noqa: SLF001 - as Connection does
+        return DBAPIError.instance(
+            sql, None, exc, psycopg.Error, hide_parameters=True,
+            connection_invalidated=disconnect, dialect=self.dialect,
+        )
+
+
+@contextmanager
+def _checked_out(engine: Engine, *, autocommit: bool) -> Iterator[DriverConnection]:
+    pooled = engine.raw_connection()
+    conn = DriverConnection(engine, pooled)
+    driver = conn._driver  # noqa: SLF001
+    try:
+        if autocommit:
+            driver.autocommit = True
+        yield conn
+        if autocommit:
+            driver.autocommit = False
+    except DBAPIError as exc:
+        # A statement the database refused: roll back and return the connection, as
+        # SQLAlchemy does; one that is lost, or that cannot roll back, is discarded.
+        if pooled.is_valid and (exc.connection_invalidated or not _rolled_back(driver, autocommit)):
+            pooled.invalidate()
+        raise
+    except BaseException:
+        # Anything else (a time limit raised inside a wait on the socket) leaves the
+        # connection's protocol state unknown: it never goes back to the pool.
+        if pooled.is_valid:
+            pooled.invalidate()
+        raise
+    finally:
+        pooled.close()  # back to the pool (an invalidated one is discarded)
+
+
+def _rolled_back(driver: psycopg.Connection[Any], autocommit: bool) -> bool:
+    try:
+        driver.rollback()
+        if autocommit:
+            driver.autocommit = False
+    except psycopg.Error:
+        return False
+    return True
+
+
+@contextmanager
+def autocommit(engine: Engine) -> Iterator[DriverConnection]:
+    """A pooled connection for exactly one statement, which is its own transaction (as
+    `engine.single_statement`): atomic, and committed as durably as any COMMIT."""
+    with _checked_out(engine, autocommit=True) as conn:
+        yield conn
+
+
+@contextmanager
+def transaction(engine: Engine) -> Iterator[DriverConnection]:
+    """A pooled connection in one transaction, committed when the block ends without an
+    exception (as `engine.begin()`); on an exception nothing is committed."""
+    with _checked_out(engine, autocommit=False) as conn:
+        yield conn
+        conn.commit()
+
+
+def supported(engine: Engine) -> bool:
+    """The driver-level path is for PostgreSQL through psycopg; SQLite keeps `Connection`."""
+    return engine.dialect.name == "postgresql" and engine.dialect.driver == "psycopg"

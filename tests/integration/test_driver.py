@@ -1,0 +1,280 @@
+"""The worker's two hot statements on the driver's connection (executor/store/driver.py),
+against a real PostgreSQL: the same rows, the same transaction semantics and the
+same errors as through SQLAlchemy's `Connection`, with really terminated sessions.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from sqlalchemy import Boolean, Engine, bindparam, func, literal, select, text
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+
+from executor import store
+from executor.store import driver
+from executor.store.engine import PING_IDLE_ENV, make_engine
+from executor.store.records import Created, NewOperation
+from executor.store.schema import outbox, receipts
+
+PG_ADMIN_DSN = os.environ.get("TOOLFENCE_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+LEASE = 30.0
+INTENT = "0" * 64
+
+
+@pytest.fixture
+def engine(monkeypatch: pytest.MonkeyPatch, pg_url: str) -> Iterator[Engine]:
+    """One pooled connection that is never pinged (the test kills its session at will)."""
+    monkeypatch.setenv(PING_IDLE_ENV, "60")
+    eng = make_engine(pg_url, pool_size=1, max_overflow=0)
+    yield eng
+    eng.dispose()
+
+
+def _register(engine: Engine, *, request_id: str | None = None, position: int = 0, mode: str = "write") -> str:
+    request_id = request_id or f"req-{uuid.uuid4().hex[:8]}"
+    new = NewOperation(
+        operation_id=f"op-{uuid.uuid4().hex[:10]}", request_id=request_id, call_id=f"call-{position}",
+        position=position, tool_name="refund_order", schema_version=1, mode=mode, intent_hash=INTENT,
+        arguments={"order_id": "ord-1", "amount": 200},
+        context={"principal": "alice", "tenant": "tenant-a", "roles": [], "request_id": request_id},
+        needs_approval=False, impact=None, approval_ttl_seconds=3600.0,
+    )
+    with engine.begin() as conn:
+        created = store.register(conn, new)
+    assert isinstance(created, Created)
+    return created.operation_id
+
+
+def _row(engine: Engine, operation_id: str) -> store.OperationRow:
+    with engine.connect() as conn:
+        row = store.get_operation(conn, operation_id)
+    assert row is not None
+    return row
+
+
+def _backend_pid(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
+
+
+def _terminate(pid: int) -> None:
+    with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        deadline = time.monotonic() + 5
+        while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone():
+            assert time.monotonic() < deadline, f"backend {pid} still there"
+            time.sleep(0.01)
+
+
+def _outbox_rows(engine: Engine, operation_id: str) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(
+            select(func.count()).select_from(outbox).where(outbox.c.operation_id == operation_id)
+        ).scalar_one())
+
+
+# ------------------------------------------------------------------ the same rows
+
+
+def test_reserve_first__on_the_driver__the_row_sqlalchemy_reads_back(engine: Engine) -> None:
+    operation_id = _register(engine)
+
+    with driver.autocommit(engine) as conn:
+        won = store.reserve_first(conn, operation_id, "owner-a", LEASE)
+
+    assert won is not None
+    reservation, row = won
+    # The row the statement returned is the row as it now is, read through SQLAlchemy.
+    assert row == _row(engine, operation_id)
+    assert (row.state, row.generation, row.owner_token, row.attempts) == ("started", 1, "owner-a", 1)
+    assert reservation == store.Reservation(operation_id, 1, "owner-a", row.lease_expires_at, 1, False)
+    with engine.connect() as conn:
+        trail = [(e.from_state, e.to_state, e.decision_code, e.generation)
+                 for e in store.audit_trail(conn, operation_id)]
+    assert trail == [(None, "queued", "admitted", 0), ("queued", "started", "reserved", 1)]
+
+
+def test_reserve_first__lost_cas_on_the_driver__none_and_nothing_changed(engine: Engine) -> None:
+    operation_id = _register(engine)
+    with driver.autocommit(engine) as conn:
+        assert store.reserve_first(conn, operation_id, "owner-a", LEASE) is not None
+    before = _row(engine, operation_id)
+
+    with driver.autocommit(engine) as conn:
+        assert store.reserve_first(conn, operation_id, "owner-b", LEASE) is None
+
+    assert _row(engine, operation_id) == before
+
+
+def test_complete_counted__on_the_driver__receipt_recorded_and_counted_in_one_transaction(
+    engine: Engine,
+) -> None:
+    operation_id = _register(engine)
+    with driver.autocommit(engine) as conn:
+        won = store.reserve_first(conn, operation_id, "owner-a", LEASE)
+    assert won is not None
+    reservation = won[0]
+
+    with driver.transaction(engine) as conn:
+        completion = store.complete_counted(
+            conn, operation_id, reservation.generation, "owner-a", INTENT, succeeded=True,
+            result={"refunded": 200}, receipt="rcpt-1", duration_ms=1.5,
+            record_receipt_from="worker", count_receipts=True,
+        )
+
+    assert completion == store.Completion(True, 1)
+    row = _row(engine, operation_id)
+    assert (row.state, row.receipt, row.owner_token, row.result) == (
+        "succeeded", "rcpt-1", None, '{"refunded":200}',
+    )
+
+
+def test_complete_counted__stale_owner_on_the_driver__loses_but_its_receipt_is_recorded(
+    engine: Engine,
+) -> None:
+    operation_id = _register(engine)
+    with driver.autocommit(engine) as conn:
+        won = store.reserve_first(conn, operation_id, "owner-a", LEASE)
+    assert won is not None
+    before = _row(engine, operation_id)
+
+    with driver.transaction(engine) as conn:
+        completion = store.complete_counted(
+            conn, operation_id, won[0].generation, "someone-else", INTENT, succeeded=True,
+            result={}, receipt="rcpt-stale", record_receipt_from="worker", count_receipts=True,
+        )
+
+    assert completion == store.Completion(False, None)
+    assert _row(engine, operation_id) == before
+    with engine.connect() as conn:
+        recorded = conn.execute(
+            select(receipts.c.receipt).where(receipts.c.operation_id == operation_id)
+        ).scalars().all()
+    assert recorded == ["rcpt-stale"]
+
+
+def test_complete_counted__later_call_queued__successor_woken_in_the_same_driver_transaction(
+    engine: Engine,
+) -> None:
+    request_id = f"req-{uuid.uuid4().hex[:8]}"
+    first = _register(engine, request_id=request_id, position=0)
+    second = _register(engine, request_id=request_id, position=1)
+    with driver.autocommit(engine) as conn:
+        won = store.reserve_first(conn, first, "owner-a", LEASE)
+    assert won is not None
+    # Registration gave the second call no message while the first was unsettled.
+    messages_before = _outbox_rows(engine, second)
+
+    with driver.transaction(engine) as conn:
+        completion = store.complete_counted(
+            conn, first, won[0].generation, "owner-a", INTENT, succeeded=True, result={},
+        )
+
+    assert completion.won
+    assert _outbox_rows(engine, second) == messages_before + 1
+
+
+# ------------------------------------------------------------------ the same transactions
+
+
+def test_transaction__exception_in_the_block__nothing_committed(engine: Engine) -> None:
+    operation_id = _register(engine)
+    before = _row(engine, operation_id)
+
+    with pytest.raises(RuntimeError), driver.transaction(engine) as conn:
+        assert store.reserve_first(conn, operation_id, "owner-a", LEASE) is not None
+        raise RuntimeError("after the statement, before the commit")
+
+    assert _row(engine, operation_id) == before
+
+
+def test_autocommit__connection_goes_back_transactional(engine: Engine) -> None:
+    operation_id = _register(engine)
+    with driver.autocommit(engine) as conn:
+        store.reserve_first(conn, operation_id, "owner-a", LEASE)
+
+    # The pool's one connection, used by SQLAlchemy next: two statements that roll
+    # back together (it would have committed the first one in autocommit).
+    with engine.connect() as sa_conn:
+        sa_conn.execute(text("CREATE TEMP TABLE t_probe (n int)"))
+        sa_conn.execute(text("INSERT INTO t_probe VALUES (1)"))
+        sa_conn.rollback()
+        assert sa_conn.execute(
+            text("SELECT count(*) FROM pg_tables WHERE tablename = 't_probe'")
+        ).scalar_one() == 0
+
+
+# ------------------------------------------------------------------ the same errors
+
+
+def test_killed_session__operational_error_pool_invalidated_next_statement_on_a_new_session(
+    engine: Engine,
+) -> None:
+    operation_id = _register(engine)
+    killed = _backend_pid(engine)
+    _terminate(killed)
+
+    with pytest.raises(OperationalError) as raised, driver.autocommit(engine) as conn:
+        store.reserve_first(conn, operation_id, "owner-a", LEASE)
+
+    assert raised.value.connection_invalidated
+    assert "owner-a" not in str(raised.value)  # never the parameters
+    assert _row(engine, operation_id).state == "queued"
+    # The pool replaced the dead connection: the next checkout works, on a new session.
+    assert _backend_pid(engine) != killed
+    with driver.autocommit(engine) as conn:
+        assert store.reserve_first(conn, operation_id, "owner-a", LEASE) is not None
+
+
+def test_refused_statement__dbapi_error_rolled_back_connection_kept(engine: Engine) -> None:
+    pid = _backend_pid(engine)
+    duplicate = select(literal(1)).where(bindparam("n") == 1)
+
+    with pytest.raises(IntegrityError) as raised, driver.transaction(engine) as conn:
+        conn.execute(text("CREATE TEMP TABLE t_unique (n int PRIMARY KEY)"))
+        conn.execute(text("INSERT INTO t_unique VALUES (:n)"), {"n": 7})
+        conn.execute(text("INSERT INTO t_unique VALUES (:n)"), {"n": 7})
+
+    assert isinstance(raised.value, DBAPIError)
+    assert not raised.value.connection_invalidated
+    assert "[parameters:" not in str(raised.value)
+    # Rolled back (the table is gone with the transaction) and still the same session.
+    assert _backend_pid(engine) == pid
+    with driver.autocommit(engine) as conn:
+        assert conn.execute(duplicate, {"n": 1}).scalar_one() == 1
+        assert conn.execute(
+            text("SELECT count(*) FROM pg_tables WHERE tablename = 't_unique'")
+        ).scalar_one() == 0
+
+
+def test_execute__missing_parameter__clear_error_nothing_sent(engine: Engine) -> None:
+    statement = select(literal(1)).where(bindparam("n") == 1)
+
+    with pytest.raises(TypeError, match="parameter.*n"), driver.autocommit(engine) as conn:
+        conn.execute(statement, {})
+
+
+def test_execute__bind_processor__applied_as_sqlalchemy_would(engine: Engine) -> None:
+    # A Boolean literal is bound with SQLAlchemy's strict check: anything but a bool is refused.
+    statement = select(literal(True, Boolean()).label("yes"), bindparam("flag", type_=Boolean()).label("flag"))
+
+    with driver.autocommit(engine) as conn:
+        row = conn.execute(statement, {"flag": False}).one_or_none()
+        assert row is not None
+        assert (row.yes, row.flag) == (True, False)
+        with pytest.raises(TypeError):
+            conn.execute(statement, {"flag": "not a boolean"})
+
+
+def test_supported__postgresql_psycopg_only(engine: Engine, sqlite_url: str) -> None:
+    lite = make_engine(sqlite_url)
+    try:
+        assert driver.supported(engine)
+        assert not driver.supported(lite)
+    finally:
+        lite.dispose()
