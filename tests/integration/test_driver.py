@@ -35,11 +35,11 @@ def engine(monkeypatch: pytest.MonkeyPatch, pg_url: str) -> Iterator[Engine]:
     eng.dispose()
 
 
-def _register(engine: Engine, *, request_id: str | None = None, position: int = 0, mode: str = "write") -> str:
+def _register(engine: Engine, *, request_id: str | None = None, position: int = 0) -> str:
     request_id = request_id or f"req-{uuid.uuid4().hex[:8]}"
     new = NewOperation(
         operation_id=f"op-{uuid.uuid4().hex[:10]}", request_id=request_id, call_id=f"call-{position}",
-        position=position, tool_name="refund_order", schema_version=1, mode=mode, intent_hash=INTENT,
+        position=position, tool_name="refund_order", schema_version=1, mode="write", intent_hash=INTENT,
         arguments={"order_id": "ord-1", "amount": 200},
         context={"principal": "alice", "tenant": "tenant-a", "roles": [], "request_id": request_id},
         needs_approval=False, impact=None, approval_ttl_seconds=3600.0,
@@ -261,7 +261,9 @@ def test_execute__missing_parameter__clear_error_nothing_sent(engine: Engine) ->
 
 def test_execute__bind_processor__applied_as_sqlalchemy_would(engine: Engine) -> None:
     # A Boolean literal is bound with SQLAlchemy's strict check: anything but a bool is refused.
-    statement = select(literal(True, Boolean()).label("yes"), bindparam("flag", type_=Boolean()).label("flag"))
+    statement = select(
+        literal(True, Boolean()).label("yes"), bindparam("flag", type_=Boolean()).label("flag")
+    )
 
     with driver.autocommit(engine) as conn:
         row = conn.execute(statement, {"flag": False}).one_or_none()
