@@ -33,6 +33,8 @@ from contextlib import contextmanager
 from typing import Any, Protocol, cast
 
 import psycopg
+from psycopg.pq import ExecStatus
+from psycopg.rows import dict_row
 from sqlalchemy import Engine, Executable
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
@@ -177,13 +179,14 @@ class DriverConnection:
         compiled = _compile(statement, self.dialect)
         values = compiled.parameters(parameters)
         try:
-            with self._driver.cursor() as cursor:
+            # dict_row names the columns from the result itself: `cursor.description`
+            # builds a Column object per column on every access.
+            with self._driver.cursor(row_factory=dict_row) as cursor:
                 cursor.execute(compiled.sql, values)
-                if cursor.description is None:
-                    return DriverResult([])
-                names = [column.name for column in cursor.description]
-                rows = cursor.fetchall()
-                return DriverResult([DriverRow(dict(zip(names, row, strict=True))) for row in rows])
+                result = cursor.pgresult
+                if result is None or result.status != ExecStatus.TUPLES_OK:
+                    return DriverResult([])  # a statement that returns no rows
+                return DriverResult([DriverRow(row) for row in cursor.fetchall()])
         except psycopg.Error as exc:
             raise self._wrapped(exc, compiled.sql) from exc
 
