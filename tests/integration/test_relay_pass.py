@@ -1,0 +1,93 @@
+"""One relay pass on a real database (SQLite and PostgreSQL): what it publishes, and
+in which order it does its two jobs (publish the outbox, promote due retries)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from sqlalchemy import Engine
+
+from executor import store
+from executor.core.types import ErrorCode
+from executor.settings import Settings
+from executor.store.records import Created, NewOperation
+from outbox.relay import Relay
+
+
+def _register(engine: Engine) -> str:
+    request_id = f"req-{uuid.uuid4().hex[:8]}"
+    new = NewOperation(
+        operation_id=f"op-{uuid.uuid4().hex[:10]}", request_id=request_id, call_id="call-0",
+        position=0, tool_name="bench.sleep_read", schema_version=1, mode="read", intent_hash="0" * 64,
+        arguments={"n": 1}, context={"principal": "p", "tenant": "t", "roles": [], "request_id": request_id},
+        needs_approval=False, impact=None, approval_ttl_seconds=3600.0,
+    )
+    with engine.begin() as conn:
+        created = store.register(conn, new)
+        assert isinstance(created, Created)
+        store.add_outbox_row(conn, created.operation_id)  # as the producer does
+    return created.operation_id
+
+
+def _release_to_retry_now(engine: Engine, operation_id: str) -> None:
+    """Its worker gave it back: retry_wait, with a backoff that has already passed."""
+    with engine.begin() as conn:
+        reservation = store.reserve(conn, operation_id, "owner-a", 30.0)
+        assert reservation is not None
+        assert store.release_to_retry(
+            conn, operation_id, reservation.generation, "owner-a", delay_seconds=0.0,
+            error_code=ErrorCode.UPSTREAM_UNAVAILABLE, error={"message": "try again"},
+        )
+
+
+def _drained(relay: Relay) -> None:
+    while relay.run_once():
+        pass
+
+
+def test_relay_pass__due_retry__promoted_and_published_in_the_same_pass(
+    engine: Engine, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TOOLFENCE_DATABASE_URL", db_url)
+    published: list[str] = []
+    relay = Relay(Settings.from_env(), engine, published.append)
+    operation_id = _register(engine)
+    _drained(relay)  # its first message
+    _release_to_retry_now(engine, operation_id)
+    published.clear()
+    with engine.begin() as conn:
+        # Due again: the relay's own query decides it, on the database clock.
+        assert store.due_retries(conn, 10) == [operation_id]
+
+    # When one pass runs
+    count = relay.run_once()
+
+    # Then it promoted the retry and published its message, not at the next pass
+    assert (count, published) == (1, [operation_id])
+    with engine.connect() as conn:
+        row = store.get_operation(conn, operation_id)
+    assert row is not None and row.state == "queued"
+
+
+def test_relay_pass__a_fresh_row_is_published_before_the_due_retry_query(
+    engine: Engine, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a row a producer just committed (a pass is usually woken by its NOTIFY)
+    monkeypatch.setenv("TOOLFENCE_DATABASE_URL", db_url)
+    events: list[str] = []
+    relay = Relay(Settings.from_env(), engine, lambda operation_id: events.append(f"publish {operation_id}"))
+    operation_id = _register(engine)
+    real_due_retries = store.due_retries
+
+    def recording_due_retries(*args: object, **kwargs: object) -> list[str]:
+        events.append("due_retries")
+        return real_due_retries(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store, "due_retries", recording_due_retries)
+
+    # When one pass runs
+    relay.run_once()
+
+    # Then its message went out first: the retry query is not on its path
+    assert events == [f"publish {operation_id}", "due_retries"]
