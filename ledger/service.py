@@ -26,28 +26,33 @@ side effects per operation from the downstream's own point of view.
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import (
     BigInteger,
     Column,
     Engine,
+    Executable,
     Float,
     Integer,
     MetaData,
     String,
     Table,
     UniqueConstraint,
+    bindparam,
     func,
     insert,
     select,
     update,
 )
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from executor.core.tools import RetryableError, StaleFencingToken
 from executor.store.clock import db_now
@@ -168,6 +173,65 @@ def _new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(8)}"
 
 
+# The reads a tool's access rule and check make before every call, built once.
+_ACCOUNT_TENANTS = select(accounts.c.account_id, accounts.c.tenant).where(
+    accounts.c.account_id.in_(bindparam("account_ids", expanding=True))
+)
+_TENANT = select(accounts.c.tenant).where(accounts.c.account_id == bindparam("account_id"))
+_BALANCE = select(accounts.c.balance_cents).where(accounts.c.account_id == bindparam("account_id"))
+
+
+class _TransferStatements(NamedTuple):
+    raise_fence: Executable
+    record_fenced: Executable
+    claim_receipt: Executable
+    debit: Executable
+    credit: Executable
+    account: Executable
+    record_effect: Executable
+
+
+@functools.cache
+def _transfer_statements(dialect: str) -> _TransferStatements:
+    """`transfer`'s statements, built once per dialect over bound parameters (a
+    statement built per call costs more of the client's CPU than it takes to run)."""
+    upsert: Any = postgresql_insert if dialect == "postgresql" else sqlite_insert
+    fence = upsert(fences).values(idempotency_key=bindparam("key"), highest_token=bindparam("given_token"))
+    greatest = func.greatest if dialect == "postgresql" else func.max  # SQLite's max(a, b)
+    return _TransferStatements(
+        raise_fence=fence.on_conflict_do_update(
+            index_elements=[fences.c.idempotency_key],
+            set_={"highest_token": greatest(fences.c.highest_token, fence.excluded.highest_token)},
+        ).returning(fences.c.highest_token),
+        record_fenced=insert(fenced_writes).values(
+            operation_id=bindparam("of_operation"), idempotency_key=bindparam("key"),
+            token=bindparam("given_token"), highest_token=bindparam("highest_seen"), at=db_now(),
+        ),
+        claim_receipt=upsert(dedupe)
+        .values(kind="transfer", idempotency_key=bindparam("key"), receipt=bindparam("new_receipt"))
+        .on_conflict_do_nothing(index_elements=[dedupe.c.kind, dedupe.c.idempotency_key])
+        .returning(dedupe.c.receipt),
+        # Never below zero: the row lock serialises concurrent debits, and each re-reads
+        # the balance it compares (PostgreSQL re-evaluates the WHERE on the latest row
+        # version), so two debits that each fit but together do not cannot both pass.
+        debit=update(accounts)
+        .where(
+            accounts.c.account_id == bindparam("of_account"),
+            accounts.c.balance_cents >= bindparam("amount"),
+        )
+        .values(balance_cents=accounts.c.balance_cents - bindparam("amount")),
+        credit=update(accounts)
+        .where(accounts.c.account_id == bindparam("of_account"))
+        .values(balance_cents=accounts.c.balance_cents + bindparam("amount")),
+        account=select(accounts.c.account_id).where(accounts.c.account_id == bindparam("of_account")),
+        record_effect=insert(effects).values(
+            receipt=bindparam("new_receipt"), operation_id=bindparam("of_operation"),
+            idempotency_key=bindparam("key"), generation=bindparam("of_generation"), kind="transfer",
+            account_id=bindparam("of_account"), amount_cents=bindparam("amount"), at=db_now(),
+        ),
+    )
+
+
 class Ledger:
     """The ledger's own client. One per process; the engine is created lazily."""
 
@@ -216,11 +280,7 @@ class Ledger:
     def account_tenants(self, account_ids: Sequence[str]) -> dict[str, str]:
         """Tenant per account, for the accounts that exist (one query for a batch)."""
         with self.reader.connect() as conn:
-            rows = conn.execute(
-                select(accounts.c.account_id, accounts.c.tenant).where(
-                    accounts.c.account_id.in_(list(account_ids))
-                )
-            ).all()
+            rows = conn.execute(_ACCOUNT_TENANTS, {"account_ids": list(account_ids)}).all()
         return {account_id: tenant for account_id, tenant in rows}
 
     def notices_of_operation(self, operation_id: str) -> list[str]:
@@ -236,15 +296,12 @@ class Ledger:
 
     def account_tenant(self, account_id: str) -> str | None:
         with self.reader.connect() as conn:
-            return conn.execute(
-                select(accounts.c.tenant).where(accounts.c.account_id == account_id)
-            ).scalar_one_or_none()
+            tenant: str | None = conn.execute(_TENANT, {"account_id": account_id}).scalar_one_or_none()
+        return tenant
 
     def balance(self, account_id: str) -> int:
         with self.reader.connect() as conn:
-            value = conn.execute(
-                select(accounts.c.balance_cents).where(accounts.c.account_id == account_id)
-            ).scalar_one_or_none()
+            value = conn.execute(_BALANCE, {"account_id": account_id}).scalar_one_or_none()
         if value is None:
             raise AccountNotFound(account_id)
         return int(value)
@@ -298,28 +355,6 @@ class Ledger:
         if changed != 1:
             raise AccountNotFound(account_id)
 
-    def _debit(self, conn: Any, account_id: str, amount_cents: int) -> None:
-        """Take `amount_cents` out of the account, never below zero.
-
-        One conditional UPDATE: the row lock it takes serialises concurrent debits,
-        and each re-reads the balance it compares (PostgreSQL re-evaluates the WHERE
-        on the latest row version), so two debits that each fit but together do not
-        cannot both pass. Raises inside the transaction, which rolls the effect back.
-        """
-        changed = conn.execute(
-            update(accounts)
-            .where(accounts.c.account_id == account_id, accounts.c.balance_cents >= amount_cents)
-            .values(balance_cents=accounts.c.balance_cents - amount_cents)
-        ).rowcount
-        if changed == 1:
-            return
-        exists = conn.execute(
-            select(accounts.c.account_id).where(accounts.c.account_id == account_id)
-        ).first()
-        if exists is None:
-            raise AccountNotFound(account_id)
-        raise InsufficientFunds(account_id)
-
     def credit(
         self, *, key: str, operation_id: str, generation: int, account_id: str, amount_cents: int
     ) -> Applied:
@@ -345,44 +380,44 @@ class Ledger:
         self, *, key: str, operation_id: str, token: int, source: str, target: str,
         amount_cents: int,
     ) -> Applied:
-        """Fenced: refuses a token below the highest seen for the key, in the effect's tx."""
+        """Fenced: refuses a token below the highest seen for the key, in the effect's tx.
+
+        Five statements in the common case, each built once (`_transfer_statements`):
+        raise the key's fence (and lock it), claim the key's receipt, debit, credit,
+        record the effect."""
         self._pause()
         with self.engine.begin() as conn:
-            # Create the fence row if this is the key's first write, then lock it:
-            # every writer of the key serialises on that row lock.
-            insert_ignore(conn, fences, {"idempotency_key": key, "highest_token": token},
-                          ["idempotency_key"])
-            highest = conn.execute(
-                select(fences.c.highest_token)
-                .where(fences.c.idempotency_key == key)
-                .with_for_update()
-            ).scalar_one()
+            built = _transfer_statements(conn.dialect.name)
+            # The key's fence row, created at its first write, raised to this token if
+            # that is higher, and locked either way (an upsert locks the row it writes):
+            # every writer of the key serialises on that lock. The answer is the highest
+            # token now; higher than ours means a newer generation wrote first.
+            highest = conn.execute(built.raise_fence, {"key": key, "given_token": token}).scalar_one()
             if token < highest:
                 conn.execute(
-                    insert(fenced_writes).values(
-                        operation_id=operation_id, idempotency_key=key, token=token,
-                        highest_token=highest, at=db_now(),
-                    )
+                    built.record_fenced,
+                    {"of_operation": operation_id, "key": key, "given_token": token, "highest_seen": highest},
                 )
                 # Commit the record of the refusal, then tell the caller.
                 conn.commit()
                 raise StaleFencingToken(key, token, highest)
-            if token > highest:
-                conn.execute(
-                    update(fences).where(fences.c.idempotency_key == key).values(highest_token=token)
-                )
-            existing = self._existing(conn, "transfer", key)
-            if existing is not None:
-                return Applied(existing, applied=False)
             receipt = _new_id("tr")
+            claimed = conn.execute(built.claim_receipt, {"key": key, "new_receipt": receipt}).first()
+            if claimed is None:
+                # An earlier generation applied it: its receipt, nothing applied again.
+                existing = self._existing(conn, "transfer", key)
+                assert existing is not None
+                return Applied(existing, applied=False)
+            if conn.execute(built.debit, {"of_account": source, "amount": amount_cents}).rowcount != 1:
+                if conn.execute(built.account, {"of_account": source}).first() is None:
+                    raise AccountNotFound(source)
+                raise InsufficientFunds(source)
+            if conn.execute(built.credit, {"of_account": target, "amount": amount_cents}).rowcount != 1:
+                raise AccountNotFound(target)
             conn.execute(
-                insert(dedupe).values(kind="transfer", idempotency_key=key, receipt=receipt)
-            )
-            self._debit(conn, source, amount_cents)
-            self._adjust(conn, target, amount_cents)
-            self._record_effect(
-                conn, receipt=receipt, operation_id=operation_id, key=key, generation=token,
-                kind="transfer", account_id=source, amount_cents=amount_cents,
+                built.record_effect,
+                {"new_receipt": receipt, "of_operation": operation_id, "key": key, "of_generation": token,
+                 "of_account": source, "amount": amount_cents},
             )
             return Applied(receipt, applied=True)
 

@@ -109,7 +109,9 @@ def _owns(args: Any, ctx: ServerContext) -> bool:
 
 
 def _owns_both(args: TransferArgs, ctx: ServerContext) -> bool:
-    return _owns_account(args.source_account, ctx) and _owns_account(args.target_account, ctx)
+    accounts = (args.source_account, args.target_account)
+    tenants = default_ledger().account_tenants(accounts)  # one query for both
+    return all(tenants.get(account_id) == ctx.tenant for account_id in accounts)
 
 
 def _owns_all(args: NoticesArgs, ctx: ServerContext) -> bool:

@@ -13,11 +13,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from executor.core.tools import RunContext, ToolFailure
+from executor.core.tools import RunContext, StaleFencingToken, ToolFailure
 from executor.core.types import ErrorCode, ServerContext
 from ledger import service as ledger_service
 from ledger import tools as ledger_tools
-from ledger.service import InsufficientFunds, Ledger
+from ledger.service import AccountNotFound, InsufficientFunds, Ledger
 
 
 @pytest.fixture
@@ -93,3 +93,50 @@ def test_transfer__concurrent_debits_over_the_balance__only_those_that_fit_land(
     assert (book.balance("src"), book.balance("dst")) == (100, 900)
     assert set(book.effects_per_operation().values()) == {1}
     book.engine.dispose()
+
+
+def test_transfer__lower_token_after_a_higher_one__refused_recorded_nothing_applied(book: Ledger) -> None:
+    applied = book.transfer(key="k1", operation_id="op-1", token=3, source="src", target="dst",
+                            amount_cents=100)
+    assert applied.applied
+
+    # A zombie of an older generation, after the newer one wrote
+    with pytest.raises(StaleFencingToken):
+        book.transfer(key="k1", operation_id="op-1", token=2, source="src", target="dst", amount_cents=100)
+
+    # The refusal is recorded (committed before the caller hears of it) and applied nothing
+    assert book.fenced_count() == 1
+    assert (book.balance("src"), book.balance("dst")) == (900, 100)
+    assert book.effects_per_operation() == {"op-1": 1}
+
+
+def test_transfer__newer_generation_finds_it_applied__same_receipt_fence_raised(book: Ledger) -> None:
+    first = book.transfer(key="k1", operation_id="op-1", token=1, source="src", target="dst",
+                          amount_cents=100)
+
+    # The next generation (its worker took over) runs it again
+    again = book.transfer(key="k1", operation_id="op-1", token=2, source="src", target="dst",
+                          amount_cents=100)
+
+    assert (again.receipt, again.applied) == (first.receipt, False)
+    assert (book.balance("src"), book.balance("dst")) == (900, 100)
+    # The fence moved to 2: the first generation is a zombie now
+    with pytest.raises(StaleFencingToken):
+        book.transfer(key="k1", operation_id="op-1", token=1, source="src", target="dst", amount_cents=100)
+
+
+def test_transfer__unknown_target__account_not_found_and_the_debit_rolled_back(book: Ledger) -> None:
+    with pytest.raises(AccountNotFound):
+        book.transfer(key="k1", operation_id="op-1", token=1, source="src", target="nobody",
+                      amount_cents=100)
+
+    assert book.balance("src") == 1_000
+    assert book.effects_per_operation() == {}
+
+
+def test_transfer__unknown_source__account_not_found(book: Ledger) -> None:
+    with pytest.raises(AccountNotFound):
+        book.transfer(key="k1", operation_id="op-1", token=1, source="nobody", target="dst",
+                      amount_cents=100)
+
+    assert book.balance("dst") == 0
