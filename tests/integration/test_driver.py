@@ -182,15 +182,21 @@ def test_complete_counted__later_call_queued__successor_woken_in_the_same_driver
 # ------------------------------------------------------------------ the same transactions
 
 
-def test_transaction__exception_in_the_block__nothing_committed(engine: Engine) -> None:
+def test_transaction__exception_in_the_block__nothing_committed_connection_discarded(
+    engine: Engine,
+) -> None:
     operation_id = _register(engine)
     before = _row(engine, operation_id)
+    pid = _backend_pid(engine)
 
     with pytest.raises(RuntimeError), driver.transaction(engine) as conn:
         assert store.reserve_first(conn, operation_id, "owner-a", LEASE) is not None
         raise RuntimeError("after the statement, before the commit")
 
     assert _row(engine, operation_id) == before
+    # Not a database error: the connection's state is not known (a time limit can
+    # interrupt a wait on the socket), so it never goes back to the pool.
+    assert _backend_pid(engine) != pid
 
 
 def test_autocommit__connection_goes_back_transactional(engine: Engine) -> None:
