@@ -29,6 +29,7 @@ from typing import Any
 from sqlalchemy import Engine, func, select
 from sqlalchemy.exc import DBAPIError, OperationalError
 
+from executor.core.admission import AdmissionUnavailable
 from executor.core.states import SETTLED
 from executor.core.tools import Registry
 from executor.core.types import (
@@ -222,8 +223,10 @@ class Workload:
                     for c in handle.calls
                 ]
                 break
-            except (OperationalError, DBAPIError, StoreDatabaseError):
+            except (OperationalError, DBAPIError, StoreDatabaseError, AdmissionUnavailable):
                 # Did the commit land before the connection failed? Ask until we can.
+                # (AdmissionUnavailable: a tool's access rule or check could not reach
+                # what it reads, and nothing was recorded; the request is tried again.)
                 landed = self._request_landed(context)
                 if landed is None:
                     return None
