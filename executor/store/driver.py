@@ -8,7 +8,7 @@ transaction's bookkeeping and, for the autocommit reservation, an isolation
 level set on checkout and reset on checkin. Measured in one process on the
 same statement: 240 µs (a transaction) and 180 µs (autocommit) through
 `Connection`, 75 µs on the pooled driver connection (docs/decisions.md,
-"Driver-level hot path").
+"The reservation and the completion run on the driver's connection").
 
 So those statements run here: the same SQL (the statement the store built,
 compiled once per statement object by SQLAlchemy's own PostgreSQL compiler),
@@ -218,8 +218,6 @@ def _checked_out(engine: Engine, *, autocommit: bool) -> Iterator[DriverConnecti
         if autocommit:
             driver.autocommit = True
         yield conn
-        if autocommit:
-            driver.autocommit = False
     except DBAPIError as exc:
         # A statement the database refused: roll back and return the connection, as
         # SQLAlchemy does; one that is lost, or that cannot roll back, is discarded.
@@ -232,11 +230,17 @@ def _checked_out(engine: Engine, *, autocommit: bool) -> Iterator[DriverConnecti
         if pooled.is_valid:
             pooled.invalidate()
         raise
+    else:
+        if autocommit and not _rolled_back(driver, autocommit):
+            # The statement committed; a connection that cannot be made transactional
+            # again (it broke since) is discarded, not handed to the next caller.
+            pooled.invalidate()
     finally:
         pooled.close()  # back to the pool (an invalidated one is discarded)
 
 
 def _rolled_back(driver: psycopg.Connection[Any], autocommit: bool) -> bool:
+    """Idle and transactional again (a rollback of an idle connection sends nothing)."""
     try:
         driver.rollback()
         if autocommit:

@@ -22,7 +22,9 @@ operation, the state it leaves and the statement's own fence (owner, expired
 lease, due time, proposal order), and which, only if it matched a row, appends
 the audit event for exactly that pair of states and gives the new state what it
 needs (an outbox row, or a wake-up for waiting successors). Each function runs
-inside the caller's transaction (a `Connection`) and returns whether it won.
+inside the caller's transaction (a `Connection`; the worker's reservation and
+completion a `driver.DriverConnection`, the same statements on the pooled driver
+connection) and returns whether it won.
 """
 
 
