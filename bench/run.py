@@ -29,7 +29,7 @@ from typing import Any
 
 import psycopg
 import redis
-from sqlalchemy import Engine, and_, func, select, text
+from sqlalchemy import Engine, and_, event, func, select, text
 
 from bench import cpu
 
@@ -680,7 +680,9 @@ def count_round_trips(engine: Engine, n: int = 50) -> dict[str, float]:
 
     Counted at the driver (psycopg), not from SQLAlchemy's events: the worker's two
     hot statements run on the driver's connection (executor/store/driver.py) and
-    never pass through them. A statement in autocommit is its own commit."""
+    never pass through them. Only the connections `engine`'s pool has handed out
+    count (the ledger's hooks and effects use an engine of their own), and a
+    statement in autocommit is its own commit."""
     from executor.core.tools import load_registry
     from executor.settings import Settings
     from executor.worker.runner import OperationRunner
@@ -688,18 +690,29 @@ def count_round_trips(engine: Engine, n: int = 50) -> dict[str, float]:
 
     counts = {"statements": 0, "commits": 0}
     real_execute, real_commit = psycopg.Cursor.execute, psycopg.Connection.commit
+    checked_out: set[int] = set()  # id() of the driver connections `engine` lent out
+
+    def on_checkout(dbapi_connection: Any, *_: Any) -> None:
+        checked_out.add(id(dbapi_connection))
+
+    def on_checkin(dbapi_connection: Any, *_: Any) -> None:
+        checked_out.discard(id(dbapi_connection))
 
     def counting_execute(self: Any, *args: Any, **kwargs: Any) -> Any:
-        counts["statements"] += 1
-        if self.connection.autocommit:
-            counts["commits"] += 1
+        if id(self.connection) in checked_out:
+            counts["statements"] += 1
+            if self.connection.autocommit:
+                counts["commits"] += 1
         return real_execute(self, *args, **kwargs)
 
     def counting_commit(self: Any) -> None:
-        if self.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        in_transaction = self.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+        if id(self) in checked_out and in_transaction:
             counts["commits"] += 1
         real_commit(self)
 
+    event.listen(engine, "checkout", on_checkout)
+    event.listen(engine, "checkin", on_checkin)
     psycopg.Cursor.execute = counting_execute  # type: ignore[method-assign]
     psycopg.Connection.commit = counting_commit  # type: ignore[method-assign]
     prefix = f"rt-{uuid.uuid4().hex[:6]}"
@@ -736,6 +749,8 @@ def count_round_trips(engine: Engine, n: int = 50) -> dict[str, float]:
     finally:
         psycopg.Cursor.execute = real_execute  # type: ignore[method-assign]
         psycopg.Connection.commit = real_commit  # type: ignore[method-assign]
+        event.remove(engine, "checkout", on_checkout)
+        event.remove(engine, "checkin", on_checkin)
     return out
 
 
