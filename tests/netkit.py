@@ -7,19 +7,35 @@ so that connecting is refused for real (a database, a directory, a ledger that
 is down), with a password in it that no error may repeat (`REFUSED_PASSWORD`).
 `Directory` is what a tool's hook or an application's role resolver reads: a
 real PostgreSQL server while `up`, a refused port while not.
+`terminate_backend(pid)` kills a PostgreSQL session for real and waits until the
+server has let it go.
 """
 
 from __future__ import annotations
 
+import os
 import socket
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg
 from sqlalchemy import Engine, text
 
 from executor.store.engine import make_engine
 
 REFUSED_PASSWORD = "hunter2"
+PG_ADMIN_DSN = os.environ.get("TOOLFENCE_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def terminate_backend(pid: int) -> None:
+    """`pg_terminate_backend`, then wait (5 s at most) until the session is gone."""
+    with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        deadline = time.monotonic() + 5
+        while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone():
+            assert time.monotonic() < deadline, f"backend {pid} still there"
+            time.sleep(0.01)
 
 
 def free_port() -> int:

@@ -5,12 +5,10 @@ same errors as through SQLAlchemy's `Connection`, with really terminated session
 
 from __future__ import annotations
 
-import os
-import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
-import psycopg
 import pytest
 from sqlalchemy import Boolean, Engine, bindparam, func, literal, select, text
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
@@ -20,8 +18,8 @@ from executor.store import driver
 from executor.store.engine import PING_IDLE_ENV, make_engine
 from executor.store.records import Created, NewOperation
 from executor.store.schema import outbox, receipts
+from tests.netkit import terminate_backend
 
-PG_ADMIN_DSN = os.environ.get("TOOLFENCE_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 LEASE = 30.0
 INTENT = "0" * 64
 
@@ -62,13 +60,13 @@ def _backend_pid(engine: Engine) -> int:
         return int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
 
 
-def _terminate(pid: int) -> None:
-    with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
-        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
-        deadline = time.monotonic() + 5
-        while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone():
-            assert time.monotonic() < deadline, f"backend {pid} still there"
-            time.sleep(0.01)
+def _reserved(engine: Engine, **where: Any) -> tuple[str, store.Reservation]:
+    """A registered operation, reserved on the driver by `owner-a`."""
+    operation_id = _register(engine, **where)
+    with driver.autocommit(engine) as conn:
+        won = store.reserve_first(conn, operation_id, "owner-a", LEASE)
+    assert won is not None
+    return operation_id, won[0]
 
 
 def _outbox_rows(engine: Engine, operation_id: str) -> int:
@@ -100,9 +98,7 @@ def test_reserve_first__on_the_driver__the_row_sqlalchemy_reads_back(engine: Eng
 
 
 def test_reserve_first__lost_cas_on_the_driver__none_and_nothing_changed(engine: Engine) -> None:
-    operation_id = _register(engine)
-    with driver.autocommit(engine) as conn:
-        assert store.reserve_first(conn, operation_id, "owner-a", LEASE) is not None
+    operation_id, _ = _reserved(engine)
     before = _row(engine, operation_id)
 
     with driver.autocommit(engine) as conn:
@@ -114,11 +110,7 @@ def test_reserve_first__lost_cas_on_the_driver__none_and_nothing_changed(engine:
 def test_complete_counted__on_the_driver__receipt_recorded_and_counted_in_one_transaction(
     engine: Engine,
 ) -> None:
-    operation_id = _register(engine)
-    with driver.autocommit(engine) as conn:
-        won = store.reserve_first(conn, operation_id, "owner-a", LEASE)
-    assert won is not None
-    reservation = won[0]
+    operation_id, reservation = _reserved(engine)
 
     with driver.transaction(engine) as conn:
         completion = store.complete_counted(
@@ -137,15 +129,12 @@ def test_complete_counted__on_the_driver__receipt_recorded_and_counted_in_one_tr
 def test_complete_counted__stale_owner_on_the_driver__loses_but_its_receipt_is_recorded(
     engine: Engine,
 ) -> None:
-    operation_id = _register(engine)
-    with driver.autocommit(engine) as conn:
-        won = store.reserve_first(conn, operation_id, "owner-a", LEASE)
-    assert won is not None
+    operation_id, reservation = _reserved(engine)
     before = _row(engine, operation_id)
 
     with driver.transaction(engine) as conn:
         completion = store.complete_counted(
-            conn, operation_id, won[0].generation, "someone-else", INTENT, succeeded=True,
+            conn, operation_id, reservation.generation, "someone-else", INTENT, succeeded=True,
             result={}, receipt="rcpt-stale", record_receipt_from="worker", count_receipts=True,
         )
 
@@ -162,17 +151,14 @@ def test_complete_counted__later_call_queued__successor_woken_in_the_same_driver
     engine: Engine,
 ) -> None:
     request_id = f"req-{uuid.uuid4().hex[:8]}"
-    first = _register(engine, request_id=request_id, position=0)
+    first, reservation = _reserved(engine, request_id=request_id, position=0)
     second = _register(engine, request_id=request_id, position=1)
-    with driver.autocommit(engine) as conn:
-        won = store.reserve_first(conn, first, "owner-a", LEASE)
-    assert won is not None
     # Registration gave the second call no message while the first was unsettled.
     messages_before = _outbox_rows(engine, second)
 
     with driver.transaction(engine) as conn:
         completion = store.complete_counted(
-            conn, first, won[0].generation, "owner-a", INTENT, succeeded=True, result={},
+            conn, first, reservation.generation, "owner-a", INTENT, succeeded=True, result={},
         )
 
     assert completion.won
@@ -223,7 +209,7 @@ def test_killed_session__operational_error_pool_invalidated_next_statement_on_a_
 ) -> None:
     operation_id = _register(engine)
     killed = _backend_pid(engine)
-    _terminate(killed)
+    terminate_backend(killed)
 
     with pytest.raises(OperationalError) as raised, driver.autocommit(engine) as conn:
         store.reserve_first(conn, operation_id, "owner-a", LEASE)

@@ -12,13 +12,11 @@ that error (a session can be killed between a ping and the statement after it).
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import psycopg
 import pytest
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import Engine, text
@@ -35,8 +33,8 @@ from executor.store.engine import (
     ping_idle_seconds,
 )
 from executor.worker.runner import OperationRunner, OutcomeLabel
+from tests.netkit import terminate_backend
 
-PG_ADMIN_DSN = os.environ.get("TOOLFENCE_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 IDLE = 0.3  # seconds: the short threshold, for the cases that wait past it
 # The long one, for the cases that must stay within it: however slow the machine
 # between two checkouts, never a reason for a ping the test does not expect.
@@ -45,15 +43,8 @@ WITHIN = 60.0
 
 def _terminate(engine: Engine) -> int:
     """Kill the session of the connection the pool hands out next; its backend pid."""
-    with engine.connect() as conn:
-        pid = int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
-    with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
-        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
-        # Gone for the server before the test goes on.
-        deadline = time.monotonic() + 5
-        while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone():
-            assert time.monotonic() < deadline, f"backend {pid} still there"
-            time.sleep(0.01)
+    pid = _backend_pid(engine)
+    terminate_backend(pid)
     return pid
 
 
