@@ -28,10 +28,26 @@ class Member:
     index: int
     process: subprocess.Popen[bytes]
     log_path: Path
+    # Where this member's output begins: the log is appended to, and a member started
+    # again under the same role and index (or a fleet started again in the same
+    # directory) writes after an earlier process's lines, "ready" among them.
+    log_start: int = 0
 
     @property
     def pid(self) -> int:
         return self.process.pid
+
+    def log_text(self) -> str:
+        """What this member has written to its log, not what earlier processes did."""
+        with self.log_path.open("rb") as log:
+            log.seek(self.log_start)
+            return log.read().decode(errors="replace")
+
+    def said(self, line: str) -> bool:
+        try:
+            return line in self.log_text()
+        except OSError:
+            return False
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -113,6 +129,7 @@ class Fleet:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{role}-{index}.log"
         log = log_path.open("ab")
+        log_start = log.tell()
         env = {**os.environ, **self.env, **self.role_env.get(role, {}), "PYTHONUNBUFFERED": "1"}
         with _interrupts_deferred():
             try:
@@ -126,7 +143,7 @@ class Fleet:
                 )
             finally:
                 log.close()
-            member = Member(role, index, process, log_path)
+            member = Member(role, index, process, log_path, log_start)
             self.members.append(member)
         return member
 
@@ -165,7 +182,7 @@ class Fleet:
                 while time.monotonic() < deadline:
                     # The line first: a member that said it was ready was, whatever
                     # happened next (a relay started to die at a fault point).
-                    if f"toolfence {role} ready" in member.log_path.read_text(errors="replace"):
+                    if member.said(f"toolfence {role} ready"):
                         break
                     if not member.alive():
                         raise RuntimeError(f"{role} {member.index} exited: see {member.log_path}")

@@ -110,7 +110,7 @@ class Counts:
 def _exit_reason(member: Member) -> str:
     """The last CRITICAL/ERROR line of a member's log: why it stopped on its own."""
     try:
-        lines = member.log_path.read_text(errors="replace").splitlines()
+        lines = member.log_text().splitlines()
     except OSError:
         return "?"
     for line in reversed(lines):
@@ -120,10 +120,7 @@ def _exit_reason(member: Member) -> str:
 
 
 def _ready(member: Member) -> bool:
-    try:
-        return member.alive() and "toolfence worker ready" in member.log_path.read_text(errors="replace")
-    except OSError:
-        return False
+    return member.alive() and member.said("toolfence worker ready")
 
 
 class Nemesis:

@@ -65,3 +65,32 @@ def test_spawn__sigterm_while_popen_starts_the_member__member_recorded_and_stopp
     assert fleet.members[0].alive()
     fleet.stop(timeout=5.0)
     assert not process_alive(started[0])
+
+
+def test_wait_ready__log_holds_an_earlier_workers_ready_line__waits_for_this_ones(
+    tmp_path: Path,
+) -> None:
+    # Given a log directory an earlier fleet wrote to: worker 0 said it was ready
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    earlier = "[worker] toolfence worker ready (pid 1)\n"
+    (logs / "worker-0.log").write_text(earlier)
+    # and a new worker 0 that cannot start (its home has no database)
+    fleet = Fleet(
+        env={"TOOLFENCE_HOME": str(tmp_path / "home")},
+        log_dir=logs, workers=1, relays=0, reconcile_every=None,
+    )
+    try:
+        # When the fleet starts and waits for its workers
+        with pytest.raises(RuntimeError, match="worker 0 exited"):
+            fleet.start(wait_ready=30.0)
+    finally:
+        fleet.stop(timeout=5.0)
+
+    # Then the earlier process's line did not count as this one's: the new worker's
+    # own output is what it wrote after it, and the log keeps both
+    [member] = fleet.members
+    assert member.log_start == len(earlier)
+    assert "toolfence worker ready" not in member.log_text()
+    assert "no database" in member.log_text()
+    assert member.log_path.read_text().startswith(earlier)

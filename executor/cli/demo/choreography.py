@@ -133,10 +133,7 @@ def pool_child(member: Member) -> int | None:
 
 
 def worker_ready(member: Member) -> bool:
-    try:
-        return "toolfence worker ready" in member.log_path.read_text(errors="replace")
-    except OSError:
-        return False
+    return member.said("toolfence worker ready")
 
 
 # ---------------------------------------------------------------------- the run
