@@ -30,7 +30,8 @@ import functools
 import os
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -45,16 +46,19 @@ from sqlalchemy import (
     String,
     Table,
     UniqueConstraint,
+    any_,
     bindparam,
     func,
     insert,
     select,
     update,
 )
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from executor.core.tools import RetryableError, StaleFencingToken
+from executor.store import driver
 from executor.store.clock import db_now
 from executor.store.engine import insert_ignore, make_engine, read_only
 from executor.store.schema import Id
@@ -177,6 +181,10 @@ def _new_id(prefix: str) -> str:
 _ACCOUNT_TENANTS = select(accounts.c.account_id, accounts.c.tenant).where(
     accounts.c.account_id.in_(bindparam("account_ids", expanding=True))
 )
+# PostgreSQL's form, one array parameter: the driver-level path binds no expanding IN.
+_ACCOUNT_TENANTS_ANY = select(accounts.c.account_id, accounts.c.tenant).where(
+    accounts.c.account_id == any_(bindparam("account_ids", type_=ARRAY(accounts.c.account_id.type)))
+)
 _TENANT = select(accounts.c.tenant).where(accounts.c.account_id == bindparam("account_id"))
 _BALANCE = select(accounts.c.balance_cents).where(accounts.c.account_id == bindparam("account_id"))
 
@@ -189,6 +197,7 @@ class _TransferStatements(NamedTuple):
     credit: Executable
     account: Executable
     record_effect: Executable
+    existing_receipt: Executable
 
 
 @functools.cache
@@ -229,6 +238,9 @@ def _transfer_statements(dialect: str) -> _TransferStatements:
             idempotency_key=bindparam("key"), generation=bindparam("of_generation"), kind="transfer",
             account_id=bindparam("of_account"), amount_cents=bindparam("amount"), at=db_now(),
         ),
+        existing_receipt=select(dedupe.c.receipt).where(
+            dedupe.c.kind == "transfer", dedupe.c.idempotency_key == bindparam("key")
+        ),
     )
 
 
@@ -259,6 +271,33 @@ class Ledger:
     def reader(self) -> Engine:
         return read_only(self.engine)
 
+    # The transfer and the reads its tool's hooks make on every call (the tenants of
+    # the accounts, the balance) run on the pooled driver connection on PostgreSQL, as
+    # the executor's own reservation and completion do (executor/store/driver.py):
+    # the same statements, built once, without SQLAlchemy's per-statement execution
+    # machinery. A read is one statement in autocommit (one round trip, its own
+    # snapshot). SQLite keeps SQLAlchemy's `Connection`.
+
+    @contextmanager
+    def _writing(self) -> Iterator[Any]:
+        engine = self.engine
+        if driver.supported(engine):
+            with driver.transaction(engine) as conn:
+                yield conn
+        else:
+            with engine.begin() as conn:
+                yield conn
+
+    @contextmanager
+    def _reading(self) -> Iterator[Any]:
+        engine = self.engine
+        if driver.supported(engine):
+            with driver.autocommit(engine) as conn:
+                yield conn
+        else:
+            with self.reader.connect() as conn:
+                yield conn
+
     def create_schema(self) -> None:
         """The ledger is a separate service with its own schema; it creates it itself."""
         metadata.create_all(self.engine)
@@ -279,9 +318,10 @@ class Ledger:
 
     def account_tenants(self, account_ids: Sequence[str]) -> dict[str, str]:
         """Tenant per account, for the accounts that exist (one query for a batch)."""
-        with self.reader.connect() as conn:
-            rows = conn.execute(_ACCOUNT_TENANTS, {"account_ids": list(account_ids)}).all()
-        return {account_id: tenant for account_id, tenant in rows}
+        with self._reading() as conn:
+            statement = _ACCOUNT_TENANTS_ANY if conn.dialect.name == "postgresql" else _ACCOUNT_TENANTS
+            rows = conn.execute(statement, {"account_ids": list(account_ids)}).all()
+        return {row.account_id: row.tenant for row in rows}
 
     def notices_of_operation(self, operation_id: str) -> list[str]:
         """Accounts notified by an operation's batches, sorted (a duplicate shows twice)."""
@@ -295,12 +335,12 @@ class Ledger:
             )
 
     def account_tenant(self, account_id: str) -> str | None:
-        with self.reader.connect() as conn:
+        with self._reading() as conn:
             tenant: str | None = conn.execute(_TENANT, {"account_id": account_id}).scalar_one_or_none()
         return tenant
 
     def balance(self, account_id: str) -> int:
-        with self.reader.connect() as conn:
+        with self._reading() as conn:
             value = conn.execute(_BALANCE, {"account_id": account_id}).scalar_one_or_none()
         if value is None:
             raise AccountNotFound(account_id)
@@ -386,40 +426,53 @@ class Ledger:
         raise the key's fence (and lock it), claim the key's receipt, debit, credit,
         record the effect."""
         self._pause()
-        with self.engine.begin() as conn:
-            built = _transfer_statements(conn.dialect.name)
-            # The key's fence row, created at its first write, raised to this token if
-            # that is higher, and locked either way (an upsert locks the row it writes):
-            # every writer of the key serialises on that lock. The answer is the highest
-            # token now; higher than ours means a newer generation wrote first.
-            highest = conn.execute(built.raise_fence, {"key": key, "given_token": token}).scalar_one()
-            if token < highest:
-                conn.execute(
-                    built.record_fenced,
-                    {"of_operation": operation_id, "key": key, "given_token": token, "highest_seen": highest},
-                )
-                # Commit the record of the refusal, then tell the caller.
-                conn.commit()
-                raise StaleFencingToken(key, token, highest)
-            receipt = _new_id("tr")
-            claimed = conn.execute(built.claim_receipt, {"key": key, "new_receipt": receipt}).first()
-            if claimed is None:
-                # An earlier generation applied it: its receipt, nothing applied again.
-                existing = self._existing(conn, "transfer", key)
-                assert existing is not None
-                return Applied(existing, applied=False)
-            if conn.execute(built.debit, {"of_account": source, "amount": amount_cents}).rowcount != 1:
-                if conn.execute(built.account, {"of_account": source}).first() is None:
-                    raise AccountNotFound(source)
-                raise InsufficientFunds(source)
-            if conn.execute(built.credit, {"of_account": target, "amount": amount_cents}).rowcount != 1:
-                raise AccountNotFound(target)
-            conn.execute(
-                built.record_effect,
-                {"new_receipt": receipt, "of_operation": operation_id, "key": key, "of_generation": token,
-                 "of_account": source, "amount": amount_cents},
+        with self._writing() as conn:
+            outcome = self._transfer_in(
+                conn, key=key, operation_id=operation_id, token=token, source=source, target=target,
+                amount_cents=amount_cents,
             )
-            return Applied(receipt, applied=True)
+        # A refusal is raised once its transaction has ended: committed with its record
+        # (a stale token), or rolled back whole (a missing account, too little money).
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    def _transfer_in(
+        self, conn: Any, *, key: str, operation_id: str, token: int, source: str, target: str,
+        amount_cents: int,
+    ) -> Applied | StaleFencingToken | AccountNotFound | InsufficientFunds:
+        built = _transfer_statements(conn.dialect.name)
+        # The key's fence row, created at its first write, raised to this token if
+        # that is higher, and locked either way (an upsert locks the row it writes):
+        # every writer of the key serialises on that lock. The answer is the highest
+        # token now; higher than ours means a newer generation wrote first.
+        highest = conn.execute(built.raise_fence, {"key": key, "given_token": token}).scalar_one()
+        if token < highest:
+            conn.execute(
+                built.record_fenced,
+                {"of_operation": operation_id, "key": key, "given_token": token, "highest_seen": highest},
+            )
+            return StaleFencingToken(key, token, highest)  # the record commits with the block
+        receipt = _new_id("tr")
+        claimed = conn.execute(built.claim_receipt, {"key": key, "new_receipt": receipt}).first()
+        if claimed is None:
+            # An earlier generation applied it: its receipt, nothing applied again.
+            existing = conn.execute(built.existing_receipt, {"key": key}).scalar_one_or_none()
+            assert existing is not None
+            return Applied(existing, applied=False)
+        if conn.execute(built.debit, {"of_account": source, "amount": amount_cents}).rowcount != 1:
+            missing = conn.execute(built.account, {"of_account": source}).first() is None
+            conn.rollback()  # nothing of this transfer stays: the fence and the claim neither
+            return AccountNotFound(source) if missing else InsufficientFunds(source)
+        if conn.execute(built.credit, {"of_account": target, "amount": amount_cents}).rowcount != 1:
+            conn.rollback()  # the debit with the rest
+            return AccountNotFound(target)
+        conn.execute(
+            built.record_effect,
+            {"new_receipt": receipt, "of_operation": operation_id, "key": key, "of_generation": token,
+             "of_account": source, "amount": amount_cents},
+        )
+        return Applied(receipt, applied=True)
 
     def create_invoice(
         self, *, reference: str, operation_id: str, generation: int, account_id: str,

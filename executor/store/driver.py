@@ -75,10 +75,11 @@ class DriverResult:
     """The rows of one statement, fetched in full (the hot statements return at most a
     handful)."""
 
-    __slots__ = ("_rows",)
+    __slots__ = ("_rows", "rowcount")
 
-    def __init__(self, rows: list[DriverRow]) -> None:
+    def __init__(self, rows: list[DriverRow], rowcount: int = -1) -> None:
         self._rows = rows
+        self.rowcount = rowcount  # rows the statement changed or returned, as the cursor says
 
     def one_or_none(self) -> DriverRow | None:
         if len(self._rows) > 1:
@@ -185,8 +186,8 @@ class DriverConnection:
                 cursor.execute(compiled.sql, values)
                 result = cursor.pgresult
                 if result is None or result.status != ExecStatus.TUPLES_OK:
-                    return DriverResult([])  # a statement that returns no rows
-                return DriverResult([DriverRow(row) for row in cursor.fetchall()])
+                    return DriverResult([], cursor.rowcount)  # a statement that returns no rows
+                return DriverResult([DriverRow(row) for row in cursor.fetchall()], cursor.rowcount)
         except psycopg.Error as exc:
             raise self._wrapped(exc, compiled.sql) from exc
 
@@ -195,6 +196,14 @@ class DriverConnection:
             self._driver.commit()
         except psycopg.Error as exc:
             raise self._wrapped(exc, "COMMIT") from exc
+
+    def rollback(self) -> None:
+        """Undo the block's statements so far; the block may go on in a new transaction
+        (a refusal decided after a write, as the reference ledger's transfer has)."""
+        try:
+            self._driver.rollback()
+        except psycopg.Error as exc:
+            raise self._wrapped(exc, "ROLLBACK") from exc
 
     def _wrapped(self, exc: psycopg.Error, sql: str) -> BaseException:
         """What SQLAlchemy's `Connection` raises for this driver error, and what it does
@@ -211,7 +220,16 @@ class DriverConnection:
 
 @contextmanager
 def _checked_out(engine: Engine, *, autocommit: bool) -> Iterator[DriverConnection]:
-    pooled = engine.raw_connection()
+    try:
+        pooled = engine.raw_connection()
+    except psycopg.Error as exc:
+        # The pool's checkout hands back the driver's own error when a new connection
+        # cannot be made (`Connection` wraps it): wrapped here as it would be.
+        raise DBAPIError.instance(
+            None, None, exc, psycopg.Error, hide_parameters=True,
+            connection_invalidated=engine.dialect.is_disconnect(cast(Any, exc), None, None),
+            dialect=engine.dialect,
+        ) from exc
     conn = DriverConnection(engine, pooled)
     driver = conn._driver  # noqa: SLF001
     try:

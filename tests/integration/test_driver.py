@@ -18,7 +18,8 @@ from executor.store import driver
 from executor.store.engine import PING_IDLE_ENV, make_engine
 from executor.store.records import Created, NewOperation
 from executor.store.schema import outbox, receipts
-from tests.netkit import terminate_backend
+from executor.store.errors import CONNECTION_ERRORS
+from tests.netkit import REFUSED_PASSWORD, refused_database_url, terminate_backend
 
 LEASE = 30.0
 INTENT = "0" * 64
@@ -221,6 +222,40 @@ def test_killed_session__operational_error_pool_invalidated_next_statement_on_a_
     assert _backend_pid(engine) != killed
     with driver.autocommit(engine) as conn:
         assert store.reserve_first(conn, operation_id, "owner-a", LEASE) is not None
+
+
+def test_checkout__database_refuses_connections__sqlalchemys_operational_error() -> None:
+    # Given an engine whose database refuses connections (a real refused port)
+    down = make_engine(refused_database_url("driver"))
+    try:
+        # When the driver-level path checks a connection out
+        with pytest.raises(OperationalError) as raised, driver.autocommit(down):
+            pass  # pragma: no cover - the checkout raises
+    finally:
+        down.dispose()
+
+    # Then it is the error `Connection` raises for the same failure: what the runner
+    # and the hooks' callers treat as a lost connection, never with the password
+    assert isinstance(raised.value, CONNECTION_ERRORS)
+    assert raised.value.statement is None
+    assert REFUSED_PASSWORD not in str(raised.value)
+
+
+def test_rollback__mid_block__undone_and_the_block_goes_on_in_a_new_transaction(engine: Engine) -> None:
+    table = f"t_undo_{uuid.uuid4().hex[:8]}"
+    with driver.autocommit(engine) as conn:
+        conn.execute(text(f"CREATE TABLE {table} (n int)"))
+    try:
+        with driver.transaction(engine) as conn:
+            changed = conn.execute(text(f"INSERT INTO {table} SELECT generate_series(1, 3)"))
+            conn.rollback()
+            kept = conn.execute(text(f"INSERT INTO {table} VALUES (9)"))
+        with driver.autocommit(engine) as conn:
+            assert list(conn.execute(text(f"SELECT n FROM {table}")).scalars()) == [9]
+        assert (changed.rowcount, kept.rowcount) == (3, 1)
+    finally:
+        with driver.autocommit(engine) as conn:
+            conn.execute(text(f"DROP TABLE {table}"))
 
 
 def test_refused_statement__dbapi_error_rolled_back_connection_kept(engine: Engine) -> None:

@@ -140,3 +140,16 @@ def test_transfer__unknown_source__account_not_found(book: Ledger) -> None:
                       amount_cents=100)
 
     assert book.balance("dst") == 0
+
+
+def test_reads__the_hooks_lookups__answer_what_exists(book: Ledger) -> None:
+    # The tenants of a batch (one statement: an array parameter on PostgreSQL, an
+    # expanding IN on SQLite), one account's tenant, a balance
+    book.open_account("other", "globex", 5)
+
+    assert book.account_tenants(["src", "other", "missing"]) == {"src": "acme", "other": "globex"}
+    assert book.account_tenants([]) == {}
+    assert (book.account_tenant("other"), book.account_tenant("missing")) == ("globex", None)
+    assert book.balance("other") == 5
+    with pytest.raises(AccountNotFound):
+        book.balance("missing")
