@@ -72,6 +72,7 @@ from executor.store.clock import DATABASE_CLOCK, Clock, built_once
 from executor.store.driver import DriverRow, Executes
 from executor.store.intake import add_outbox_row
 from executor.store.ordering import (
+    keyed_state_is,
     release_successors,
     runnable_queued,
     sql_literal,
@@ -221,7 +222,7 @@ def _transition_statement(
         update(operations)
         .where(
             operations.c.operation_id == bindparam("cas_operation_id"),
-            operations.c.state == sql_literal(from_state),
+            keyed_state_is(operations.c.state, from_state),
             *(_FENCES[shape](clock) for shape in fences),
         )
         .values(**sets)
@@ -244,7 +245,7 @@ def _transition_statement(
                 later.c.tenant == cte.c.tenant,
                 later.c.request_id == cte.c.request_id,
                 later.c.position > cte.c.position,
-                later.c.state == sql_literal(State.QUEUED),
+                keyed_state_is(later.c.state, State.QUEUED),
             )
             .label("later_queued")
         )
@@ -372,7 +373,7 @@ def _live_owner(clock: Clock) -> ColumnElement[bool]:
     `fence_owner_token`), and the lease has not expired."""
     return and_(
         operations.c.operation_id == bindparam("cas_operation_id"),
-        operations.c.state == sql_literal(State.STARTED),
+        keyed_state_is(operations.c.state, State.STARTED),
         _FENCES["owner"](clock),
         operations.c.lease_expires_at > clock.now(),
     )
@@ -661,7 +662,7 @@ def renew_many(
             tuple_(operations.c.operation_id, operations.c.generation, operations.c.owner_token).in_(
                 list(held)
             ),
-            operations.c.state == State.STARTED.value,
+            keyed_state_is(operations.c.state, State.STARTED),
             operations.c.lease_expires_at > now,
         )
         .values(lease_expires_at=now + lease_seconds, updated_at=now)
@@ -1040,7 +1041,7 @@ def republish_queued(
             update(operations)
             .where(
                 operations.c.operation_id == operation_id,
-                operations.c.state == State.QUEUED.value,
+                keyed_state_is(operations.c.state, State.QUEUED),
                 operations.c.queued_at < now - older_than_seconds,
             )
             .values(queued_at=now)

@@ -10,15 +10,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import Boolean, Engine, bindparam, func, literal, select, text
+from sqlalchemy import Boolean, Engine, bindparam, event, func, literal, select, text, update
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from executor import store
 from executor.store import driver
 from executor.store.engine import PING_IDLE_ENV, make_engine
-from executor.store.records import Created, NewOperation
-from executor.store.schema import outbox, receipts
 from executor.store.errors import CONNECTION_ERRORS
+from executor.store.records import Created, NewOperation
+from executor.store.schema import operations, outbox, receipts
 from tests.netkit import REFUSED_PASSWORD, refused_database_url, terminate_backend
 
 LEASE = 30.0
@@ -307,3 +307,74 @@ def test_supported__postgresql_psycopg_only(engine: Engine, sqlite_url: str) -> 
         assert not driver.supported(lite)
     finally:
         lite.dispose()
+
+
+# ------------------------------------------------------------------ the plans
+
+
+_PARTIAL_INDEXES = {
+    "ix_toolfence_operations_queued", "ix_toolfence_operations_stale_started",
+    "ix_toolfence_operations_active", "ix_toolfence_operations_retry_wait",
+}
+
+
+def _indexes_in(plan: Any) -> set[str]:
+    found = set()
+    if isinstance(plan, dict):
+        if "Index Name" in plan:
+            found.add(plan["Index Name"])
+        for value in plan.values():
+            found |= _indexes_in(value)
+    elif isinstance(plan, list):
+        for value in plan:
+            found |= _indexes_in(value)
+    return found
+
+
+def _set_state(engine: Engine, ids: list[str], state: str) -> None:
+    with engine.begin() as conn:
+        conn.execute(update(operations).where(operations.c.operation_id.in_(ids)).values(state=state))
+
+
+def test_cas__statistics_say_no_operation_is_queued_or_started__rows_found_by_key(
+    engine: Engine,
+) -> None:
+    # Given 200 queued operations the planner's statistics do not know of: the table
+    # analysed while none of them was queued or started, as between two vacuums of a
+    # busy table (every operation that passed through leaves its index entries)
+    ids = [_register(engine) for _ in range(200)]
+    _set_state(engine, ids, "succeeded")
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql("VACUUM ANALYZE toolfence_operations")
+    _set_state(engine, ids, "queued")
+    sent: list[tuple[str, Any]] = []
+
+    def capture(conn: Any, cursor: Any, statement: str, parameters: Any, *args: Any) -> None:
+        sent.append((statement, parameters))
+
+    # When a worker reserves and completes operations (the statements captured as sent)
+    event.listen(engine, "before_cursor_execute", capture)
+    try:
+        with engine.begin() as conn:
+            won = store.reserve_first(conn, ids[0], "owner-a", LEASE)
+        assert won is not None
+        reservation = sent[-1]
+        _set_state(engine, ids[1:], "started")
+        with engine.begin() as conn:
+            completion = store.complete_counted(
+                conn, ids[0], won[0].generation, "owner-a", INTENT, succeeded=True,
+                receipt="rcpt-1", record_receipt_from="worker",
+            )
+        assert completion.won
+        completed = sent[-1]
+    finally:
+        event.remove(engine, "before_cursor_execute", capture)
+
+    # Then each finds its row by the primary key, never by walking a partial index on
+    # the state, whose statistics say it is empty while it holds every entry
+    with engine.connect() as conn:
+        for statement, parameters in (reservation, completed):
+            plan = conn.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {statement}", parameters).scalar_one()
+            used = _indexes_in(plan)
+            assert "toolfence_operations_pkey" in used, (statement, used)
+            assert not used & _PARTIAL_INDEXES, (statement, used)

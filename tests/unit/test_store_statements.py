@@ -51,7 +51,7 @@ def test_transition_statement__same_shape__one_statement_with_the_values_bound()
     # or literal enum values; the audit event is in the same statement.
     for fragment in (
         "toolfence_operations.operation_id = %(cas_operation_id)s",
-        "toolfence_operations.state = 'started'",
+        "(toolfence_operations.state || '') = 'started'",  # by key, see keyed_state_is
         "toolfence_operations.generation = %(fence_generation)s",
         "toolfence_operations.owner_token = %(fence_owner_token)s",
         "toolfence_operations.intent_hash = %(fence_intent_hash)s",
@@ -77,7 +77,7 @@ def test_transition_statement__settling_on_postgresql__asks_for_queued_later_cal
 
     # One statement: the CAS, its event, and whether a later call of the request waits
     assert "EXISTS (SELECT" in sql and "later.position > moved.position" in sql
-    assert "later.state = 'queued'" in sql and "AS later_queued" in sql
+    assert "(later.state || '') = 'queued'" in sql and "AS later_queued" in sql
     assert "toolfence_receipts" not in sql
 
 
