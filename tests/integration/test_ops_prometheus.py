@@ -197,6 +197,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         else:
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = previous
 
+    # Prometheus first: a machine without it fails here, before a process is started
+    # that nothing would stop.
+    prometheus_binary = tool("prometheus")
     # The exporter, through its real entry point, in its own process.
     exporter_port = free_port()
     exporter_log = base / "exporter.log"
@@ -227,7 +230,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         }],
     }))
     prometheus = subprocess.Popen(
-        [tool("prometheus"), f"--config.file={config}",
+        [prometheus_binary, f"--config.file={config}",
          f"--storage.tsdb.path={base / 'data'}",
          f"--web.listen-address=127.0.0.1:{prometheus_port}",
          "--web.enable-lifecycle"],
