@@ -156,6 +156,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     settings = _settings()
     _engine(settings)
     _registry(settings)  # fail here, not in the first task, when the tools do not load
+    from celery import signals as celery_signals
+
     from executor.worker.celery_app import worker_app
 
     app = worker_app(settings)
@@ -172,8 +174,23 @@ def cmd_worker(args: argparse.Namespace) -> int:
         "--without-mingle",
         "--without-heartbeat",
     ]
-    app.worker_main(argv)
-    return 0
+    # `worker_main` drops the status the worker chose (`app.start` discards what
+    # Celery's command returns), so a worker that stopped on an "Unrecoverable
+    # error" (a broker reset meeting a late ack, in the chaos campaign) exited 0 and
+    # a supervisor restarting on failure only (systemd's Restart=on-failure) left
+    # the fleet a worker short. The status is read off the WorkController itself.
+    controllers: list[Any] = []
+
+    def remember(sender: Any, **_: Any) -> None:
+        controllers.append(sender)
+
+    celery_signals.worker_init.connect(remember, weak=False)
+    try:
+        app.worker_main(argv)
+    finally:
+        celery_signals.worker_init.disconnect(remember)
+    code = controllers[-1].exitcode if controllers else None
+    return code if isinstance(code, int) else 0
 
 
 def cmd_relay(args: argparse.Namespace) -> int:

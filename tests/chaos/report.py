@@ -63,11 +63,13 @@ Fixed (each with a commit and an entry in docs/decisions.md):
 
 Seen and left alone (reported):
 
-- Celery/kombu 5.7 with Redis: a worker's main process can exit with status 0
-  ("Unrecoverable error: AttributeError: 'NoneType' object has no attribute
-  'hostname'") when the broker connection resets while a late ack is sent. The
+- Celery/kombu 5.7 with Redis: a worker's main process can stop ("Unrecoverable
+  error: AttributeError: 'NoneType' object has no attribute 'hostname'") when the
+  broker connection resets while a late ack is sent. It exits with Celery's
+  status 1 (until 2026-12-03 `toolfence worker` dropped that status and exited 0,
+  which a supervisor with `Restart=on-failure` would not have restarted); the
   campaign's supervisor replaces it, as `restart: unless-stopped` does in
-  docker-compose; a supervisor with `Restart=on-failure` would not.
+  docker-compose.
 - A transient database error inside a tool's access rule at run time ends the
   call `permission_denied` (hooks fail closed, `executor/core/admission.py`).
 - A lookup that raises in the reconciler sends the operation to
