@@ -111,7 +111,7 @@ class Relay:
 
         The batch comes first: a pass is usually woken by a producer's NOTIFY, and its
         rows are then published without waiting for the due-retry query (on the
-        enqueue-to-result path of every call; measured in docs/decisions.md). A
+        enqueue-to-result path of every call; docs/decisions/0178, measured in bench/PROFILING.md). A
         promoted retry is still published in the same pass."""
         published = self._publish_batch()
         if self._promote_due_retries():

@@ -7,8 +7,8 @@ work: an execution context, result metadata and `Row` objects, the
 transaction's bookkeeping and, for the autocommit reservation, an isolation
 level set on checkout and reset on checkin. Measured in one process on the
 same statement: 240 µs (a transaction) and 180 µs (autocommit) through
-`Connection`, 75 µs on the pooled driver connection (docs/decisions.md,
-"The reservation and the completion run on the driver's connection").
+`Connection`, 75 µs on the pooled driver connection
+(docs/decisions/0177-the-reservation-and-the-completion-run-on-the-driver-s.md).
 
 So those statements run here: the same SQL (the statement the store built,
 compiled once per statement object by SQLAlchemy's own PostgreSQL compiler),

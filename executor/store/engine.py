@@ -138,7 +138,7 @@ def _ping_when_idle(engine: Engine, idle_seconds: float) -> None:
     in use less than a second ago is alive unless its session was killed in that
     second; then its next statement fails instead of the ping, SQLAlchemy
     invalidates the pool (a disconnect error), and the caller's own handling of
-    a lost connection applies (docs/decisions.md, "Ping only idle connections").
+    a lost connection applies (docs/decisions/0176-ping-only-idle-connections.md).
     A connection that sat longer (a quiet night, a database restarted meanwhile)
     is pinged, and a dead one is replaced before anyone uses it, as before.
     """

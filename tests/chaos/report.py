@@ -35,7 +35,7 @@ DESCRIPTIONS = {
 FINDINGS = """\
 ## What the campaign found
 
-Fixed (each with a commit and an entry in docs/decisions.md):
+Fixed (each with a commit and a record in docs/decisions/: 0039, 0015, 0040 and 0034, in this order):
 
 1. **Duplicate invoice from a paused owner (I1).** A worker SIGSTOPped between
    `ensure_owner()` and its `create_invoice` outlived its lease; the reconciler's

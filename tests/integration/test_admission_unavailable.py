@@ -1,4 +1,4 @@
-"""Admission when a tool's hook loses its connection (docs/decisions.md, Admission).
+"""Admission when a tool's hook loses its connection (docs/decisions/0026).
 
 An access rule, business rule check, approval predicate, resources or impact
 hook that reads a database (the ledger's rule reads the account's tenant, its

@@ -263,7 +263,8 @@ def test_readme__the_two_commands_are_make_targets(target: str) -> None:
 
 # The documents that point readers at files: the README, the decisions, the
 # benchmark and chaos reports (and the template the chaos report is written from).
-DOCUMENTS = [README, ROOT / "docs" / "decisions.md", *sorted((ROOT / "bench").glob("*.md")),
+DOCUMENTS = [README, *sorted((ROOT / "docs" / "decisions").glob("*.md")),
+             *sorted((ROOT / "bench").glob("*.md")),
              ROOT / "tests" / "chaos" / "report.py"]
 _REPO_PATH = re.compile(r"`((?:executor|outbox|reconciler|ledger|ops|tests|bench|docs)/[^`\s]*)`")
 _DOTTED_NAME = re.compile(r"\bexecutor(?:\.[A-Za-z_]\w*)+")
