@@ -61,7 +61,7 @@ def tracked_files() -> list[str]:
         ).stdout.decode("utf-8")
         return [path for path in listed.split("\0") if path and (ROOT / path).is_file()]
     except (OSError, subprocess.CalledProcessError):
-        found = []
+        found: list[str] = []
         for folder, dirs, files in os.walk(ROOT):
             dirs[:] = [d for d in dirs if d not in _SKIPPED_DIRS and not d.endswith(".egg-info")]
             found.extend(str((Path(folder) / name).relative_to(ROOT)) for name in files)
