@@ -2,7 +2,7 @@
 
 Each gate is a pure function of (call, tool, server context) plus the tool's own
 hooks; the first failure ends the call with a `failed_terminal` result and the
-handler is never invoked. Order (DESIGN.md): allowlist → arguments parse →
+handler is never invoked. Order (docs/design.md §Admission): allowlist → arguments parse →
 schema → authorization → business rules → approval. Operation registration,
 the last gate, needs the database and lives in `executor.store`.
 
@@ -745,7 +745,7 @@ def recheck_before_run(
     reraise: tuple[type[BaseException], ...] = (),
 ) -> Refusal | None:
     """After access: the approval requirement and the business rules, again, just
-    before the downstream call (DESIGN.md, Worker). An approval approves an
+    before the downstream call (docs/design.md §Worker). An approval approves an
     intent, not the facts it was shown, so an approved call's rules are checked
     too; a call the *current* policy wants approved runs only with an approval.
     `business_rules=False` skips the rules (the worker's retry of a write whose

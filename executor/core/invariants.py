@@ -1,4 +1,4 @@
-"""Invariants I1–I7 of DESIGN.md, each defined once, over plain records (pure).
+"""Invariants I1–I7 (docs/design.md §Invariants), each defined once, over plain records (pure).
 
 The demo (its database and the ledger's tables), the chaos checker (a history
 file) and the exporter (bounded queries at scrape time) each gather records

@@ -1,4 +1,4 @@
-"""Operation states and the legal transitions between them (pure; DESIGN.md "States")."""
+"""Operation states and the legal transitions between them (pure; docs/design.md §States)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ class ApprovalState(StrEnum):
 
 
 class TurnState(StrEnum):
-    """A turn's state (DESIGN.md "Turns"): `running` until it ends, with
+    """A turn's state (docs/design.md §Turns): `running` until it ends, with
     `waiting_approval` on the way (no owner then: nothing runs until a person
     decides), and `queued` before it when it waits behind the user's running
     turn. The partial unique index counts only `running` turns."""

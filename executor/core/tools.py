@@ -33,7 +33,7 @@ class Mode(StrEnum):
 
 
 class Effect(StrEnum):
-    """What the downstream promises when a write is repeated (DESIGN.md table)."""
+    """What the downstream promises when a write is repeated (docs/design.md §Effect contracts)."""
 
     IDEMPOTENT = "idempotent"
     FENCED = "fenced"

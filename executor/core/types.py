@@ -13,7 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class ErrorCode(StrEnum):
-    """Stable error codes (DESIGN.md). Callers branch on these, never on messages."""
+    """Stable error codes (docs/design.md §Results and error codes).
+
+    Callers branch on these, never on messages."""
 
     UNKNOWN_TOOL = "unknown_tool"
     TOOL_NOT_ALLOWED = "tool_not_allowed"

@@ -205,7 +205,7 @@ def tool_error_failure(
     Terminal `execution_failed` unless the server's structured error says the
     call may be sent again; then retryable `upstream_unavailable`, if
     `may_retry` (a write that is not takeover-safe is never rerun on a third
-    party's word: DESIGN.md, `unsafe`). The server's code is kept as a detail.
+    party's word: docs/design.md §Effect contracts, `unsafe`). The server's code is kept as a detail.
     """
     retryable = structured is not None and structured.retryable and may_retry
     extra: list[ErrorDetail] = []

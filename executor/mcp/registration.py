@@ -68,7 +68,7 @@ _MAX_URI_CHARS = 2_048
 _PREFIX_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 
 # `_meta` keys sent with every call, so a downstream that can dedupe or fence
-# receives what it needs to (DESIGN.md: effect contracts).
+# receives what it needs to (docs/design.md §Effect contracts).
 META_OPERATION_ID = "io.toolfence/operationId"
 META_IDEMPOTENCY_KEY = "io.toolfence/idempotencyKey"
 META_FENCING_TOKEN = "io.toolfence/fencingToken"

@@ -52,7 +52,7 @@ _COMPOSITION = ("allOf", "anyOf", "oneOf", "$ref", "$dynamicRef", "if", "depende
 def effective_input_schema(declared: Mapping[str, Any]) -> dict[str, Any]:
     """The schema toolfence validates against: the declared one, closed to undeclared keys.
 
-    DESIGN.md forbids extra fields at the schema gate, while JSON Schema allows
+    docs/design.md §Admission forbids extra fields at the schema gate, while JSON Schema allows
     them unless told otherwise, and most servers never say. So when the root
     declares neither `additionalProperties` nor `unevaluatedProperties`,
     undeclared top-level keys are refused: with `unevaluatedProperties: false`

@@ -49,7 +49,7 @@ class AdapterErrorCode(StrEnum):
 
     Inbound codes mean the provider's response cannot be turned into correlated
     proposals; outbound codes mean the results cannot be written back so that
-    every proposed call gets exactly one result (DESIGN.md I6).
+    every proposed call gets exactly one result (I6, docs/design.md §Invariants).
     """
 
     # inbound: the response as a whole

@@ -87,7 +87,7 @@ def waiting_on_earlier(
 ) -> ColumnElement[bool]:
     """SQL: the operation must still wait for an earlier call of its request.
 
-    Proposal order, as DESIGN.md states it: reads of a request run in parallel with
+    Proposal order, as docs/design.md §Ordering states it: reads of a request run in parallel with
     each other; a read waits for every earlier write, and a write waits for every
     earlier call — an earlier read too, so a read placed before a write never sees
     it. An earlier call stops blocking once settled (terminal or

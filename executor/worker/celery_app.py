@@ -1,6 +1,6 @@
 """The Celery application: `toolfence.execute(operation_id)` and `toolfence.run_turn(turn_id)`.
 
-Configuration follows DESIGN.md: late acks, reject on worker lost, prefetch 1,
+Configuration follows docs/design.md §Defaults: late acks, reject on worker lost, prefetch 1,
 JSON only, visibility timeout well above the hard time limit. Correctness never
 depends on the broker delivering exactly once: the store's CAS does.
 """

@@ -1,4 +1,4 @@
-"""Lease renewal for the operations a worker process owns (DESIGN.md "Worker").
+"""Lease renewal for the operations a worker process owns (docs/design.md §Worker).
 
 Every TTL/3 the process's one `LeaseKeeper` thread renews every lease it holds in
 one statement (chunks of `RENEW_CHUNK`), each row under the same CAS as a single

@@ -1,4 +1,4 @@
-"""Read a campaign's history and judge it: counts, and each invariant I1–I7 of DESIGN.md.
+"""Read a campaign's history and judge it: counts, and each invariant I1–I7 of docs/design.md §Invariants.
 
 Each invariant is defined once, in `executor.core.invariants`; this module turns
 the history into its records and reports. Definitions (per run):

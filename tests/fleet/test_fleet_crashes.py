@@ -1,4 +1,4 @@
-"""Workers that die or freeze in the middle of a fenced write (DESIGN.md "Worker",
+"""Workers that die or freeze in the middle of a fenced write (docs/design.md §Worker,
 "Downstream", "Completion", "Reconciler"; invariants I1 and I3).
 
 The fenced write is `ledger.transfer`: the ledger refuses a fencing token below

@@ -1,5 +1,5 @@
 """Duplicate delivery on a real fleet: correctness never depends on the broker
-delivering exactly once (DESIGN.md "Defaults"); the reservation CAS does.
+delivering exactly once (docs/design.md §Defaults); the reservation CAS does.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Request ordering on a real fleet: reads in parallel, writes in proposal order.
 
-DESIGN.md: writes of one request run in proposal order, each after the previous
+docs/design.md §Ordering: writes of one request run in proposal order, each after the previous
 one is terminal; reads run in parallel with each other; a read placed after a
 write runs once that write is terminal, so it sees it. A write whose predecessor
 did not succeed is not run and ends `predecessor_failed`. Results correlate by

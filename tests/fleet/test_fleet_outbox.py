@@ -1,6 +1,6 @@
 """The transactional outbox on a real fleet: nothing escapes a rolled-back
 transaction, and a relay that crashes or runs twice never makes an operation run
-twice (DESIGN.md "Outbox", "Relay").
+twice (docs/design.md §Outbox, §Relay).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What the worker decides at run time: current access policy, and retries.
 
-DESIGN.md: access is checked again just before running, against current policy
+docs/design.md §Worker: access is checked again just before running, against current policy
 (a revoked permission fails closed, the handler never runs); a retryable
 failure goes to `retry_wait` with backoff on the database clock and runs again
 within the tool's budget, then ends `retry_budget_exhausted`.

@@ -1,4 +1,4 @@
-"""The worker's re-check just before the downstream call (DESIGN.md, Worker).
+"""The worker's re-check just before the downstream call (docs/design.md §Worker).
 
 Each test admits a call through the real producer (`enqueue`), changes the world
 between admission and execution (a balance spent, a policy changed, a role

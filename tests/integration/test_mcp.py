@@ -276,7 +276,7 @@ def test_register__time_server__prefixed_tools_with_server_schema_and_app_polici
     schema = tool.input_model.model_json_schema()
     assert schema["required"] == ["timezone"]
     assert schema["properties"]["timezone"]["type"] == "string"
-    # Undeclared keys are closed off, as DESIGN.md requires of every input model.
+    # Undeclared keys are closed off, as docs/design.md §Declaring a tool requires of every input model.
     assert schema["unevaluatedProperties"] is False
     assert tool.input_model.model_config.get("extra") == "forbid"
 

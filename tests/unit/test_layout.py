@@ -1,6 +1,6 @@
 """The package layout's rules, checked statically over every module's imports.
 
-DESIGN.md ("Layout"): dependencies point down. Pure `executor/core` imports no
+docs/design.md §Layout: dependencies point down. Pure `executor/core` imports no
 database, broker or HTTP library and no other part of toolfence; `providers`
 and `mcp` import only `core`; nothing but `cli` imports `ledger`. And: the
 reconciler never loads the worker, and the clock never imports the engine
@@ -298,7 +298,7 @@ def test_turns__pure_parts_import_no_database_or_broker_library() -> None:
 
 
 def test_ledger__imported_by_nothing_but_cli() -> None:
-    # DESIGN.md: "nothing but `cli` imports `ledger`" (outbox and reconciler included).
+    # docs/design.md §Layout: "nothing but `cli` imports `ledger`" (outbox and reconciler included).
     violations = [
         i for i in all_imports()
         if is_within(i.module, ["ledger"])

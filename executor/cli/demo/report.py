@@ -410,7 +410,7 @@ def render(
                       "not injected by the demo; each was replaced (see the line printed when it happened)")
 
     table.add_section()
-    table.add_row(Text("Invariants (DESIGN.md)", style="bold"), "", "")
+    table.add_row(Text("Invariants (docs/design.md §Invariants)", style="bold"), "", "")
     for check in figures.checks:
         verdict = Text("PASS", style="bold green") if check.passed else Text("FAIL", style="bold red")
         table.add_row(f"  {check.code} {check.title}", verdict, check.evidence)

@@ -22,7 +22,7 @@ What it does, in order:
    inside a fenced write, keeps it stopped until a new generation has taken the
    operation over and finished it, and SIGCONTs it: the ledger's fence refuses
    the stale write.
-5. Once quiet, checks invariants I1–I7 of DESIGN.md from the database and the
+5. Once quiet, checks invariants I1–I7 (docs/design.md §Invariants) from the database and the
    ledger's own records.
 6. Runs one scripted multi-step durable turn and SIGKILLs the worker holding it
    right after its step 2 checkpoint (`executor/cli/demo/turn.py`); the turn is

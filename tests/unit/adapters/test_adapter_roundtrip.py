@@ -1,7 +1,7 @@
 """Round trip on every surface: SDK-built response → proposals → results finished
 in any order with any mix of failures → write-back → read back.
 
-Property (DESIGN.md I6): every proposal gets exactly one result, matched by its
+Property (I6, docs/design.md §Invariants): every proposal gets exactly one result, matched by its
 call id (or, for a Gemini call the model gave no id, by position and name, as
 the API matches it), never by the position the result arrived in.
 """
