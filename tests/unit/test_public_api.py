@@ -228,6 +228,8 @@ def test_python_blocks__named_by_document_and_line() -> None:
 
 def test_docs__python_blocks_import_toolfence_only_from_executor() -> None:
     blocks = [block for document in DOCUMENTS for block in _python_blocks(document)]
+    # The README's own example and the chapters' both teach the facade
     assert any("from executor import" in code for where, code in blocks if where.startswith("README.md:"))
+    assert any("from executor import" in code for where, code in blocks if where.startswith("docs/"))
     offending = {where: internal_imports(code) for where, code in blocks if internal_imports(code)}
     assert not offending, f"import these names from `executor`: {offending}"

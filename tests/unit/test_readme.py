@@ -17,9 +17,9 @@ blocks and the HTML comment on the line right before each:
 The order: the README's blocks first, then each chapter's, in the order of
 RUN_ORDER (the order of the README's map of the docs), each file's in document
 order, all in the same directory: a chapter may build on what the README or
-an earlier chapter set up. A docs file with a runnable block that RUN_ORDER
-does not list fails the test, so no block stops running unnoticed. Failures
-name file:line.
+an earlier chapter set up (docs/turns.md uses the accounts docs/producers.md
+opens). A docs file with a runnable block that RUN_ORDER does not list fails
+the test, so no block stops running unnoticed. Failures name file:line.
 
 No server is needed; the demo itself is covered by tests/fleet/test_demo.py.
 """
@@ -41,7 +41,21 @@ ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 # The order runnable blocks run in, one after another in one directory (see above).
-RUN_ORDER = ("README.md",)
+RUN_ORDER = (
+    "README.md",
+    "docs/tools.md",
+    "docs/producers.md",
+    "docs/turns.md",
+    "docs/http.md",
+    "docs/errors.md",
+    "docs/fleet.md",
+    "docs/configuration.md",
+    "docs/metrics.md",
+    "docs/providers.md",
+    "docs/hostile-input.md",
+    "docs/guarantees.md",
+    "docs/development.md",
+)
 VENV_BIN = Path(sys.executable).parent
 SHELLS = {"bash", "sh", "console"}
 KNOWN_NEEDS = {"postgres", "redis", "rabbitmq", "docker", "long-running"}
