@@ -327,6 +327,80 @@ def test_readme__the_two_commands_are_make_targets(target: str) -> None:
     assert f"make {target}" in readme()
 
 
+# ------------------------------------------------------------------ the front door and its map
+
+README_MAX_LINES = 600
+
+
+def _slug(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces as hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def _anchors(text: str) -> set[str]:
+    """The anchors of a document's headings, outside fenced blocks (repeats get -1, -2, ...)."""
+    found: set[str] = set()
+    fenced = False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        heading = None if fenced else re.match(r"#{1,6} (.+)", line)
+        if heading:
+            slug, counter = _slug(heading.group(1)), 0
+            while (slug if not counter else f"{slug}-{counter}") in found:
+                counter += 1
+            found.add(slug if not counter else f"{slug}-{counter}")
+    return found
+
+
+def test_slug__the_anchors_github_gives() -> None:
+    assert _slug("What `make demo` shows") == "what-make-demo-shows"
+    assert _slug("Approved set = changed set") == "approved-set--changed-set"
+    assert _slug("HTTP API and operator console (`toolfence serve`)") == (
+        "http-api-and-operator-console-toolfence-serve"
+    )
+    assert _anchors("# A\n```bash\n# not a heading\n```\n## A\n") == {"a", "a-1"}
+
+
+def test_readme__is_a_front_door_with_a_contents_list() -> None:
+    lines = readme().splitlines()
+    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines; move a chapter to docs/"
+    assert "## Contents" in lines
+    contents = readme().split("## Contents", 1)[1].split("\n## ", 1)[0]
+    # the contents list names every section of the README
+    linked = set(re.findall(r"\]\(#([^)]+)\)", contents))
+    sections = {_slug(line[3:]) for line in lines if line.startswith("## ") and line != "## Contents"}
+    assert sections and sections <= linked, f"sections missing from the contents: {sorted(sections - linked)}"
+
+
+def test_docs__links_within_a_document_reach_one_of_its_headings() -> None:
+    for path in documents():
+        text = path.read_text(encoding="utf-8")
+        targets = set(re.findall(r"\]\(#([^)]+)\)", text))
+        missing = sorted(targets - _anchors(text))
+        assert not missing, f"{path.relative_to(ROOT)} links to headings it does not have: {missing}"
+
+
+def test_readme__links_to_the_chapters_it_moved_into_docs() -> None:
+    linked = set(re.findall(r"\]\((docs/[^)#]+)", readme()))
+    # every file in docs/ except images, and the index of the decisions
+    files = {str(p.relative_to(ROOT)) for p in DOCS.iterdir() if p.is_file() and p.suffix in {".md", ".json"}}
+    files |= {str(p.relative_to(ROOT)) for p in DOCS.glob("*/README.md")}
+    files -= {"docs/decisions.md"}  # replaced by docs/decisions/README.md, which the map links
+    assert {relative for relative in RUN_ORDER if relative != "README.md"} <= files
+    assert not files - linked, f"docs the README's map does not link: {sorted(files - linked)}"
+
+
+def test_docs__each_chapter_starts_with_a_title_and_an_introduction() -> None:
+    for relative in RUN_ORDER[1:]:
+        lines = (ROOT / relative).read_text(encoding="utf-8").splitlines()
+        assert lines[0].startswith("# ") and not lines[1].strip(), f"{relative}: a title first"
+        assert lines[2].strip() and not lines[2].startswith(("#", "-", "|", "<!--", "```")), (
+            f"{relative}: a paragraph saying what the chapter holds, after its title"
+        )
+
+
 # ------------------------------------------------------------------ paths and modules it names
 
 # The documents that point readers at files: the README, everything in docs/
