@@ -1,6 +1,6 @@
 """`executor` is the public API: every name it promises resolves, to where it says,
 the three lists in executor/__init__.py agree, the pure modules load no heavy
-library through it, and the README teaches only this import.
+library through it, and the README and the chapters in docs/ teach only this import.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ import executor
 ROOT = Path(__file__).resolve().parents[2]
 FACADE = ROOT / "executor" / "__init__.py"
 README = ROOT / "README.md"
+# The documents whose python blocks teach the API: the README and every docs/*.md.
+DOCUMENTS = [README, *sorted((ROOT / "docs").glob("*.md"))]
 
 PURE_MODULES = (
     "executor.core.admission",
@@ -170,7 +172,7 @@ def test_heavy_library_probe__sees_what_the_store_loads() -> None:
     assert "sqlalchemy" in _heavy_libraries_loaded_by("executor.store.engine")
 
 
-# ------------------------------------------------------------------ the README teaches the facade
+# ------------------------------------------------------------------ the documents teach the facade
 
 _IMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+import\b|import\s+([\w.]+(?:\s*,\s*[\w.]+)*))", re.M)
 
@@ -202,25 +204,32 @@ def test_internal_imports__flags_submodules_and_outbox_not_the_facade_or_ledger(
     assert internal_imports(code) == ["executor.core.tools", "outbox.producer", "reconciler.sweep"]
 
 
-def _python_blocks() -> list[tuple[int, str]]:
-    lines = README.read_text(encoding="utf-8").splitlines()
-    blocks: list[tuple[int, str]] = []
+def _python_blocks(document: Path) -> list[tuple[str, str]]:
+    """(`path:line` of the opening fence, code) for each python block of a document."""
+    lines = document.read_text(encoding="utf-8").splitlines()
+    name = document.relative_to(ROOT)
+    blocks: list[tuple[str, str]] = []
     index = 0
     while index < len(lines):
         if re.fullmatch(r"```python\s*", lines[index]):
             end = index + 1
             while end < len(lines) and lines[end].rstrip() != "```":
                 end += 1
-            blocks.append((index + 1, "\n".join(lines[index + 1 : end])))
+            blocks.append((f"{name}:{index + 1}", "\n".join(lines[index + 1 : end])))
             index = end
         index += 1
     return blocks
 
 
-def test_readme__python_blocks_import_toolfence_only_from_executor() -> None:
-    blocks = _python_blocks()
-    assert blocks and any("from executor import" in code for _, code in blocks)
-    offending = {
-        f"README.md:{line}": internal_imports(code) for line, code in blocks if internal_imports(code)
-    }
+def test_python_blocks__named_by_document_and_line() -> None:
+    blocks = _python_blocks(README)
+    assert blocks and all(where.startswith("README.md:") for where, _ in blocks)
+
+
+def test_docs__python_blocks_import_toolfence_only_from_executor() -> None:
+    blocks = [block for document in DOCUMENTS for block in _python_blocks(document)]
+    # The README's own example and the chapters' both teach the facade
+    assert any("from executor import" in code for where, code in blocks if where.startswith("README.md:"))
+    assert any("from executor import" in code for where, code in blocks if where.startswith("docs/"))
+    offending = {where: internal_imports(code) for where, code in blocks if internal_imports(code)}
     assert not offending, f"import these names from `executor`: {offending}"
