@@ -35,9 +35,6 @@ SECTIONS = (
 )
 # How a text shows the citation form itself (`docs/design.md §<Section>`).
 PLACEHOLDER = "<Section>"
-# Files whose rewrite belongs to other work of the same change; until it lands they
-# may still name the old contract file.
-NOT_YET_MIGRATED = frozenset({"README.md", "docs/decisions.md"})
 # The old contract's file name, spelt in two parts so that this file does not contain it.
 OLD_CONTRACT = "DESIGN" + ".md"
 # The glossary must define at least these.
@@ -188,11 +185,8 @@ def test_citations__a_made_up_section__is_refused() -> None:
 
 
 def test_no_tracked_file__names_the_old_contract_file() -> None:
-    # Given every tracked file but those other work rewrites
-    offenders = [
-        path for path in tracked_files()
-        if path not in NOT_YET_MIGRATED and OLD_CONTRACT.encode() in (ROOT / path).read_bytes()
-    ]
+    # Given every tracked file
+    offenders = [path for path in tracked_files() if OLD_CONTRACT.encode() in (ROOT / path).read_bytes()]
     # Then none cites the contract that is not in the repository
     assert offenders == []
 

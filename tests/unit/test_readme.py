@@ -387,7 +387,6 @@ def test_readme__links_to_the_chapters_it_moved_into_docs() -> None:
     # every file in docs/ except images, and the index of the decisions
     files = {str(p.relative_to(ROOT)) for p in DOCS.iterdir() if p.is_file() and p.suffix in {".md", ".json"}}
     files |= {str(p.relative_to(ROOT)) for p in DOCS.glob("*/README.md")}
-    files -= {"docs/decisions.md"}  # replaced by docs/decisions/README.md, which the map links
     assert {relative for relative in RUN_ORDER if relative != "README.md"} <= files
     assert not files - linked, f"docs the README's map does not link: {sorted(files - linked)}"
 
