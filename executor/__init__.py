@@ -32,6 +32,10 @@ module does not pull in SQLAlchemy, Celery or an SDK through this file.
 - Turns: `start_turn`, `get_turn`, `TurnHandle`, `TurnInProgress`, `TurnOptions`,
   `TurnState`; drivers: `Driver`, `DriverError`, `ScriptedDriver`, `load_driver`,
   `ModelRequest`, `ModelResponse`, `Usage`.
+- Errors: `ToolfenceError`, the base of every error toolfence raises, and its
+  kinds `ConfigurationError`, `AdmissionError`, `StoreError`, `ProviderError`,
+  `TurnError`, `HttpError`, `WorkerError`, `CommandError` (catch the base, branch
+  on the kind). What a tool raises (`ToolFailure` and the rest above) is not one.
 """
 
 from __future__ import annotations
@@ -94,6 +98,17 @@ if TYPE_CHECKING:
         ServerContext,
         Succeeded,
         ToolError,
+    )
+    from executor.errors import (
+        AdmissionError,
+        CommandError,
+        ConfigurationError,
+        HttpError,
+        ProviderError,
+        StoreError,
+        ToolfenceError,
+        TurnError,
+        WorkerError,
     )
     from executor.mcp import (
         ToolPolicy,
@@ -238,6 +253,15 @@ _EXPORTS: dict[str, str] = {
     "Surface": "executor.providers",
     "decode_tool_name": "executor.providers",
     "encode_tool_name": "executor.providers",
+    "AdmissionError": "executor.errors",
+    "CommandError": "executor.errors",
+    "ConfigurationError": "executor.errors",
+    "HttpError": "executor.errors",
+    "ProviderError": "executor.errors",
+    "StoreError": "executor.errors",
+    "ToolfenceError": "executor.errors",
+    "TurnError": "executor.errors",
+    "WorkerError": "executor.errors",
     "ToolPolicy": "executor.mcp",
     "register_mcp_server": "executor.mcp",
     "TurnState": "executor.core.states",
@@ -257,6 +281,7 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = [
     "Access",
+    "AdmissionError",
     "AdmissionUnavailable",
     "AdapterError",
     "Approval",
@@ -269,6 +294,8 @@ __all__ = [
     "CallHandle",
     "CallResult",
     "CallStatus",
+    "CommandError",
+    "ConfigurationError",
     "Driver",
     "DriverError",
     "Effect",
@@ -281,6 +308,7 @@ __all__ = [
     "HostedCalls",
     "HostedPolicy",
     "HostedServer",
+    "HttpError",
     "InvalidBatch",
     "InvalidIdentifier",
     "InvalidResult",
@@ -295,6 +323,7 @@ __all__ = [
     "Observed",
     "Pending",
     "ProposedCall",
+    "ProviderError",
     "Registry",
     "RetryPolicy",
     "RetryableError",
@@ -308,6 +337,7 @@ __all__ = [
     "StaleFencingToken",
     "State",
     "StoreDatabaseError",
+    "StoreError",
     "Succeeded",
     "Surface",
     "TerminalError",
@@ -317,11 +347,14 @@ __all__ = [
     "ToolError",
     "ToolFailure",
     "ToolPolicy",
+    "ToolfenceError",
+    "TurnError",
     "TurnHandle",
     "TurnInProgress",
     "TurnOptions",
     "TurnState",
     "Usage",
+    "WorkerError",
     "Written",
     "decode_tool_name",
     "default_operation_id",

@@ -38,6 +38,7 @@ from executor.core.strictjson import (
 )
 from executor.core.tools import Registry, Tool, ToolFailure
 from executor.core.types import ErrorCode, ErrorDetail, FailedTerminal, ProposedCall, ServerContext
+from executor.errors import AdmissionError
 
 DEFAULT_MAX_ARGUMENT_BYTES = 64 * 1024
 DEFAULT_MAX_ARGUMENT_DEPTH = 32
@@ -88,7 +89,7 @@ class Admitted:
     approved_resources: frozenset[str] | None = None
 
 
-class Rejected(Exception):
+class Rejected(AdmissionError):
     """Internal control flow between gates; `result` is what the caller sees."""
 
     def __init__(self, result: FailedTerminal, gate: Gate) -> None:
@@ -104,7 +105,7 @@ _HOOKS = {
 }
 
 
-class AdmissionUnavailable(Exception):
+class AdmissionUnavailable(AdmissionError):
     """A tool's access rule, business rule check, approval predicate, resources or
     impact hook raised one of `admit`'s `reraise` exceptions (the producer's:
     `CONNECTION_ERRORS`, it lost its connection to what it reads): it decided

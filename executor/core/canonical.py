@@ -13,8 +13,10 @@ from typing import Any
 
 import rfc8785
 
+from executor.errors import AdmissionError
 
-class NotCanonicalizable(ValueError):
+
+class NotCanonicalizable(AdmissionError, ValueError):
     """The value has no RFC 8785 form (an integer beyond 2**53, NaN, a non-JSON type)."""
 
 

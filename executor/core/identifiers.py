@@ -19,6 +19,7 @@ import hashlib
 from enum import StrEnum
 
 from executor.core.types import ServerContext
+from executor.errors import AdmissionError
 
 MAX_IDENTIFIER_CHARS = 200
 """The length of every identifier column (`String(200)`): the check and the schema agree."""
@@ -52,7 +53,7 @@ class IdentifierField(StrEnum):
     ROLE = "roles"
 
 
-class InvalidIdentifier(ValueError):
+class InvalidIdentifier(AdmissionError, ValueError):
     """A request-level identifier (tenant, principal, request id, …) breaks the
     contract. Raised before anything is written; the message never quotes the
     value (it may be a secret, or text written to mislead an operator)."""

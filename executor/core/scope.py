@@ -18,6 +18,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from executor.errors import AdmissionError
+
 # Admission refuses a declared set larger than this: the approver must be able to
 # read it, and the worker keeps it on the operation for the handler.
 MAX_DECLARED_RESOURCES = 1000
@@ -26,7 +28,7 @@ MAX_RESOURCE_ID_LENGTH = 200
 RECORDED_IDS_CAP = 100
 
 
-class InvalidResourceSet(ValueError):
+class InvalidResourceSet(AdmissionError, ValueError):
     """A `resources` hook returned something that is not a set of resource ids."""
 
 

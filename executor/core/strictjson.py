@@ -19,6 +19,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from executor.errors import AdmissionError
+
 
 def _json_depth_exceeds(text: str, limit: int) -> bool:
     """Nesting depth of JSON text, without recursing (a hostile input cannot blow the stack)."""
@@ -60,11 +62,12 @@ def _value_depth_exceeds(value: Any, limit: int) -> bool:
 
 
 class _DuplicateKey(ValueError):
-    pass
+    """Control flow of the JSON parsers' hooks, turned into a refusal by their callers;
+    never reaches a user, so not a `ToolfenceError`."""
 
 
 class _NonFinite(ValueError):
-    pass
+    """Control flow, like `_DuplicateKey`: not a `ToolfenceError`."""
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -90,7 +93,7 @@ def _finite_float(literal: str) -> float:
     return value
 
 
-class StrictJSONError(ValueError):
+class StrictJSONError(AdmissionError, ValueError):
     """Untrusted JSON text refused; `code` says why, the message never quotes it."""
 
     def __init__(self, code: str, message: str) -> None:

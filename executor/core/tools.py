@@ -23,6 +23,7 @@ from executor.core.approvers import ApproverPolicy
 from executor.core.budgets import ToolBudget
 from executor.core.sanitize import ERROR_MESSAGE_MAX_CHARS, sanitize_error_text, sanitize_json
 from executor.core.types import ErrorCode, ErrorDetail, ServerContext
+from executor.errors import AdmissionError, ConfigurationError, WorkerError
 
 ArgsT = TypeVar("ArgsT", bound=BaseModel)
 
@@ -41,7 +42,7 @@ class Effect(StrEnum):
     UNSAFE = "unsafe"
 
 
-class ToolDeclarationError(Exception):
+class ToolDeclarationError(ConfigurationError):
     """A tool was declared without a safety-relevant field, or inconsistently."""
 
 
@@ -111,7 +112,7 @@ class StaleFencingToken(Exception):
         self.highest = highest
 
 
-class InvalidResult(ValueError):
+class InvalidResult(WorkerError, ValueError):
     """A tool's value does not fit its output model, or its projection failed."""
 
 
@@ -491,7 +492,7 @@ class Tool(Generic[ArgsT]):
 RoleResolver = Callable[[ServerContext], Iterable[str]]
 
 
-class RoleResolutionFailed(Exception):
+class RoleResolutionFailed(AdmissionError):
     """The application's role resolver raised: whoever asked must fail closed."""
 
 

@@ -91,6 +91,8 @@ def _no_constant(name: str) -> Any:
 
 
 class _Refused(ValueError):
+    """Control flow inside this module, answered as a problem; not a `ToolfenceError`."""
+
     def __init__(self, code: str, expected: str) -> None:
         super().__init__(code)
         self.code = code

@@ -23,6 +23,7 @@ from argon2.exceptions import InvalidHashError, VerificationError
 from sqlalchemy import Connection, Engine
 
 from executor.core.types import ServerContext
+from executor.errors import HttpError
 from executor.store.api_keys import ApiKeyRecord, api_key, insert_api_key
 from executor.store.engine import read_only
 
@@ -65,7 +66,7 @@ class Identity:
         return bool(self.scopes & set(scopes))
 
 
-class KeyRefused(Exception):
+class KeyRefused(HttpError):
     """The presented key is not one (malformed, unknown, wrong secret) or revoked."""
 
     def __init__(self, reason: str) -> None:

@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from executor.core.types import ErrorCode
+from executor.errors import HttpError
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 
@@ -54,7 +55,7 @@ class Problem(BaseModel):
     errors: list[ProblemDetail] = []
 
 
-class ProblemError(Exception):
+class ProblemError(HttpError):
     """Raised by a handler: answered as problem+json with `status` and `code`."""
 
     def __init__(

@@ -33,6 +33,7 @@ from executor.core.types import (
     Succeeded,
     ToolError,
 )
+from executor.errors import ProviderError
 
 ToolResult: TypeAlias = Succeeded | FailedRetryable | FailedTerminal
 """A terminal result: the only kind an adapter writes back to a model."""
@@ -78,7 +79,7 @@ class AdapterErrorCode(StrEnum):
     TOOL_NAME_COLLISION = "tool_name_collision"
 
 
-class AdapterError(Exception):
+class AdapterError(ProviderError):
     """An envelope the adapter refuses as a whole. Branch on `code`, never on the text.
 
     `call_id` names the offending call when there is one; it is model-chosen
@@ -607,7 +608,8 @@ _STRICT_FORMATS = frozenset(
 
 
 class _NotStrict(Exception):
-    """Internal: the schema needs something strict mode cannot express."""
+    """Internal: the schema needs something strict mode cannot express. Control flow
+    inside this module, never raised to a caller, so not a `ToolfenceError`."""
 
 
 def _allows_null(node: Mapping[str, Any]) -> bool:

@@ -10,14 +10,15 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
 
+from executor.errors import ConfigurationError
 from executor.store.engine import normalize_url
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 VERSION_TABLE = "toolfence_alembic_version"
 
 
-class SchemaNotReady(RuntimeError):
-    pass
+class SchemaNotReady(ConfigurationError, RuntimeError):
+    """The database's schema is not the one this code needs: run `toolfence migrate`."""
 
 
 def _config(url: str) -> Config:

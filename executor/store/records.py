@@ -10,9 +10,8 @@ from executor.core.approvers import ApproverRefusal
 from executor.core.states import ApprovalState, State
 from executor.core.tools import Mode
 
-
-class StoreError(Exception):
-    pass
+# The store's kind of error, defined with the family; importable from here as before.
+from executor.errors import StoreError as StoreError
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,7 @@ from sqlalchemy.engine import make_url
 
 from executor.core import invariants
 from executor.core.states import ACTIVE, SETTLED, ApprovalState, State
+from executor.errors import ConfigurationError
 from executor.settings import Settings, SettingsError
 from executor.store.clock import db_now
 from executor.store.engine import make_engine, normalize_url
@@ -364,8 +365,8 @@ def read_snapshot(conn: Connection, config: ExporterConfig) -> DatabaseSnapshot:
 # ------------------------------------------------------------------- engine
 
 
-class DatabaseMissing(RuntimeError):
-    pass
+class DatabaseMissing(ConfigurationError, RuntimeError):
+    """The SQLite database file to scrape does not exist (connecting would create it)."""
 
 
 def make_scrape_engine(url: str, config: ExporterConfig) -> Engine:

@@ -29,10 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from executor.errors import TurnError
 from executor.turns.values import JSON_MODE, ModelRequest, ModelResponse, Usage
 
 
-class DriverError(Exception):
+class DriverError(TurnError):
     """The driver could not answer (network, provider error, no scripted line).
     `retryable`: worth another attempt; `code` is stable for the turn's record."""
 

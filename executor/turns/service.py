@@ -17,6 +17,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
 
 from executor.core.types import ErrorCode, ServerContext
+from executor.errors import TurnError
 from executor.store import turns as turn_store
 from executor.store.engine import read_only
 from executor.turns.contract import proposals_from_json
@@ -26,7 +27,7 @@ SCOPES = ("principal", "conversation")
 WHEN_BUSY = ("refuse", "queue")
 
 
-class TurnInProgress(Exception):
+class TurnInProgress(TurnError):
     """The user (or conversation) already has a running turn: nothing was written."""
 
     code = ErrorCode.TURN_IN_PROGRESS

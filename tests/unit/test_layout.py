@@ -41,26 +41,30 @@ HTTP_LIBRARIES = (
 # executor's parts, and the parts of toolfence each may import (its own included).
 # `executor` is the public facade (executor/__init__.py), above every part.
 LAYERS: dict[str, set[str]] = {
-    "executor.core": {"executor.core"},
-    "executor.settings": {"executor.core", "executor.settings"},
-    "executor.store": {"executor.core", "executor.settings", "executor.store"},
-    "executor.providers": {"executor.core", "executor.providers"},
-    "executor.mcp": {"executor.core", "executor.mcp"},
-    "executor.telemetry": {"executor.core", "executor.settings", "executor.store", "executor.telemetry"},
+    # `executor.errors` is a leaf (it imports nothing of toolfence): every part may raise its kinds.
+    "executor.errors": {"executor.errors"},
+    "executor.core": {"executor.core", "executor.errors"},
+    "executor.settings": {"executor.core", "executor.errors", "executor.settings"},
+    "executor.store": {"executor.core", "executor.errors", "executor.settings", "executor.store"},
+    "executor.providers": {"executor.core", "executor.errors", "executor.providers"},
+    "executor.mcp": {"executor.core", "executor.errors", "executor.mcp"},
+    "executor.telemetry": {
+        "executor.core", "executor.errors", "executor.settings", "executor.store", "executor.telemetry",
+    },
     # The turn package: its pure parts (below) read no database or broker; `service`
     # (start_turn, get_turn) stands on the store and reads results through outbox.producer.
     "executor.turns": {
-        "executor.core", "executor.settings", "executor.store", "executor.telemetry", "executor.providers",
-        "executor.turns", "outbox.producer",
+        "executor.core", "executor.errors", "executor.settings", "executor.store", "executor.telemetry",
+        "executor.providers", "executor.turns", "outbox.producer",
     },
     # The turn job runs the loop: it enqueues a step's calls (outbox.producer).
     "executor.worker": {
-        "executor.core", "executor.settings", "executor.store", "executor.telemetry", "executor.worker",
-        "executor.providers", "executor.turns", "outbox.producer",
+        "executor.core", "executor.errors", "executor.settings", "executor.store", "executor.telemetry",
+        "executor.worker", "executor.providers", "executor.turns", "outbox.producer",
     },
     # `toolfence serve`: admits through the producer API, decides through the store.
     "executor.http": {
-        "executor.core", "executor.settings", "executor.store", "executor.telemetry",
+        "executor.core", "executor.errors", "executor.settings", "executor.store", "executor.telemetry",
         "executor.providers", "executor.turns", "executor.http", "outbox",
     },
     "executor.cli": {"executor", "outbox", "reconciler", "ledger"},  # the top: anything

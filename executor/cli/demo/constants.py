@@ -7,6 +7,7 @@ import time
 from types import FrameType
 
 from executor.core.types import ServerContext
+from executor.errors import CommandError
 
 EXIT_OK = 0
 EXIT_INVARIANT_FAILED = 1
@@ -45,12 +46,15 @@ DENIER = ServerContext(
 )
 
 
-class DemoError(Exception):
+class DemoError(CommandError):
     """Something the user can fix; printed as one line."""
 
 
 class _Terminated(BaseException):
-    """SIGTERM, raised in the main thread so the same cleanup runs as for Ctrl-C."""
+    """SIGTERM, raised in the main thread so the same cleanup runs as for Ctrl-C.
+
+    A `BaseException` like `KeyboardInterrupt`, so no `except Exception` (nor
+    `except ToolfenceError`) swallows it: deliberately outside the error family."""
 
 
 class StopRequest:
