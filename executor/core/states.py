@@ -61,7 +61,7 @@ LEGAL_TRANSITIONS: frozenset[tuple[State | None, State]] = frozenset(
         (State.PENDING_APPROVAL, State.PENDING_APPROVAL),  # refuse_approver
         (State.PENDING_APPROVAL, State.FAILED_TERMINAL),  # deny, expire_approval
         (State.QUEUED, State.STARTED),  # reserve
-        # Never ran: predecessor failed, or approval invalidated before reservation.
+        # Never ran: its predecessor failed.
         (State.QUEUED, State.FAILED_TERMINAL),  # fail_unstarted
         (State.STARTED, State.STARTED),  # take_over (lease expired, new generation)
         (State.STARTED, State.SUCCEEDED),  # complete, record_lookup_result

@@ -284,7 +284,7 @@ def _declared_effects(name: str, effect: object) -> frozenset[Effect]:
 
 
 class Tool(Generic[ArgsT]):
-    """A declared tool. Use keyword arguments; see the README for each field."""
+    """A declared tool. Use keyword arguments; docs/tools.md ("What each field is for") says what each is."""
 
     def __init__(
         self,

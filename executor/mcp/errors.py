@@ -161,7 +161,7 @@ def protocol_failure(jsonrpc_code: int, server_message: str) -> McpCallFailure:
 
 
 # `isError` results may say, in `structuredContent.error`, what kind of failure
-# it was and whether sending the call again is safe (README, "MCP"):
+# it was and whether sending the call again is safe (docs/providers.md, "MCP servers as toolfence tools"):
 #     {"error": {"code": "rate_limited", "retryable": true, "message": "..."}}
 # `code` is the server's own stable name; it is kept only if it looks like one.
 _SERVER_ERROR_CODE = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
