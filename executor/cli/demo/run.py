@@ -64,6 +64,7 @@ from executor.cli.demo.place import Place, prepare_place, teardown_place
 from executor.cli.demo.report import _n, gather, model_view, render
 from executor.cli.demo.turn import run_turn
 from executor.cli.demo.workload import DemoRequest, build_workload, split_waves
+from executor.settings import Settings, current, using
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -113,7 +114,8 @@ def _environment(values: Mapping[str, str]) -> Iterator[None]:
     saved = {key: os.environ.get(key) for key in values}
     os.environ.update(values)
     try:
-        yield
+        with using(Settings.from_env()):
+            yield
     finally:
         for key, value in saved.items():
             if value is None:
@@ -144,7 +146,7 @@ def run_demo(
     outcome = EXIT_INVARIANT_FAILED
     with _signals_raise():
         try:
-            place = prepare_place(os.environ)
+            place = prepare_place(current())
             with _environment(place.fleet_env(lease_seconds)):
                 run = DemoRun(console, place, requests, workers, lease_seconds)
                 with demo_console(place, console, serve_port) as served:
