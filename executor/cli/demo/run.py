@@ -111,17 +111,14 @@ def _signals_ignored() -> Iterator[None]:
 @contextmanager
 def _environment(values: Mapping[str, str]) -> Iterator[None]:
     """The producer side (this process) reads the same settings as the fleet."""
-    saved = {key: os.environ.get(key) for key in values}
+    saved = os.environ.copy()
     os.environ.update(values)
     try:
         with using(Settings.from_env()):
             yield
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def _error_console() -> Console:
