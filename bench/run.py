@@ -731,7 +731,7 @@ def count_round_trips(engine: Engine, n: int = 50) -> dict[str, float]:
         out["relay statements/op"] = counts["statements"] / max(1, len(published))
         out["relay commits/op"] = counts["commits"] / max(1, len(published))
         settings = Settings.from_env()
-        runner = OperationRunner(settings, load_registry(settings.tools_module), engine)
+        runner = OperationRunner(settings, load_registry("ledger.tools:registry"), engine)  # enqueue_one's
         counts.update(statements=0, commits=0)
         from executor.store.schema import operations
 

@@ -244,6 +244,10 @@ def _transfer_statements(dialect: str) -> _TransferStatements:
     )
 
 
+# The example's own knob (not a toolfence setting): a simulated downstream latency.
+LATENCY_ENV = "TOOLFENCE_LEDGER_LATENCY_MS"
+
+
 class Ledger:
     """The ledger's own client. One per process; the engine is created lazily."""
 
@@ -251,7 +255,7 @@ class Ledger:
         self._url = database_url
         self._engine: Engine | None = None
         self._pid = os.getpid()
-        env_latency = os.environ.get("TOOLFENCE_LEDGER_LATENCY_MS")
+        env_latency = os.environ.get(LATENCY_ENV)
         self.latency_seconds = (
             latency_seconds
             if latency_seconds is not None

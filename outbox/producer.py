@@ -59,7 +59,7 @@ from executor.providers.hosted import (
     hosted_intent_hash,
     hosted_violations,
 )
-from executor.settings import budgets_from_env, limits_from_env
+from executor.settings import current as current_settings
 from executor.store.engine import read_only
 from executor.store.errors import CONNECTION_ERRORS, store_errors
 from executor.store.schema import approvals
@@ -220,9 +220,9 @@ def _enqueue(
 ) -> EnqueueHandle:
     """`enqueue` once its input is checked, inside the store boundary."""
     conn = _connection(session)
-    limits = limits or limits_from_env()
-    # The TOOLFENCE_BUDGET_* settings unless the caller passes its own.
-    budgets = (budgets or budgets_from_env()).for_tenant(context.tenant)
+    limits = limits or current_settings().limits
+    # The TOOLFENCE_BUDGET_* settings (read once per process) unless the caller passes its own.
+    budgets = (budgets or current_settings().budgets).for_tenant(context.tenant)
     store.lock_scopes(conn, context.tenant, context.request_id, context.conversation_id)
     existing = store.calls_of_request(conn, context.tenant, context.request_id)
     next_position = max((row.position for row in existing.values()), default=-1) + 1

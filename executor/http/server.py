@@ -18,7 +18,6 @@ to answer what they have, waits for requests in flight (up to
 
 from __future__ import annotations
 
-import os
 import secrets
 import signal
 import threading
@@ -36,7 +35,7 @@ from executor.http.keys import Authenticator
 from executor.http.observe import CountResponses
 from executor.http.service import Service
 from executor.providers.hosted import NO_HOSTED_TOOLS, HostedPolicy
-from executor.settings import Settings, SettingsError
+from executor.settings import Settings, SettingsError, read
 from executor.store.engine import get_engine
 
 
@@ -52,17 +51,13 @@ class HttpSettings:
     @classmethod
     def from_env(cls) -> HttpSettings:
         def number(name: str, default: float) -> float:
-            raw = os.environ.get(name, "")
-            try:
-                return float(raw) if raw else default
-            except ValueError:
-                raise SettingsError(f"{name}={raw!r} is not a number") from None
+            return float(read(name))
 
-        secret = os.environ.get("TOOLFENCE_HTTP_SESSION_SECRET", "")
+        secret = read("TOOLFENCE_HTTP_SESSION_SECRET") or ""
         settings = cls(
             max_body_bytes=int(number("TOOLFENCE_HTTP_MAX_BODY_BYTES", cls.max_body_bytes)),
-            rate_limit=os.environ.get("TOOLFENCE_HTTP_RATE_LIMIT") or cls.rate_limit,
-            rate_limit_storage=os.environ.get("TOOLFENCE_HTTP_RATE_LIMIT_STORAGE") or cls.rate_limit_storage,
+            rate_limit=read("TOOLFENCE_HTTP_RATE_LIMIT") or cls.rate_limit,
+            rate_limit_storage=read("TOOLFENCE_HTTP_RATE_LIMIT_STORAGE") or cls.rate_limit_storage,
             session_secret=secret.encode() if secret else secrets.token_bytes(32),
             session_seconds=number("TOOLFENCE_HTTP_SESSION_SECONDS", cls.session_seconds),
             drain_seconds=number("TOOLFENCE_HTTP_DRAIN_SECONDS", cls.drain_seconds),

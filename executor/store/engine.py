@@ -6,7 +6,6 @@ view of an engine (`read_only`) takes no write lock. Nothing here knows a table.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -15,8 +14,11 @@ from sqlalchemy import Connection, Engine, Table, create_engine, event, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DisconnectionError
 
+from executor import settings
+from executor.errors import ConfigurationError
 
-class DatabaseSettingError(ValueError):
+
+class DatabaseSettingError(ConfigurationError, ValueError):
     """A database setting the engine cannot use (its URL, `TOOLFENCE_DB_*`)."""
 
 
@@ -98,10 +100,10 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
                 conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
-    # A threads-pool worker sizes the pool from its concurrency (`toolfence worker`
-    # sets TOOLFENCE_DB_POOL_SIZE); connections are held per statement, never across
-    # a downstream call, so the pool need not exceed the threads.
-    kwargs.setdefault("pool_size", int(os.environ.get("TOOLFENCE_DB_POOL_SIZE", "5")))
+    # TOOLFENCE_DB_POOL_SIZE, or what `toolfence worker --pool threads` made this
+    # process's settings (its concurrency): connections are held per statement, never
+    # across a downstream call, so the pool need not exceed the threads.
+    kwargs.setdefault("pool_size", settings.current().db_pool_size)
     kwargs.setdefault("max_overflow", 10)
     idle_seconds = ping_idle_seconds()
     if "pool_pre_ping" in kwargs or idle_seconds <= 0:
@@ -120,14 +122,10 @@ def ping_idle_seconds() -> float:
     """How long a pooled PostgreSQL connection may sit unused before its next checkout
     pings it (`TOOLFENCE_DB_PING_IDLE_SECONDS`, default 1; 0 pings at every checkout,
     SQLAlchemy's `pool_pre_ping`)."""
-    raw = os.environ.get(PING_IDLE_ENV, "1.0")
     try:
-        value = float(raw)
-    except ValueError:
-        raise DatabaseSettingError(f"{PING_IDLE_ENV} must be a number of seconds, not {raw!r}") from None
-    if not 0 <= value < float("inf"):
-        raise DatabaseSettingError(f"{PING_IDLE_ENV} must be a finite number >= 0, not {raw!r}")
-    return value
+        return float(settings.read(PING_IDLE_ENV))
+    except settings.SettingsError as exc:
+        raise DatabaseSettingError(str(exc)) from None
 
 
 def _ping_when_idle(engine: Engine, idle_seconds: float) -> None:

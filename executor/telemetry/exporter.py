@@ -61,7 +61,7 @@ from sqlalchemy.engine import make_url
 from executor.core import invariants
 from executor.core.states import ACTIVE, SETTLED, ApprovalState, State
 from executor.errors import ConfigurationError
-from executor.settings import Settings, SettingsError
+from executor.settings import Settings, read
 from executor.store.clock import db_now
 from executor.store.engine import make_engine, normalize_url
 from executor.store.ordering import runnable_queued, sql_literal
@@ -83,16 +83,7 @@ STUCK_STATES = tuple(state.value for state in State if state in ACTIVE - SETTLED
 
 
 def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise SettingsError(f"{name}={raw!r} is not a number") from None
-    if not value > 0:
-        raise SettingsError(f"{name}={raw!r} must be positive")
-    return value
+    return float(read(name))  # declared (default, must be positive) in executor/settings
 
 
 @dataclass(frozen=True)

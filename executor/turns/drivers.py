@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from executor.errors import TurnError
+from executor.settings import read
 from executor.turns.values import JSON_MODE, ModelRequest, ModelResponse, Usage
 
 
@@ -178,8 +179,7 @@ def load_driver(spec: str, *, env: Mapping[str, str] | None = None) -> Driver:
     if kind == "cli":
         import shlex
 
-        source = os.environ if env is None else env
-        allow = tuple(n for n in source.get("TOOLFENCE_TURN_CLI_ENV_ALLOW", "").split(",") if n)
+        allow = tuple(read("TOOLFENCE_TURN_CLI_ENV_ALLOW", env))
         return CliAgentDriver(tuple(shlex.split(rest)), allow_env=allow)
     if kind.partition("+")[0] in DRIVER_KINDS:
         from executor.turns.sdk import build

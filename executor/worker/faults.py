@@ -50,9 +50,9 @@ def parse(spec: frozenset[str]) -> list[FaultPoint]:
 class Faults:
     def __init__(self, settings: Settings) -> None:
         self._points = parse(settings.fault_points)
-        self._file = os.environ.get("TOOLFENCE_FAULT_POINTS_FILE") or None
+        self._file = settings.fault_points_file
         self._file_stamp: tuple[float, int] | None = None
-        self._log = os.environ.get("TOOLFENCE_FAULT_LOG") or None
+        self._log = settings.fault_log
         if self._file:
             self._points = []
             self._reload()

@@ -225,6 +225,7 @@ class Campaign:
             "TOOLFENCE_RELAY_POLL_SECONDS": "0.05",
             "TOOLFENCE_RECONCILE_QUEUED_AFTER_SECONDS": str(cfg.lease_seconds),
             "TOOLFENCE_HOME": str(self.run_dir / "home"),
+            "TOOLFENCE_TOOLS": "ledger.tools:registry",
             "TOOLFENCE_LEDGER_LATENCY_MS": str(cfg.ledger_latency_ms),
             "TOOLFENCE_FAULT_LOG": str(self.run_dir / "fault-points.log"),
             "TOOLFENCE_FAULT_POINTS": "",

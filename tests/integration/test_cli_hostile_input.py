@@ -16,11 +16,15 @@ from tests.fuzz.strategies import nested
 
 CANARY = "sk-cliCANARYcliCANARYcli0123456789"
 WHO = ["--tenant", "acme", "--principal", "alice", "--role", "member"]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _toolfence(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLFENCE_")}
     env["TOOLFENCE_HOME"] = str(home)
+    # The reference downstream, imported from the checkout (it is not installed).
+    env["TOOLFENCE_TOOLS"] = "ledger.tools:registry"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     return subprocess.run(
         [sys.executable, "-m", "executor.cli.main", *args], env=env, capture_output=True, text=True,
         timeout=120, cwd=home,

@@ -39,7 +39,11 @@ def base_env(tmp_path: Path, database_url: str) -> dict[str, str]:
         k: v for k, v in os.environ.items()
         if not k.startswith("TOOLFENCE_") and k != "PROMETHEUS_MULTIPROC_DIR"
     }
-    return {**env, "TOOLFENCE_HOME": str(tmp_path / "home"), "TOOLFENCE_DATABASE_URL": database_url}
+    return {
+        **env, "TOOLFENCE_HOME": str(tmp_path / "home"), "TOOLFENCE_DATABASE_URL": database_url,
+        # The reference downstream (imported from the checkout: these run in its directory).
+        "TOOLFENCE_TOOLS": "ledger.tools:registry",
+    }
 
 
 def run_toolfence(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -431,6 +431,7 @@ def cli(
     monkeypatch.setenv("TOOLFENCE_HOME", str(tmp_path))
     monkeypatch.setenv("TOOLFENCE_DATABASE_URL", db_url)
     monkeypatch.setenv("TOOLFENCE_HOSTED_POLICY", "hosted_policy_for_approvals:POLICY")
+    monkeypatch.setenv("TOOLFENCE_TOOLS", "ledger.tools:registry")
     engines: dict[str, Any] = {}
     monkeypatch.setattr(store_engine, "_engines", engines)
 

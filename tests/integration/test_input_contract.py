@@ -10,6 +10,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import Engine, text
 
+from executor import settings
 from executor.core.identifiers import InvalidIdentifier
 from executor.core.tools import Access, Approval, Effect, Mode, Registry, RunContext, Tool, Written
 from executor.core.types import ErrorCode, FailedTerminal, Pending, ProposedCall, ServerContext
@@ -170,7 +171,8 @@ def test_enqueue__argument_limits_from_settings__oversized_call_refused(
     big = ProposedCall(call_id="big", tool_name="notes.write", arguments='{"text": "' + "a" * 200 + '"}')
     small = ProposedCall(call_id="small", tool_name="notes.write", arguments='{"text": "a"}')
     # When a 200-byte call and a small one are enqueued without explicit limits
-    with engine.begin() as conn:
+    # (under the settings read again: a process reads its settings once)
+    with settings.using(settings.Settings.from_env()), engine.begin() as conn:
         handle = enqueue(conn, [small, big], _ctx(), REGISTRY)
     # Then the settings' byte limit refuses the big one
     refused = handle.calls[1].status

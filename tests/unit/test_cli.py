@@ -44,7 +44,7 @@ from tests.netkit import REFUSED_PASSWORD, Directory, refused_database_url
 
 COMMANDS = [
     "migrate", "demo", "worker", "relay", "reconcile", "metrics", "enqueue", "results",
-    "show", "approvals", "approve", "deny", "pending", "resolve", "turn", "serve", "keys",
+    "show", "approvals", "approve", "deny", "pending", "resolve", "turn", "serve", "keys", "config",
 ]
 WHO = ["--tenant", "acme", "--principal", "alice"]
 
@@ -84,6 +84,8 @@ def home(sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> It
         if name.startswith("TOOLFENCE_") or name == "PROMETHEUS_MULTIPROC_DIR":
             monkeypatch.delenv(name)
     monkeypatch.setenv("TOOLFENCE_HOME", str(tmp_path))
+    # The reference downstream: TOOLFENCE_TOOLS has no default.
+    monkeypatch.setenv("TOOLFENCE_TOOLS", "ledger.tools:registry")
     monkeypatch.chdir(tmp_path)
     # Per-process caches: this test's engines and ledger client, not an earlier test's.
     engines: dict[str, Any] = {}

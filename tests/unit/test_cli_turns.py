@@ -42,6 +42,7 @@ def home(sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> It
         if name.startswith("TOOLFENCE_") or name == "PROMETHEUS_MULTIPROC_DIR":
             monkeypatch.delenv(name)
     monkeypatch.setenv("TOOLFENCE_HOME", str(tmp_path))
+    monkeypatch.setenv("TOOLFENCE_TOOLS", "ledger.tools:registry")  # no default: the example's
     monkeypatch.setenv("TOOLFENCE_TURN_WAIT_SECONDS", "0.05")
     monkeypatch.chdir(tmp_path)
     engines: dict[str, Any] = {}

@@ -55,11 +55,8 @@ TOOL_FAMILY = frozenset({
 # there. Once those are merged, empty this set (or delete it with `_pending` and its
 # uses); `test_pending_merge__lists_exactly_the_classes_still_outside` fails until then.
 PENDING_MERGE = frozenset({
-    "SettingsError",  # executor/settings.py
-    "DatabaseSettingError", "DatabaseUrlError",  # executor/store/engine.py
     "AmbiguousCommit",  # executor/worker/faults.py
     "TaskFailed",  # executor/worker/celery_app.py
-    "UserError",  # executor/cli/main.py
     "InvalidBatch", "NoApprovalResponse",  # outbox/producer.py
 })
 

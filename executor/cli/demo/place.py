@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from executor.cli.demo.constants import (
     TURN_WAIT_SECONDS,
     DemoError,
 )
-from executor.settings import default_home
+from executor.settings import Settings
 from executor.store.engine import normalize_url
 
 
@@ -45,6 +44,8 @@ class Place:
         return self.broker_url.startswith("filesystem://")
 
     def fleet_env(self, lease_seconds: float) -> dict[str, str]:
+        from ledger.service import LATENCY_ENV
+
         return {
             "TOOLFENCE_HOME": str(self.run_dir),
             "TOOLFENCE_DATABASE_URL": self.database_url,
@@ -56,7 +57,7 @@ class Place:
             "TOOLFENCE_LEASE_SECONDS": f"{lease_seconds:g}",
             "TOOLFENCE_RELAY_POLL_SECONDS": f"{RELAY_POLL_SECONDS:g}",
             "TOOLFENCE_RECONCILE_QUEUED_AFTER_SECONDS": f"{REQUEUE_QUEUED_AFTER_SECONDS:g}",
-            "TOOLFENCE_LEDGER_LATENCY_MS": str(LEDGER_LATENCY_MS),
+            LATENCY_ENV: str(LEDGER_LATENCY_MS),  # the example downstream's own knob
             # The workers' own counters, kept apart from any other deployment's.
             "PROMETHEUS_MULTIPROC_DIR": str(self.run_dir / "metrics"),
         }
@@ -79,19 +80,20 @@ def _stamp() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
 
 
-def prepare_place(environ: Mapping[str, str]) -> Place:
-    """A fresh directory, and a fresh database and queue when servers are configured."""
+def prepare_place(settings: Settings) -> Place:
+    """A fresh directory, and a fresh database and queue when servers are configured
+    (the embedded defaults, under TOOLFENCE_HOME, are replaced by the run's own)."""
     stamp = _stamp()
-    run_dir = default_home() / f"demo-{stamp}"
+    run_dir = Path(settings.home) / f"demo-{stamp}"
     run_dir.mkdir(parents=True, exist_ok=False)
     (run_dir / "metrics").mkdir()
-    configured_db = environ.get("TOOLFENCE_DATABASE_URL", "")
-    configured_broker = environ.get("TOOLFENCE_BROKER_URL", "")
-    broker_url = configured_broker or f"filesystem://{run_dir / 'broker'}"
+    configured_db = settings.database_url
+    configured_broker = settings.broker_url
+    broker_url = configured_broker
     if configured_broker.startswith("filesystem://"):
         broker_url = f"filesystem://{run_dir / 'broker'}"  # never reuse an old folder's messages
     queue = f"toolfence-demo-{stamp}"
-    if not configured_db or configured_db.startswith("sqlite"):
+    if configured_db.startswith("sqlite"):
         # An explicitly configured SQLite file is not reused either: a fresh file per run.
         return Place(run_dir, f"sqlite:///{run_dir / 'toolfence.db'}", broker_url, queue)
     admin_url = normalize_url(configured_db)

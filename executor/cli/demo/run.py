@@ -64,6 +64,7 @@ from executor.cli.demo.place import Place, prepare_place, teardown_place
 from executor.cli.demo.report import _n, gather, model_view, render
 from executor.cli.demo.turn import run_turn
 from executor.cli.demo.workload import DemoRequest, build_workload, split_waves
+from executor.settings import Settings, current, using
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -110,16 +111,14 @@ def _signals_ignored() -> Iterator[None]:
 @contextmanager
 def _environment(values: Mapping[str, str]) -> Iterator[None]:
     """The producer side (this process) reads the same settings as the fleet."""
-    saved = {key: os.environ.get(key) for key in values}
+    saved = os.environ.copy()
     os.environ.update(values)
     try:
-        yield
+        with using(Settings.from_env()):
+            yield
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def _error_console() -> Console:
@@ -144,7 +143,7 @@ def run_demo(
     outcome = EXIT_INVARIANT_FAILED
     with _signals_raise():
         try:
-            place = prepare_place(os.environ)
+            place = prepare_place(current())
             with _environment(place.fleet_env(lease_seconds)):
                 run = DemoRun(console, place, requests, workers, lease_seconds)
                 with demo_console(place, console, serve_port) as served:

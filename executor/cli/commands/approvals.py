@@ -1,0 +1,55 @@
+"""`toolfence approvals`: calls waiting for approval, with their impact."""
+
+from __future__ import annotations
+
+import argparse
+
+from executor import store
+from executor.cli.common import engine_of, print_json, settings, shown
+
+HELP = "List calls waiting for approval, with their impact."
+
+
+def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser("approvals", help=HELP, description=HELP)
+    parser.set_defaults(func=run)
+    parser.add_argument("--tenant", default=None, help="only this tenant's (default: every tenant's)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from executor.store import operator
+
+    engine = engine_of(settings())
+    with engine.connect() as conn:
+        rows = operator.pending_approvals(conn, tenant=args.tenant)
+        hosted = store.pending_hosted_approvals(conn, tenant=args.tenant)
+    print_json(
+        [
+            {
+                "approval_id": r.approval_id,
+                "operation_id": r.operation_id,
+                "tenant": r.tenant,
+                "tool": r.tool_name,
+                "impact": r.impact,
+                "intent_hash": r.intent_hash,
+                "expires_at": r.expires_at,
+            }
+            for r in rows
+        ]
+        # Hosted MCP approvals (`hapr_…`): no operation; the impact is the redacted
+        # server, tool and arguments of the provider's mcp_approval_request.
+        + [
+            {
+                "approval_id": h.approval_id,
+                "tenant": h.tenant,
+                "request_id": shown(h.request_id),
+                "surface": h.surface,
+                "tool": store.HOSTED_APPROVAL_TOOL,
+                "impact": h.impact,
+                "intent_hash": h.intent_hash,
+                "expires_at": h.expires_at,
+            }
+            for h in hosted
+        ]
+    )
+    return 0

@@ -1,0 +1,22 @@
+"""`toolfence approve`: approve a pending call."""
+
+from __future__ import annotations
+
+import argparse
+
+from executor.cli.commands.decision import add_approver_arguments, decide
+from executor.core.approvers import ApprovalDecision
+
+HELP = "Approve a pending call (single use, bound to its intent)."
+
+
+def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser("approve", help=HELP, description=HELP)
+    parser.set_defaults(func=run)
+    add_approver_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    decide(args, ApprovalDecision.APPROVE)
+    print(f"approved {args.approval_id}")
+    return 0

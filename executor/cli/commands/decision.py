@@ -1,0 +1,129 @@
+"""What `toolfence approve` and `toolfence deny` share: who decides, and the decision."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from executor import store
+from executor.cli.common import UserError, engine_of, hosted_policy_of, registry_of, settings
+from executor.core.approvers import ApprovalDecision
+from executor.core.strictjson import loads_strict
+from executor.core.tools import Registry
+from executor.core.types import ErrorCode, ServerContext
+from executor.settings import Settings
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+
+def add_approver_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("approval_id")
+    parser.add_argument("--approver-principal", help="who decides (recorded as decided_by)")
+    parser.add_argument("--approver-tenant", help="the approver's tenant: must be the operation's")
+    parser.add_argument(
+        "--approver-role", action="append", default=[], metavar="ROLE",
+        help="a role of the approver (repeat for each); the tool's approver policy names them",
+    )
+    parser.add_argument(
+        "--approver-context", default=None, metavar="JSON",
+        help='instead of the three above: {"principal": ..., "tenant": ..., "roles": [...]}',
+    )
+
+
+def approver(args: argparse.Namespace) -> ServerContext:
+    """The approver's identity: who decides, of which tenant, with which roles. Never
+    a free string: the tool's approver policy is checked against it."""
+    if args.approver_context is not None:
+        try:
+            data = loads_strict(args.approver_context, max_bytes=65_536, max_depth=8)
+            return ServerContext.from_json({"request_id": "cli-approval", **data})
+        except (ValueError, TypeError, KeyError) as exc:
+            raise UserError(
+                "--approver-context must be a JSON object with principal, tenant and roles: "
+                f"{type(exc).__name__}"
+            ) from None
+    if not args.approver_principal or not args.approver_tenant:
+        raise UserError(
+            "say who decides: --approver-principal and --approver-tenant "
+            "(and --approver-role for each role), or --approver-context JSON"
+        )
+    return ServerContext(
+        principal=args.approver_principal,
+        tenant=args.approver_tenant,
+        roles=frozenset(args.approver_role or ()),
+        request_id="cli-approval",
+    )
+
+
+def decide(args: argparse.Namespace, verb: ApprovalDecision) -> store.Decision:
+    """approve or deny through the store, which checks the approver; a refusal is
+    committed (it is audited) before it is reported."""
+    from executor.telemetry import metrics
+
+    chosen = settings()
+    engine = engine_of(chosen)
+    registry = registry_of(chosen)
+    who = approver(args)
+    try:
+        if args.approval_id.startswith(store.HOSTED_APPROVAL_PREFIX):
+            decision = _decide_hosted(args, verb, engine, registry, who, chosen)
+        else:
+            decision = _decide_operation(args, verb, engine, registry, who)
+    except store.ApproverUnavailable as exc:
+        raise UserError(
+            f"{ErrorCode.UPSTREAM_UNAVAILABLE.value}: {exc}; {args.approval_id} stays pending, "
+            "run it again"
+        ) from None
+    metrics.count_approval_decision(decision, verb)
+    if decision.outcome is store.DecisionOutcome.APPROVER_NOT_ALLOWED:
+        reason = decision.refusal.value if decision.refusal else "refused"
+        raise UserError(
+            f"approver_not_allowed: {who.principal} may not {verb.value} "
+            f"{args.approval_id} ({reason}); it stays pending"
+        )
+    if decision.outcome is store.DecisionOutcome.NOT_PENDING:
+        raise UserError(f"approval {args.approval_id} is no longer pending (decided or expired)")
+    return decision
+
+
+def _decide_operation(
+    args: argparse.Namespace,
+    verb: ApprovalDecision,
+    engine: Engine,
+    registry: Registry,
+    who: ServerContext,
+) -> store.Decision:
+    with engine.begin() as conn:
+        if store.get_approval(conn, args.approval_id) is None:
+            raise UserError(f"no approval {args.approval_id!r}")
+        if verb is ApprovalDecision.APPROVE:
+            return store.approve(conn, args.approval_id, approver=who, registry=registry)
+        return store.deny(
+            conn, args.approval_id, approver=who, registry=registry, reason=args.reason
+        )
+
+
+def _decide_hosted(
+    args: argparse.Namespace,
+    verb: ApprovalDecision,
+    engine: Engine,
+    registry: Registry,
+    who: ServerContext,
+    chosen: Settings,
+) -> store.Decision:
+    """A hosted MCP approval (`hapr_…`): decided against the server's ApproverPolicy in
+    TOOLFENCE_HOSTED_POLICY, by the same approver check as a tool's."""
+    approvers_for = hosted_policy_of(chosen).approvers_for
+    with engine.begin() as conn:
+        if store.get_hosted_approval(conn, args.approval_id) is None:
+            raise UserError(f"no approval {args.approval_id!r}")
+        if verb is ApprovalDecision.APPROVE:
+            return store.approve_hosted(
+                conn, args.approval_id, approver=who, approvers_for=approvers_for,
+                registry=registry,
+            )
+        return store.deny_hosted(
+            conn, args.approval_id, approver=who, approvers_for=approvers_for,
+            registry=registry, reason=args.reason,
+        )

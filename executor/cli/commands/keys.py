@@ -1,0 +1,94 @@
+"""`toolfence keys create|list|revoke`: the API keys of `toolfence serve`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from executor.cli.common import UserError, engine_of, print_json, settings
+
+HELP = "API keys of `toolfence serve`."
+
+
+def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    keys = subparsers.add_parser("keys", help=HELP, description=HELP)
+    actions = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
+    parser = actions.add_parser(
+        "create", help="Create a key and print it (once).", description="Create a key and print it once."
+    )
+    parser.set_defaults(func=run_create)
+    parser.add_argument("--tenant", required=True, help="the tenant the key acts for")
+    parser.add_argument("--principal", required=True, help="who the key is (audited as the actor)")
+    parser.add_argument(
+        "--role", action="append", default=[], metavar="ROLE", help="a role (repeat, or comma-separate)"
+    )
+    parser.add_argument(
+        "--scope", action="append", required=True, metavar="SCOPE",
+        help="produce, approve, operate or read (repeat, or comma-separate)",
+    )
+    parser.add_argument("--label", default=None, help="a note for `keys list`")
+    parser = actions.add_parser("list", help="List keys (never their secrets).", description="List keys.")
+    parser.set_defaults(func=run_list)
+    parser.add_argument("--tenant", default=None)
+    parser = actions.add_parser(
+        "revoke", help="Revoke a key (at once, sessions included).", description="Revoke a key."
+    )
+    parser.set_defaults(func=run_revoke)
+    parser.add_argument("key_id", help="the key's id (from `keys list`) or the key itself")
+
+
+def run_create(args: argparse.Namespace) -> int:
+    from executor.http.keys import create_key, parse_scopes
+
+    engine = engine_of(settings())
+    try:
+        scopes = parse_scopes(s for item in args.scope for s in item.split(","))
+        with engine.begin() as conn:
+            key = create_key(
+                conn, tenant=args.tenant, principal=args.principal,
+                roles=[r for item in args.role for r in item.split(",") if r],
+                scopes=scopes, label=args.label,
+            )
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    # The only time the secret is shown: it is stored as a hash.
+    print(key)
+    print("store it now: toolfence keeps only its hash", file=sys.stderr)
+    return 0
+
+
+def run_list(args: argparse.Namespace) -> int:
+    from executor.store.api_keys import api_keys_of
+
+    engine = engine_of(settings())
+    with engine.connect() as conn:
+        records = api_keys_of(conn, args.tenant)
+    print_json(
+        [
+            {
+                "key_id": r.key_id, "tenant": r.tenant, "principal": r.principal,
+                "roles": sorted(r.roles), "scopes": sorted(r.scopes), "label": r.label,
+                "created_at": r.created_at, "revoked_at": r.revoked_at,
+            }
+            for r in records
+        ]
+    )
+    return 0
+
+
+def run_revoke(args: argparse.Namespace) -> int:
+    from executor.http.keys import KeyRefused, split_key
+    from executor.store.api_keys import revoke_api_key
+
+    key_id = args.key_id
+    if key_id.startswith("tfk_"):
+        try:
+            key_id = split_key(key_id)[0]
+        except KeyRefused:
+            raise UserError("that is not a toolfence key or key id") from None
+    engine = engine_of(settings())
+    with engine.begin() as conn:
+        if not revoke_api_key(conn, key_id):
+            raise UserError(f"no active key {key_id!r}")
+    print(f"revoked {key_id}")
+    return 0

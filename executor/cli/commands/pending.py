@@ -1,0 +1,41 @@
+"""`toolfence pending`: operations waiting for a person (reconciliation_pending)."""
+
+from __future__ import annotations
+
+import argparse
+
+from executor.cli.common import engine_of, print_json, settings
+
+HELP = "List operations waiting for a person (reconciliation_pending)."
+
+
+def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser("pending", help=HELP, description=HELP)
+    parser.set_defaults(func=run)
+    parser.add_argument("--limit", type=int, default=100)
+    parser.add_argument("--tenant", default=None, help="only this tenant's (default: every tenant's)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from executor.store import operator
+
+    engine = engine_of(settings())
+    with engine.connect() as conn:
+        rows = operator.reconciliation_pending(conn, tenant=args.tenant, limit=args.limit)
+    print_json(
+        [
+            {
+                "operation_id": r.operation_id,
+                "tenant": r.tenant,
+                "tool": r.tool_name,
+                "request_id": r.request_id,
+                "call_id": r.call_id,
+                "generation": r.generation,
+                "since": r.updated_at,
+                "reason": operator.operation_reason(r),
+                "cause": operator.operation_cause(r),
+            }
+            for r in rows
+        ]
+    )
+    return 0
