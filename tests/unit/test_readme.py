@@ -161,6 +161,11 @@ def shell_commands(block: Block) -> str:
 def _environment(home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TOOLFENCE_", "PROMETHEUS_"))}
     env["TOOLFENCE_HOME"] = str(home)
+    # What a reader's shell carries from the README's first block: the examples run
+    # from the checkout (the reference ledger is not in the installed package) with
+    # its tools named.
+    env["TOOLFENCE_TOOLS"] = "ledger.tools:registry"
+    env["PYTHONPATH"] = str(ROOT)
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
     return env
 
