@@ -157,12 +157,9 @@ if TYPE_CHECKING:
         NoApprovalResponse,
         default_operation_id,
         enqueue,
-        final,
         hosted_approval_responses,
-        results,
-        settled,
-        wait_for_results,
     )
+    from outbox.results import final, results, settled, wait_for_results
 
 # name -> module that defines it
 _EXPORTS: dict[str, str] = {
@@ -222,10 +219,10 @@ _EXPORTS: dict[str, str] = {
     "hosted_approval_responses": "outbox.producer",
     "default_operation_id": "outbox.producer",
     "enqueue": "outbox.producer",
-    "final": "outbox.producer",
-    "results": "outbox.producer",
-    "settled": "outbox.producer",
-    "wait_for_results": "outbox.producer",
+    "final": "outbox.results",
+    "results": "outbox.results",
+    "settled": "outbox.results",
+    "wait_for_results": "outbox.results",
     "SURFACES": "executor.providers",
     "HostedCall": "executor.providers.hosted",
     "HostedPolicy": "executor.providers.hosted",

@@ -71,7 +71,8 @@ from executor.turns.values import (
     step_request_id,
 )
 from executor.worker.faults import Faults
-from outbox.producer import AdmissionUnavailable, enqueue, final, results
+from outbox.producer import AdmissionUnavailable, enqueue
+from outbox.results import final, results
 
 log = logging.getLogger("toolfence.turns")
 

@@ -29,7 +29,7 @@ from executor.store.engine import make_engine
 from executor.store.schema import operations
 from executor.worker.celery_app import TASK_NAME, make_celery
 from ledger.service import Ledger
-from outbox.producer import wait_for_results
+from outbox.results import wait_for_results
 
 MESSAGES = "toolfence_worker_messages_total"
 

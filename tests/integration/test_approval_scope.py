@@ -51,7 +51,8 @@ from executor.worker.runner import OperationRunner, OutcomeLabel
 from ledger import service as ledger_service
 from ledger import tools as ledger_tools
 from ledger.service import Ledger
-from outbox.producer import EnqueueHandle, enqueue, results
+from outbox.producer import EnqueueHandle, enqueue
+from outbox.results import results
 from reconciler.sweep import Reconciler
 
 ALICE = ServerContext(

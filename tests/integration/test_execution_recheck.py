@@ -35,7 +35,8 @@ from executor.core.tools import (
 from executor.core.types import FailedTerminal, ProposedCall, ServerContext, Succeeded
 from executor.settings import Settings
 from executor.worker.runner import OperationRunner, OutcomeLabel
-from outbox.producer import enqueue, results
+from outbox.producer import enqueue
+from outbox.results import results
 from tests.netkit import Directory
 
 THRESHOLD = 50_000

@@ -34,7 +34,8 @@ from executor.settings import Settings
 from executor.store.clock import ManualClock
 from executor.worker import runner as runner_module
 from executor.worker.runner import OperationRunner, OutcomeLabel
-from outbox.producer import enqueue, operation_status, results
+from outbox.producer import enqueue
+from outbox.results import operation_status, results
 
 SOURCE_TIME = datetime(2024, 5, 1, 9, 58, tzinfo=UTC)
 SHORT_MAX_AGE = 0.5

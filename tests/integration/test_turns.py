@@ -32,7 +32,7 @@ from executor.worker.turns import UNAVAILABLE_RETRY_SECONDS, TurnRunner
 from ledger import service as ledger_service
 from ledger.service import Ledger
 from ledger.tools import registry
-from outbox.producer import results
+from outbox.results import results
 from tests.netkit import refused_database_url
 
 ALICE = ServerContext(

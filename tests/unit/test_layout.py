@@ -48,15 +48,16 @@ LAYERS: dict[str, set[str]] = {
     "executor.mcp": {"executor.core", "executor.mcp"},
     "executor.telemetry": {"executor.core", "executor.settings", "executor.store", "executor.telemetry"},
     # The turn package: its pure parts (below) read no database or broker; `service`
-    # (start_turn, get_turn) stands on the store and reads results through outbox.producer.
+    # (start_turn, get_turn) stands on the store and reads results through outbox.results.
     "executor.turns": {
         "executor.core", "executor.settings", "executor.store", "executor.telemetry", "executor.providers",
-        "executor.turns", "outbox.producer",
+        "executor.turns", "outbox.results",
     },
-    # The turn job runs the loop: it enqueues a step's calls (outbox.producer).
+    # The turn job runs the loop: it enqueues a step's calls (outbox.producer) and reads
+    # their results (outbox.results).
     "executor.worker": {
         "executor.core", "executor.settings", "executor.store", "executor.telemetry", "executor.worker",
-        "executor.providers", "executor.turns", "outbox.producer",
+        "executor.providers", "executor.turns", "outbox.producer", "outbox.results",
     },
     # `toolfence serve`: admits through the producer API, decides through the store.
     "executor.http": {
