@@ -51,6 +51,7 @@ from executor.core.tools import (
     Written,
 )
 from executor.core.types import ErrorCode, ErrorDetail, ServerContext
+from executor.faults import AmbiguousCommit, Faults
 from executor.settings import Settings
 from executor.store import driver
 from executor.store.engine import read_only, single_statement
@@ -65,7 +66,6 @@ from executor.worker.failures import (
     classify_failure,
     rerun_within_budget,
 )
-from executor.worker.faults import AmbiguousCommit, Faults
 from executor.worker.heartbeat import Heartbeat
 
 log = logging.getLogger("toolfence.worker")

@@ -38,6 +38,7 @@ from executor.core.admission import exposed_to
 from executor.core.states import TurnState
 from executor.core.tools import Mode, Registry, Tool
 from executor.core.types import CallStatus, ServerContext
+from executor.faults import Faults
 from executor.providers import SURFACES
 from executor.settings import Settings
 from executor.store import new_owner_token
@@ -70,7 +71,6 @@ from executor.turns.values import (
     Usage,
     step_request_id,
 )
-from executor.worker.faults import Faults
 from outbox.producer import AdmissionUnavailable, enqueue
 from outbox.results import final, results
 

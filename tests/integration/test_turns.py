@@ -18,6 +18,7 @@ from turnkit import Recording, asked, calls, drive, turn_state, write_script
 
 from executor import store
 from executor.core.types import ServerContext
+from executor.faults import AmbiguousCommit
 from executor.settings import Settings
 from executor.store import turns as turn_store
 from executor.store.clock import db_now
@@ -27,7 +28,6 @@ from executor.turns.drivers import DriverError, ScriptedDriver, load_driver
 from executor.turns.prompt import COMPLETED_HEADER
 from executor.turns.service import TurnInProgress, get_turn, start_turn
 from executor.turns.values import ModelRequest, ModelResponse, TurnOptions, Usage, step_request_id
-from executor.worker.faults import AmbiguousCommit
 from executor.worker.turns import UNAVAILABLE_RETRY_SECONDS, TurnRunner
 from ledger import service as ledger_service
 from ledger.service import Ledger

@@ -47,6 +47,11 @@ LAYERS: dict[str, set[str]] = {
     "executor.providers": {"executor.core", "executor.providers"},
     "executor.mcp": {"executor.core", "executor.mcp"},
     "executor.telemetry": {"executor.core", "executor.settings", "executor.store", "executor.telemetry"},
+    # Test-only fault points, fired by the worker and the relay.
+    "executor.faults": {"executor.settings", "executor.faults"},
+    # Publishing to the broker (task names, the app's configuration, publishers): the
+    # relay's and the worker's common ground, standing on neither.
+    "executor.broker": {"executor.core", "executor.settings", "executor.broker"},
     # The turn package: its pure parts (below) read no database or broker; `service`
     # (start_turn, get_turn) stands on the store and reads results through outbox.results.
     "executor.turns": {
@@ -57,7 +62,8 @@ LAYERS: dict[str, set[str]] = {
     # their results (outbox.results).
     "executor.worker": {
         "executor.core", "executor.settings", "executor.store", "executor.telemetry", "executor.worker",
-        "executor.providers", "executor.turns", "outbox.producer", "outbox.results",
+        "executor.providers", "executor.turns", "executor.broker", "executor.faults", "outbox.producer",
+        "outbox.results",
     },
     # `toolfence serve`: admits through the producer API, decides through the store.
     "executor.http": {
