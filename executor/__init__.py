@@ -135,7 +135,6 @@ if TYPE_CHECKING:
         Driver,
         DriverError,
         ScriptedDriver,
-        load_driver,
     )
     from executor.turns.service import (
         TurnHandle,
@@ -143,6 +142,7 @@ if TYPE_CHECKING:
         get_turn,
         start_turn,
     )
+    from executor.turns.specs import load_driver
     from executor.turns.values import (
         ModelRequest,
         ModelResponse,
@@ -245,7 +245,7 @@ _EXPORTS: dict[str, str] = {
     "Driver": "executor.turns.drivers",
     "DriverError": "executor.turns.drivers",
     "ScriptedDriver": "executor.turns.drivers",
-    "load_driver": "executor.turns.drivers",
+    "load_driver": "executor.turns.specs",
     "TurnHandle": "executor.turns.service",
     "TurnInProgress": "executor.turns.service",
     "get_turn": "executor.turns.service",

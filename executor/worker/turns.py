@@ -55,11 +55,12 @@ from executor.turns.contract import (
     parse_json_contract,
     proposals_to_json,
 )
-from executor.turns.drivers import Driver, DriverError, load_driver
+from executor.turns.drivers import Driver, DriverError
 from executor.turns.loop import Audit, AwaitCalls, CallModel, End, Enqueue, WaitApproval, next_action
 from executor.turns.native import parse_response
 from executor.turns.prompt import CompletedStep, assemble_prompt, audit_prompt, tool_specs
 from executor.turns.service import step_record
+from executor.turns.specs import load_driver
 from executor.turns.values import (
     JSON_MODE,
     EndReason,

@@ -24,9 +24,10 @@ from executor.store import turns as turn_store
 from executor.store.clock import db_now
 from executor.store.engine import make_engine
 from executor.store.schema import outbox, turn_steps, turns
-from executor.turns.drivers import DriverError, ScriptedDriver, load_driver
+from executor.turns.drivers import DriverError, ScriptedDriver
 from executor.turns.prompt import COMPLETED_HEADER
 from executor.turns.service import TurnInProgress, get_turn, start_turn
+from executor.turns.specs import load_driver
 from executor.turns.values import ModelRequest, ModelResponse, TurnOptions, Usage, step_request_id
 from executor.worker.turns import UNAVAILABLE_RETRY_SECONDS, TurnRunner
 from ledger import service as ledger_service

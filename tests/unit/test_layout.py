@@ -288,7 +288,7 @@ def test_dependencies_point_down(part: str) -> None:
     assert not violations, _report(violations, f"{part} may import only {sorted(allowed)}")
 
 
-TURNS_PURE = ("values", "contract", "native", "prompt", "loop", "audit", "drivers", "sdk")
+TURNS_PURE = ("values", "contract", "native", "prompt", "loop", "audit", "drivers", "sdk", "specs")
 
 
 def test_turns__pure_parts_import_no_database_or_broker_library() -> None:
