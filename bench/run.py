@@ -472,8 +472,8 @@ def bench_toolfence_direct(
 ) -> Result:
     """Enqueued before the clock starts, published straight to the broker as the floors are
     (no relay): the worker's path only, apples to apples with the floors."""
+    from executor.broker.app import TASK_NAME, make_celery
     from executor.settings import Settings
-    from executor.worker.celery_app import TASK_NAME, make_celery
 
     prefix = f"pre-{uuid.uuid4().hex[:6]}"
     ids = enqueue_calls(engine, tool, n, prefix)
@@ -531,9 +531,9 @@ def bench_in_flight(
     from prometheus_client import CollectorRegistry
     from prometheus_client import multiprocess as prometheus_multiprocess
 
+    from executor.broker.app import TASK_NAME, make_celery
     from executor.settings import Settings
     from executor.store.schema import operations
-    from executor.worker.celery_app import TASK_NAME, make_celery
 
     metrics_dir = log_dir / "inflight-metrics"
     metrics_dir.mkdir(parents=True, exist_ok=True)

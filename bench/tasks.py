@@ -22,9 +22,9 @@ import redis
 from celery import signals
 
 from executor import store
+from executor.broker.app import make_celery
 from executor.settings import Settings
 from executor.store.engine import dispose_engines, get_engine
-from executor.worker.celery_app import make_celery
 
 settings = Settings.from_env()
 app = make_celery(settings)

@@ -150,7 +150,6 @@ if TYPE_CHECKING:
         Driver,
         DriverError,
         ScriptedDriver,
-        load_driver,
     )
     from executor.turns.service import (
         TurnHandle,
@@ -158,6 +157,7 @@ if TYPE_CHECKING:
         get_turn,
         start_turn,
     )
+    from executor.turns.specs import load_driver
     from executor.turns.values import (
         ModelRequest,
         ModelResponse,
@@ -172,12 +172,9 @@ if TYPE_CHECKING:
         NoApprovalResponse,
         default_operation_id,
         enqueue,
-        final,
         hosted_approval_responses,
-        results,
-        settled,
-        wait_for_results,
     )
+    from outbox.results import final, results, settled, wait_for_results
 
 # name -> module that defines it
 _EXPORTS: dict[str, str] = {
@@ -237,10 +234,10 @@ _EXPORTS: dict[str, str] = {
     "hosted_approval_responses": "outbox.producer",
     "default_operation_id": "outbox.producer",
     "enqueue": "outbox.producer",
-    "final": "outbox.producer",
-    "results": "outbox.producer",
-    "settled": "outbox.producer",
-    "wait_for_results": "outbox.producer",
+    "final": "outbox.results",
+    "results": "outbox.results",
+    "settled": "outbox.results",
+    "wait_for_results": "outbox.results",
     "SURFACES": "executor.providers",
     "HostedCall": "executor.providers.hosted",
     "HostedPolicy": "executor.providers.hosted",
@@ -272,7 +269,7 @@ _EXPORTS: dict[str, str] = {
     "Driver": "executor.turns.drivers",
     "DriverError": "executor.turns.drivers",
     "ScriptedDriver": "executor.turns.drivers",
-    "load_driver": "executor.turns.drivers",
+    "load_driver": "executor.turns.specs",
     "TurnHandle": "executor.turns.service",
     "TurnInProgress": "executor.turns.service",
     "get_turn": "executor.turns.service",

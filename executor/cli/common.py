@@ -159,7 +159,7 @@ def stop_on_signals(stop: threading.Event) -> None:
 
 
 def check_broker(settings: Settings) -> None:
-    from executor.worker.celery_app import make_celery
+    from executor.broker.app import make_celery
 
     app = make_celery(settings)
     try:

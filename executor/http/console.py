@@ -16,7 +16,7 @@ import hmac
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlencode
 
 from fastapi import FastAPI, Form, Request
@@ -27,7 +27,6 @@ from executor.core.approvers import ApprovalDecision
 from executor.http.api import RateLimiter
 from executor.http.keys import Authenticator, Identity, KeyRefused, KeyScope, split_key
 from executor.http.problems import ProblemError
-from executor.http.server import HttpSettings
 from executor.http.service import Service
 
 COOKIE = "toolfence_session"
@@ -98,8 +97,19 @@ def _age(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+class SessionSettings(Protocol):
+    """What the console reads of the server's settings (`server.HttpSettings`): the
+    console is mounted by the server's app factory and does not import it back."""
+
+    @property
+    def session_secret(self) -> bytes: ...
+
+    @property
+    def session_seconds(self) -> float: ...
+
+
 def mount_console(
-    app: FastAPI, service: Service, authenticator: Authenticator, limiter: RateLimiter, http: HttpSettings
+    app: FastAPI, service: Service, authenticator: Authenticator, limiter: RateLimiter, http: SessionSettings
 ) -> None:
     templates = Jinja2Templates(directory=str(TEMPLATES))
     templates.env.filters["age"] = _age

@@ -52,7 +52,8 @@ from executor.store import operator
 from executor.store.api_keys import claim_idempotency_key
 from executor.store.engine import read_only
 from executor.telemetry import metrics
-from outbox.producer import HostedCalls, InvalidBatch, enqueue, final, request_exists, results, settled
+from outbox.producer import HostedCalls, InvalidBatch, enqueue
+from outbox.results import final, request_exists, results, settled
 
 POLL_SECONDS = 0.05
 

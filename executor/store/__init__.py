@@ -2,16 +2,16 @@
 
 One home per concern, one import for callers (`from executor import store`):
 
-- `operations`: every transition of the fencing argument (register, reserve,
-  reserve_first,
+- `operations`: every transition of the fencing argument (reserve, reserve_first,
   take_over, renew, still_owner, complete, release_to_retry, mark_unknown,
-  mark_scope_exceeded, the
-  reconciler's expired-lease CASes requeue_stale, mark_unknown_expired and
-  record_lookup_result, resolve), each one named CAS;
+  mark_scope_exceeded, the reconciler's expired-lease CASes requeue_stale,
+  mark_unknown_expired and record_lookup_result, resolve), each one named CAS, and
+  `cas_sql`, the rest of each CAS's statement around the WHERE written there;
+- `registration`: the INSERT that creates an operation (register);
 - `ordering`: proposal order, and the one "runnable" predicate (`runnable_queued`)
   the store and the exporter share;
 - `approvals` (operation and hosted approvals), `receipts`, `intake` (call, outbox and
-  hosted-call rows), `reads`, `audit`;
+  hosted-call rows), `reads` (the sweeps' reads among them), `audit`;
 - `schema` (tables), `engine`, `driver` (the worker's two hot statements on the
   driver's connection), `clock`, `migrate` and `migrations/`.
 """
@@ -56,10 +56,8 @@ from executor.store.intake import (
     record_hosted_call,
 )
 from executor.store.operations import (
-    Completion,
     complete,
     complete_counted,
-    due_retries,
     fail_unstarted,
     mark_scope_exceeded,
     mark_unknown,
@@ -67,7 +65,6 @@ from executor.store.operations import (
     new_owner_token,
     promote_due_retry,
     record_lookup_result,
-    register,
     release_to_retry,
     renew,
     renew_many,
@@ -76,8 +73,6 @@ from executor.store.operations import (
     reserve,
     reserve_first,
     resolve,
-    stale_queued,
-    stale_started,
     still_owner,
     take_over,
 )
@@ -90,12 +85,15 @@ from executor.store.ordering import (
 from executor.store.reads import (
     RELEASED_BEFORE_RUN,
     calls_of_request,
+    due_retries,
     earlier_attempt_may_have_run,
     earlier_write,
     get_operation,
     lease_remaining,
     operations_in,
     scope_usage,
+    stale_queued,
+    stale_started,
 )
 from executor.store.receipts import (
     distinct_accepted_receipts,
@@ -103,6 +101,7 @@ from executor.store.receipts import (
 )
 from executor.store.records import (
     ApprovalRecord,
+    Completion,
     Conflict,
     Created,
     Decision,
@@ -117,6 +116,7 @@ from executor.store.records import (
     StaleOperation,
     StoreError,
 )
+from executor.store.registration import register
 
 __all__ = [
     "ApproverUnavailable",

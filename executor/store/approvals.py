@@ -33,9 +33,10 @@ from executor.core.states import ApprovalState, State
 from executor.core.tools import Registry, RoleResolutionFailed
 from executor.core.types import ErrorCode, ServerContext
 from executor.store.audit import dumps
+from executor.store.cas_sql import NOW
 from executor.store.clock import DATABASE_CLOCK, Clock
 from executor.store.errors import CONNECTION_ERRORS
-from executor.store.operations import NOW, _transition, intent_is
+from executor.store.operations import _transition, intent_is
 from executor.store.records import (
     ApprovalRecord,
     Decision,

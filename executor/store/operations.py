@@ -25,8 +25,12 @@ needs (an outbox row, or a wake-up for waiting successors). Each function runs
 inside the caller's transaction (a `Connection`; the worker's reservation and
 completion a `driver.DriverConnection`, the same statements on the pooled driver
 connection) and returns whether it won.
-"""
 
+Around this module: `cas_sql` builds the rest of a CAS's statement around the WHERE
+written here (its SET, RETURNING, and on PostgreSQL the event in the same statement);
+`registration` creates operations (generation 0, no owner); `reads` holds the
+sweeps' reads (`due_retries`, `stale_started`, `stale_queued`), which change nothing.
+"""
 
 from __future__ import annotations
 
@@ -36,64 +40,32 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from sqlalchemy import (
-    CTE,
     ColumnElement,
     Connection,
     Executable,
     Float,
     Row,
-    Select,
     and_,
     bindparam,
-    exists,
-    func,
-    insert,
     literal,
     or_,
     select,
     tuple_,
     update,
 )
-from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from executor.core.states import SETTLED, TERMINAL, ApprovalState, State
+from executor.core.states import SETTLED, State
 from executor.core.tools import Mode
 from executor.core.types import ErrorCode
-from executor.store.audit import (
-    AUDIT_COLUMNS,
-    DECISION_CODE,
-    append_event,
-    dumps,
-    event_from,
-    event_params,
-)
+from executor.store.audit import AUDIT_COLUMNS, DECISION_CODE, append_event, dumps, event_params
+from executor.store.cas_sql import INCREMENT, NOW, Now, ReceiptToRecord, cas_statement, value_kind
 from executor.store.clock import DATABASE_CLOCK, Clock, built_once
 from executor.store.driver import DriverRow, Executes
 from executor.store.intake import add_outbox_row
-from executor.store.ordering import (
-    keyed_state_is,
-    release_successors,
-    runnable_queued,
-    sql_literal,
-    waiting_on_earlier,
-)
+from executor.store.ordering import keyed_state_is, release_successors, sql_literal, waiting_on_earlier
 from executor.store.receipts import distinct_accepted_receipts, record_receipt
-from executor.store.records import (
-    Conflict,
-    Created,
-    InProgress,
-    NewOperation,
-    OperationRow,
-    RegisterOutcome,
-    Reservation,
-    Reused,
-    StaleOperation,
-    StoreError,
-)
-from executor.store.schema import approvals, operations, receipts
-
-_NO_OWNER: Mapping[str, None] = {"owner_token": None, "lease_expires_at": None}
+from executor.store.records import Completion, OperationRow, Reservation, StoreError
+from executor.store.schema import operations
 
 
 class Fence(NamedTuple):
@@ -150,40 +122,7 @@ _IN_ORDER = Fence("in_order", {})
 _ANY_EXPIRED_LEASE = Fence("lease_expired", {})
 _FIRST_OR_READ = Fence("first_or_read", {})
 
-
-class Now(NamedTuple):
-    """A value to SET: the clock, plus `seconds` (bound as a parameter)."""
-
-    seconds: float = 0.0
-
-
-class _Increment:
-    """A value to SET: the column's own value plus one."""
-
-
-NOW = Now()
-INCREMENT = _Increment()
-
-
-def _value_kind(value: Any) -> str:
-    if isinstance(value, Now):
-        return "now" if value.seconds == 0.0 else "now_plus"
-    if isinstance(value, _Increment):
-        return "increment"
-    return "param"
-
-
 _REQUEST_PLACE = ("tenant", "request_id", "position")
-
-
-class ReceiptToRecord(NamedTuple):
-    """A receipt a transition records (accepted) along with its CAS; `counted` asks
-    for the operation's distinct accepted receipts in the answer."""
-
-    generation: int
-    receipt: str
-    source: str
-    counted: bool = False
 
 
 @built_once
@@ -203,86 +142,16 @@ def _transition_statement(
     one compiled-cache hit and one round trip, not the construction of an UPDATE,
     a CTE and an INSERT … SELECT.
 
-    On PostgreSQL a settling transition also returns `later_queued`, and `receipt`
-    ("recorded" or "counted", see `_with_receipt`) records a receipt in the same
-    statement. SQLite gets the UPDATE alone (`_transition` does the rest)."""
-    sets: dict[str, Any] = {"state": sql_literal(to_state), "updated_at": clock.now()}
-    if from_state is State.STARTED and to_state is not State.STARTED:
-        sets |= _NO_OWNER
-    for column, kind in values:
-        if kind == "now":
-            sets[column] = clock.now()
-        elif kind == "now_plus":
-            sets[column] = clock.now() + bindparam(f"value_{column}", type_=Float())
-        elif kind == "increment":
-            sets[column] = operations.c[column] + 1
-        else:
-            sets[column] = bindparam(f"value_{column}", type_=operations.c[column].type)
-    moved = (
-        update(operations)
-        .where(
-            operations.c.operation_id == bindparam("cas_operation_id"),
-            keyed_state_is(operations.c.state, from_state),
-            *(_FENCES[shape](clock) for shape in fences),
-        )
-        .values(**sets)
-        .returning(*AUDIT_COLUMNS, *(operations.c[name] for name in returning))
+    The WHERE is this, and only this: the operation, the state it leaves, and each
+    fence's condition (`_FENCES`). `cas_sql.cas_statement` builds the rest around it
+    (the SET, RETURNING, and on PostgreSQL the event, a settling transition's
+    `later_queued` and `receipt` in the same statement)."""
+    where = (
+        operations.c.operation_id == bindparam("cas_operation_id"),
+        keyed_state_is(operations.c.state, from_state),
+        *(_FENCES[shape](clock) for shape in fences),
     )
-    if not postgresql:
-        return moved
-    # The CAS and its audit event in one statement (a data-modifying CTE runs exactly
-    # once, and only for the row the UPDATE changed): one round trip.
-    cte = moved.cte("moved")
-    columns: list[Any] = [cte]
-    if to_state in SETTLED:
-        # Whether any later call of the request is still queued, read in the same
-        # statement: almost always none (a request's last or only call), and then the
-        # settling transaction needs no successor query of its own.
-        later = operations.alias("later")
-        columns.append(
-            exists()
-            .where(
-                later.c.tenant == cte.c.tenant,
-                later.c.request_id == cte.c.request_id,
-                later.c.position > cte.c.position,
-                keyed_state_is(later.c.state, State.QUEUED),
-            )
-            .label("later_queued")
-        )
-    statement = select(*columns).add_cte(event_from(cte, from_state, to_state, clock).cte("logged"))
-    if receipt is not None:
-        statement = _with_receipt(statement, cte, clock, counted=receipt == "counted")
-    return statement
-
-
-def _with_receipt(statement: Select[Any], moved: CTE, clock: Clock, *, counted: bool) -> Select[Any]:
-    """The transition's statement with a receipt recorded in it (`receipt_*`
-    parameters, `accepted`), whether the CAS wins or not: a data-modifying CTE runs
-    to completion whatever the rest of the statement reads (a stale owner's receipt
-    is evidence too, I1). `counted` adds `accepted_receipts`, the distinct accepted
-    receipts of the operation with this one: the statement's snapshot does not see
-    its own insert, so the count is of the others, plus one."""
-    recorded = insert(receipts).values(
-        operation_id=bindparam("cas_operation_id"),
-        generation=bindparam("receipt_generation"),
-        receipt=bindparam("receipt_value"),
-        accepted=True,
-        source=bindparam("receipt_source"),
-        recorded_at=clock.now(),
-    ).returning(receipts.c.receipt_row_id)
-    statement = statement.add_cte(recorded.cte("recorded"))
-    if not counted:
-        return statement
-    others = (
-        select(func.count(func.distinct(receipts.c.receipt)))
-        .where(
-            receipts.c.operation_id == moved.c.operation_id,
-            receipts.c.accepted.is_(True),
-            receipts.c.receipt != bindparam("receipt_value"),
-        )
-        .scalar_subquery()
-    )
-    return statement.add_columns((others + 1).label("accepted_receipts"))
+    return cas_statement(clock, postgresql, from_state, to_state, where, values, returning, receipt)
 
 
 def _transition(
@@ -325,7 +194,7 @@ def _transition(
     postgresql = conn.dialect.name == "postgresql"
     if to_state in SETTLED:
         returning = (*returning, *_REQUEST_PLACE)  # where its successors are
-    kinds = tuple((column, _value_kind(value)) for column, value in values.items())
+    kinds = tuple((column, value_kind(value)) for column, value in values.items())
     receipt_shape = None
     if receipt is not None and postgresql:
         receipt_shape = "counted" if receipt.counted else "recorded"
@@ -408,103 +277,6 @@ def new_owner_token() -> str:
     """Unique per reservation attempt; the pid lets `show` and the chaos tests tell
     which process owns an operation."""
     return f"{os.getpid()}-{secrets.token_hex(12)}"
-
-
-_REGISTERED_COLUMNS = (
-    "operation_id", "tenant", "request_id", "conversation_id", "call_id", "position",
-    "tool_name", "schema_version", "mode", "state", "generation", "intent_hash", "arguments",
-    "context", "attempts", "available_at", "queued_at", "impact", "approved_resources",
-    "created_at", "updated_at",
-)
-
-
-@built_once
-def _register_statement(clock: Clock, postgresql: bool, state: State) -> Executable:
-    """INSERT … ON CONFLICT DO NOTHING of a new operation (every column a `new_<column>`
-    parameter) returning the audit columns, and on PostgreSQL its `admitted` event in
-    the same statement (the event is inserted only for a row that was): built once."""
-    dialect_insert = postgresql_insert if postgresql else sqlite_insert
-    inserted = (
-        dialect_insert(operations)
-        .values(**{
-            column: bindparam(f"new_{column}", type_=operations.c[column].type)
-            for column in _REGISTERED_COLUMNS
-        })
-        .on_conflict_do_nothing(index_elements=["operation_id"])
-        .returning(*AUDIT_COLUMNS)
-    )
-    if not postgresql:
-        return inserted
-    cte = inserted.cte("registered")
-    return select(cte).add_cte(event_from(cte, None, state, clock).cte("logged"))
-
-
-def register(conn: Connection, new: NewOperation, clock: Clock = DATABASE_CLOCK) -> RegisterOutcome:
-    """Create the operation, or report what the idempotency table says about its id."""
-    state = State.PENDING_APPROVAL if new.needs_approval else State.QUEUED
-    now = conn.execute(select(clock.now())).scalar_one()
-    postgresql = conn.dialect.name == "postgresql"
-    decision = "admitted"
-    values = {
-        "operation_id": new.operation_id,
-        "tenant": new.tenant,
-        "request_id": new.request_id,
-        "conversation_id": new.conversation_id,
-        "call_id": new.call_id,
-        "position": new.position,
-        "tool_name": new.tool_name,
-        "schema_version": new.schema_version,
-        "mode": Mode(new.mode).value,
-        "state": state.value,
-        "generation": 0,
-        "intent_hash": new.intent_hash,
-        "arguments": dumps(new.arguments),
-        "context": dumps(new.context),
-        "attempts": 0,
-        "available_at": now,
-        "queued_at": now if state is State.QUEUED else None,
-        "impact": dumps(new.impact) if new.impact is not None else None,
-        "approved_resources": (
-            dumps(sorted(new.approved_resources))
-            if new.approved_resources is not None else None
-        ),
-        "created_at": now,
-        "updated_at": now,
-    }
-    params = {f"new_{column}": value for column, value in values.items()}
-    if postgresql:
-        params |= event_params(decision)
-    # RETURNING rather than rowcount: drivers disagree on rowcount for DO NOTHING.
-    row = conn.execute(_register_statement(clock, postgresql, state), params).one_or_none()
-    if row is not None:
-        if not postgresql:
-            append_event(conn, row, None, state, decision, clock)
-        approval_id = None
-        if state is State.PENDING_APPROVAL:
-            approval_id = "apr_" + secrets.token_hex(12)
-            conn.execute(
-                insert(approvals).values(
-                    approval_id=approval_id,
-                    operation_id=new.operation_id,
-                    intent_hash=new.intent_hash,
-                    impact=dumps(new.impact),
-                    state=ApprovalState.PENDING.value,
-                    requested_at=now,
-                    expires_at=now + new.approval_ttl_seconds,
-                )
-            )
-        return Created(new.operation_id, state, approval_id)
-    existing = conn.execute(
-        select(operations.c.state, operations.c.intent_hash).where(
-            operations.c.operation_id == new.operation_id
-        )
-    ).one()
-    if existing.intent_hash != new.intent_hash:
-        return Conflict(new.operation_id)
-    existing_state = State(existing.state)
-    if existing_state in TERMINAL:
-        return Reused(new.operation_id, existing_state)
-    return InProgress(new.operation_id, existing_state)
 
 
 def reserve(
@@ -715,11 +487,6 @@ def complete(
     ).won
 
 
-class Completion(NamedTuple):
-    won: bool
-    accepted_receipts: int | None  # asked for and the CAS won: distinct accepted receipts
-
-
 def complete_counted(
     conn: Executes,
     operation_id: str,
@@ -810,21 +577,6 @@ def promote_due_retry(conn: Connection, operation_id: str, clock: Clock = DATABA
         decision="retry_due", clock=clock,
     )
     return row is not None
-
-
-def due_retries(conn: Connection, limit: int, clock: Clock = DATABASE_CLOCK) -> list[str]:
-    """Operation ids in `retry_wait` whose backoff has passed (partial index)."""
-    return list(
-        conn.execute(
-            select(operations.c.operation_id)
-            .where(
-                operations.c.state == State.RETRY_WAIT.value,
-                operations.c.available_at <= clock.now(),
-            )
-            .order_by(operations.c.available_at)
-            .limit(limit)
-        ).scalars()
-    )
 
 
 def mark_unknown(
@@ -941,36 +693,6 @@ def fail_unstarted(
     return row is not None
 
 
-def stale_started(
-    conn: Connection,
-    limit: int,
-    clock: Clock = DATABASE_CLOCK,
-    *,
-    skip_locked: bool = False,
-) -> list[StaleOperation]:
-    """`started` operations whose lease expired (partial index on lease_expires_at)."""
-    query = (
-        select(
-            operations.c.operation_id,
-            operations.c.generation,
-            operations.c.tool_name,
-            operations.c.lease_expires_at,
-        )
-        .where(
-            operations.c.state == State.STARTED.value,
-            operations.c.lease_expires_at < clock.now(),
-        )
-        .order_by(operations.c.lease_expires_at)
-        .limit(limit)
-    )
-    if skip_locked:
-        query = query.with_for_update(skip_locked=True)
-    return [
-        StaleOperation(r.operation_id, r.generation, r.tool_name, r.lease_expires_at)
-        for r in conn.execute(query)
-    ]
-
-
 def requeue_stale(
     conn: Connection, operation_id: str, generation: int, clock: Clock = DATABASE_CLOCK
 ) -> bool:
@@ -1002,27 +724,6 @@ def record_lookup_result(
         decision="lookup_done", clock=clock, actor="reconciler",
     )
     return row is not None
-
-
-def stale_queued(
-    conn: Connection, older_than_seconds: float, limit: int, clock: Clock = DATABASE_CLOCK
-) -> list[str]:
-    """`queued` operations waiting longer than a threshold: their message may be lost.
-
-    Only runnable ones (`runnable_queued`): one still waiting for an earlier call has
-    no message by design, and gets one when that call settles.
-    """
-    return list(
-        conn.execute(
-            select(operations.c.operation_id)
-            .where(
-                runnable_queued(operations),
-                operations.c.queued_at < clock.now() - older_than_seconds,
-            )
-            .order_by(operations.c.queued_at)
-            .limit(limit)
-        ).scalars()
-    )
 
 
 def republish_queued(

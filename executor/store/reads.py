@@ -1,4 +1,5 @@
-"""Reads of operations for the worker, the CLI and results (no state changes)."""
+"""Reads of operations for the worker, the CLI, results and the reconciler's sweeps
+(no state changes)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ from executor.core.budgets import Usage
 from executor.core.states import State
 from executor.core.tools import Mode
 from executor.store.clock import DATABASE_CLOCK, Clock
-from executor.store.records import OperationRow
+from executor.store.ordering import runnable_queued
+from executor.store.records import OperationRow, StaleOperation
 from executor.store.schema import audit_events, calls, operations
 
 # The audit decision of `started → retry_wait` when the worker gave an operation back
@@ -163,3 +165,69 @@ def earlier_write(
         .limit(1)
     ).one_or_none()
     return None if row is None else OperationRow.from_row(row)
+
+
+def due_retries(conn: Connection, limit: int, clock: Clock = DATABASE_CLOCK) -> list[str]:
+    """Operation ids in `retry_wait` whose backoff has passed (partial index)."""
+    return list(
+        conn.execute(
+            select(operations.c.operation_id)
+            .where(
+                operations.c.state == State.RETRY_WAIT.value,
+                operations.c.available_at <= clock.now(),
+            )
+            .order_by(operations.c.available_at)
+            .limit(limit)
+        ).scalars()
+    )
+
+
+def stale_started(
+    conn: Connection,
+    limit: int,
+    clock: Clock = DATABASE_CLOCK,
+    *,
+    skip_locked: bool = False,
+) -> list[StaleOperation]:
+    """`started` operations whose lease expired (partial index on lease_expires_at)."""
+    query = (
+        select(
+            operations.c.operation_id,
+            operations.c.generation,
+            operations.c.tool_name,
+            operations.c.lease_expires_at,
+        )
+        .where(
+            operations.c.state == State.STARTED.value,
+            operations.c.lease_expires_at < clock.now(),
+        )
+        .order_by(operations.c.lease_expires_at)
+        .limit(limit)
+    )
+    if skip_locked:
+        query = query.with_for_update(skip_locked=True)
+    return [
+        StaleOperation(r.operation_id, r.generation, r.tool_name, r.lease_expires_at)
+        for r in conn.execute(query)
+    ]
+
+
+def stale_queued(
+    conn: Connection, older_than_seconds: float, limit: int, clock: Clock = DATABASE_CLOCK
+) -> list[str]:
+    """`queued` operations waiting longer than a threshold: their message may be lost.
+
+    Only runnable ones (`runnable_queued`): one still waiting for an earlier call has
+    no message by design, and gets one when that call settles.
+    """
+    return list(
+        conn.execute(
+            select(operations.c.operation_id)
+            .where(
+                runnable_queued(operations),
+                operations.c.queued_at < clock.now() - older_than_seconds,
+            )
+            .order_by(operations.c.queued_at)
+            .limit(limit)
+        ).scalars()
+    )

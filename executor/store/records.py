@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from executor.core.approvers import ApproverRefusal
 from executor.core.states import ApprovalState, State
@@ -71,6 +71,14 @@ class Reservation:
     lease_expires_at: float
     attempts: int
     took_over: bool
+
+
+class Completion(NamedTuple):
+    """What `operations.complete_counted` answers: whether its CAS won, and (asked
+    for, and won) the operation's distinct accepted receipts."""
+
+    won: bool
+    accepted_receipts: int | None
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ mode) with a usage record. Drivers never execute anything: a proposal is only
 a proposal until admission and a worker decide. A driver spec names one
 (`scripted:PATH`, `cli:COMMAND`, `openai-chat:MODEL`, `openai-responses:MODEL`,
 `anthropic:MODEL`, `gemini:MODEL`); the SDK drivers live in
-`executor.turns.sdk` and import their SDK only when built. A CLI agent
+`executor.turns.sdk` and import their SDK only when built, and
+`executor.turns.specs` turns a spec into its driver. A CLI agent
 (`cli:COMMAND`) gets the prompt on stdin and an allowlisted environment.
 
 The scripted driver replays model outputs from a JSONL file, one line per model
@@ -30,7 +31,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from executor.errors import TurnError
-from executor.settings import read
 from executor.turns.values import JSON_MODE, ModelRequest, ModelResponse, Usage
 
 
@@ -162,30 +162,3 @@ def scripted_calls(path: str | Path) -> list[dict[str, Any]]:
     if not calls_path.exists():
         return []
     return [json.loads(line) for line in calls_path.read_text(encoding="utf-8").splitlines() if line]
-
-
-DRIVER_KINDS = ("scripted", "cli", "openai-chat", "openai-responses", "anthropic", "gemini")
-
-
-def load_driver(spec: str, *, env: Mapping[str, str] | None = None) -> Driver:
-    """The driver a spec names. `scripted:PATH` (JSON contract), `scripted+SURFACE:PATH`
-    (native responses of SURFACE), or `KIND:MODEL` for an SDK driver."""
-    kind, sep, rest = spec.partition(":")
-    if not sep or not rest:
-        raise DriverError("bad_driver_spec", "a driver spec is KIND:ARGUMENT, e.g. scripted:turn.jsonl")
-    if kind == "scripted" or kind.startswith("scripted+"):
-        surface = kind.partition("+")[2] or JSON_MODE
-        return ScriptedDriver(Path(rest), mode=surface)
-    if kind == "cli":
-        import shlex
-
-        allow = tuple(read("TOOLFENCE_TURN_CLI_ENV_ALLOW", env))
-        return CliAgentDriver(tuple(shlex.split(rest)), allow_env=allow)
-    if kind.partition("+")[0] in DRIVER_KINDS:
-        from executor.turns.sdk import build
-
-        driver: Driver = build(kind, rest, env=env)
-        return driver
-    raise DriverError(
-        "unknown_driver", f"unknown driver kind {kind[:40]!r}: one of {', '.join(DRIVER_KINDS)}"
-    )

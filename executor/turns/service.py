@@ -129,7 +129,7 @@ def get_turn(
     if isinstance(session, Engine):
         with read_only(session).connect() as conn:
             return get_turn(conn, tenant, turn_id)
-    from outbox.producer import results
+    from outbox.results import results
 
     conn = _connection(session)
     row = turn_store.get_turn(conn, turn_id)

@@ -3,6 +3,9 @@
 Configuration follows docs/design.md §Defaults: late acks, reject on worker lost, prefetch 1,
 JSON only, visibility timeout well above the hard time limit. Correctness never
 depends on the broker delivering exactly once: the store's CAS does.
+
+The configuration and the task names live in `executor.broker.app`, which the relay
+publishes with; this module binds the tasks to a runner per worker process.
 """
 
 from __future__ import annotations
@@ -10,14 +13,15 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery, signals
 from celery.worker.consumer import Consumer
 
+from executor.broker.app import TASK_NAME, TURN_TASK_NAME, make_celery
 from executor.core.sanitize import exception_summary
 from executor.core.tools import load_registry
+from executor.errors import WorkerError
 from executor.settings import Settings
 from executor.store.engine import dispose_engines, get_engine
 from executor.telemetry import metrics
@@ -26,31 +30,7 @@ from executor.worker.runner import OperationRunner
 if TYPE_CHECKING:
     from executor.worker.turns import TurnRunner
 
-TASK_NAME = "toolfence.execute"
-TURN_TASK_NAME = "toolfence.run_turn"
 log = logging.getLogger("toolfence.worker")
-
-
-def broker_options(settings: Settings) -> dict[str, Any]:
-    if settings.broker_url.startswith("filesystem://"):
-        folder = Path(settings.broker_url[len("filesystem://") :])
-        (folder / "queue").mkdir(parents=True, exist_ok=True)
-        (folder / "processed").mkdir(parents=True, exist_ok=True)
-        (folder / "control").mkdir(parents=True, exist_ok=True)
-        return {
-            "data_folder_in": str(folder / "queue"),
-            "data_folder_out": str(folder / "queue"),
-            "processed_folder": str(folder / "processed"),
-            # Broadcast/pidbox files: without this kombu writes ./control in the cwd.
-            "control_folder": str(folder / "control"),
-            "store_processed": False,
-            "polling_interval": 0.02,
-        }
-    return {"visibility_timeout": settings.visibility_timeout_seconds}
-
-
-def broker_url(settings: Settings) -> str:
-    return "filesystem://" if settings.broker_url.startswith("filesystem://") else settings.broker_url
 
 
 class CountingConsumer(Consumer):  # type: ignore[misc]
@@ -59,36 +39,6 @@ class CountingConsumer(Consumer):  # type: ignore[misc]
     def on_decode_error(self, message: Any, exc: Exception) -> None:
         metrics.MESSAGES.labels("bad_message").inc()
         super().on_decode_error(message, exc)
-
-
-def make_celery(settings: Settings) -> Celery:
-    app = Celery("toolfence", broker=broker_url(settings), set_as_current=False)
-    app.conf.update(
-        task_acks_late=True,
-        task_reject_on_worker_lost=True,
-        task_acks_on_failure_or_timeout=True,
-        worker_prefetch_multiplier=1,
-        task_serializer="json",
-        accept_content=["json"],
-        result_serializer="json",
-        task_ignore_result=True,
-        result_backend=None,
-        task_default_queue=settings.queue_name,
-        task_time_limit=settings.hard_time_limit_seconds,
-        broker_transport_options=broker_options(settings),
-        broker_connection_retry_on_startup=True,
-        broker_connection_max_retries=None,
-        worker_hijack_root_logger=False,
-        worker_send_task_events=False,
-        worker_consumer="executor.worker.celery_app:CountingConsumer",
-        worker_cancel_long_running_tasks_on_connection_loss=True,
-    )
-    if settings.broker_url.startswith("filesystem://"):
-        # Atomic message files: the stock transport lets a consumer read a half-written one.
-        app.conf.broker_transport = "executor.worker.fs_transport:Transport"
-        # No broadcast mailbox on files: nothing would read it, and it is one more table.
-        app.conf.worker_enable_remote_control = False
-    return app
 
 
 # The worker process's state, set up in `worker_app()`.
@@ -150,7 +100,7 @@ def worker_app(settings: Settings | None = None) -> Celery:
     return app
 
 
-class TaskFailed(Exception):
+class TaskFailed(WorkerError):
     """What Celery is told when a task fails: the original's type, nothing it said."""
 
 

@@ -38,6 +38,7 @@ from executor.core.admission import exposed_to
 from executor.core.states import TurnState
 from executor.core.tools import Mode, Registry, Tool
 from executor.core.types import CallStatus, ServerContext
+from executor.faults import Faults
 from executor.providers import SURFACES
 from executor.settings import Settings
 from executor.store import new_owner_token
@@ -54,11 +55,12 @@ from executor.turns.contract import (
     parse_json_contract,
     proposals_to_json,
 )
-from executor.turns.drivers import Driver, DriverError, load_driver
+from executor.turns.drivers import Driver, DriverError
 from executor.turns.loop import Audit, AwaitCalls, CallModel, End, Enqueue, WaitApproval, next_action
 from executor.turns.native import parse_response
 from executor.turns.prompt import CompletedStep, assemble_prompt, audit_prompt, tool_specs
 from executor.turns.service import step_record
+from executor.turns.specs import load_driver
 from executor.turns.values import (
     JSON_MODE,
     EndReason,
@@ -70,8 +72,8 @@ from executor.turns.values import (
     Usage,
     step_request_id,
 )
-from executor.worker.faults import Faults
-from outbox.producer import AdmissionUnavailable, enqueue, final, results
+from outbox.producer import AdmissionUnavailable, enqueue
+from outbox.results import final, results
 
 log = logging.getLogger("toolfence.turns")
 

@@ -43,7 +43,7 @@ from ledger.service import Ledger
 from ledger.service import effects as ledger_effects
 from ledger.service import fenced_writes as ledger_fenced
 from ledger.tools import registry
-from outbox.producer import results
+from outbox.results import results
 from tests.chaos import checker
 from tests.chaos.history import History
 from tests.chaos.nemesis import (

@@ -13,7 +13,7 @@ Three lanes run side by side while the campaign's chaos window is open:
   or with AOF on, and network faults on the workers' path to PostgreSQL or
   Redis through the proxy (latency, blackhole, reset) lasting 0.5×, 1× and 3×
   the lease;
-- the **fault points** inside the fleet's processes (`executor/worker/faults.py`):
+- the **fault points** inside the fleet's processes (`executor/faults.py`):
   kills after the downstream effect and before completion, ambiguous commits of
   the reservation and of the completion, and the relay's kill between publish
   and mark. They fire on their own with a probability the controller adjusts
@@ -58,7 +58,7 @@ RELAY_KINDS = ("relay_kill_after_publish",)
 PROCESS_KINDS = ("kill_child", "kill_node", "pause", *TERMINATE_KINDS)
 POINT_KINDS = ("kill_after_effect", "kill_before_complete", *AMBIGUOUS_KINDS, *RELAY_KINDS)
 
-# fault point name and action → kind (what `executor/worker/faults.py` logs)
+# fault point name and action → kind (what `executor/faults.py` logs)
 POINT_KIND_OF = {
     ("after_effect", "kill"): "kill_after_effect",
     ("before_complete", "kill"): "kill_before_complete",

@@ -42,7 +42,8 @@ from executor.core.types import (
 from executor.store.errors import StoreDatabaseError
 from executor.store.schema import calls as calls_table
 from executor.store.schema import operations
-from outbox.producer import enqueue, request_exists, results, settled
+from outbox.producer import enqueue
+from outbox.results import request_exists, results, settled
 from tests.chaos.history import History
 
 SETTLED_VALUES = tuple(s.value for s in SETTLED)

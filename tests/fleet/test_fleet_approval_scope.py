@@ -20,7 +20,7 @@ from executor.core.types import Pending, ServerContext
 from executor.settings import Settings
 from executor.store.engine import make_engine
 from ledger.service import Ledger
-from outbox.producer import wait_for_results
+from outbox.results import wait_for_results
 
 ACCOUNTS = [f"acme-n{n:02d}" for n in range(51)]
 FIFTY, EXTRA = ACCOUNTS[:50], ACCOUNTS[50]

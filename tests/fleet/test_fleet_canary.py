@@ -29,7 +29,8 @@ from executor.cli.fleet import Fleet
 from executor.core.types import ProposedCall, ServerContext
 from executor.settings import Settings
 from executor.store.engine import make_engine
-from outbox.producer import enqueue, results, settled
+from outbox.producer import enqueue
+from outbox.results import results, settled
 from tests.netkit import free_port
 
 pytestmark = pytest.mark.timeout(240)

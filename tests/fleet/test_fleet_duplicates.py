@@ -22,10 +22,10 @@ from fleetkit import (
     wait_until,
 )
 
+from executor.broker.app import TASK_NAME, make_celery
 from executor.cli.fleet import Fleet
 from executor.settings import Settings
 from executor.store.engine import make_engine
-from executor.worker.celery_app import TASK_NAME, make_celery
 from ledger.service import Ledger
 from outbox.producer import enqueue
 

@@ -22,7 +22,7 @@ from executor.core.types import FailedTerminal, Succeeded
 from executor.settings import Settings
 from executor.store.engine import make_engine
 from ledger.service import Ledger, effects
-from outbox.producer import wait_for_results
+from outbox.results import wait_for_results
 
 SOURCE_BALANCE = 100_000  # 1,000.00
 AMOUNT = 40_000  # 400.00 each: below the approval threshold, so none waits for a person

@@ -14,7 +14,8 @@ from executor.core.types import ProposedCall, ServerContext, Succeeded
 from executor.store.engine import make_engine
 from executor.store.schema import audit_events
 from ledger.tools import registry
-from outbox.producer import enqueue, wait_for_results
+from outbox.producer import enqueue
+from outbox.results import wait_for_results
 
 
 def _balance(call_id: str) -> ProposedCall:

@@ -23,13 +23,13 @@ from fleetkit import (
 )
 from kombu import Connection, Exchange, Producer
 
+from executor.broker.app import TASK_NAME, make_celery
 from executor.cli.fleet import Fleet, children_of
 from executor.settings import Settings
 from executor.store.engine import make_engine
 from executor.store.schema import operations
-from executor.worker.celery_app import TASK_NAME, make_celery
 from ledger.service import Ledger
-from outbox.producer import wait_for_results
+from outbox.results import wait_for_results
 
 MESSAGES = "toolfence_worker_messages_total"
 

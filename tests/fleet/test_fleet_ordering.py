@@ -26,7 +26,7 @@ from executor.cli.fleet import Fleet
 from executor.settings import Settings
 from executor.store.engine import make_engine
 from ledger.service import Ledger
-from outbox.producer import wait_for_results
+from outbox.results import wait_for_results
 
 
 def test_mixed_request__reads_overlap__writes_in_order__results_by_call_id(

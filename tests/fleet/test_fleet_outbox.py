@@ -38,7 +38,8 @@ from executor.store.engine import make_engine
 from executor.store.schema import calls as calls_table
 from executor.store.schema import operations, outbox
 from ledger.service import Ledger
-from outbox.producer import enqueue, wait_for_results
+from outbox.producer import enqueue
+from outbox.results import wait_for_results
 
 MESSAGES = "toolfence_worker_messages_total"
 PUBLISHED = "toolfence_relay_published_total"

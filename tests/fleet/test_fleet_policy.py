@@ -26,7 +26,7 @@ from executor.cli.fleet import Fleet
 from executor.settings import Settings
 from executor.store.engine import make_engine
 from ledger.service import Ledger
-from outbox.producer import wait_for_results
+from outbox.results import wait_for_results
 
 
 def test_permission_revoked_after_admission__permission_denied__handler_never_invoked(

@@ -9,7 +9,8 @@ from typing import Any
 from executor.core.types import ProposedCall, ServerContext, Succeeded
 from executor.store.engine import make_engine
 from ledger.tools import registry
-from outbox.producer import enqueue, wait_for_results
+from outbox.producer import enqueue
+from outbox.results import wait_for_results
 
 TRANSFER = {"source_account": "acme-1", "target_account": "acme-2", "amount_cents": 40_000}
 

@@ -8,7 +8,8 @@ from pathlib import Path
 from executor.core.types import ProposedCall, ServerContext
 from executor.mcp import shutdown_connections
 from executor.store.engine import make_engine
-from outbox.producer import enqueue, wait_for_results
+from outbox.producer import enqueue
+from outbox.results import wait_for_results
 from tests.fixtures.mcp_fleet_tools import build
 
 ROOT = Path(__file__).resolve().parents[2]

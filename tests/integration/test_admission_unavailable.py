@@ -26,8 +26,10 @@ from executor.core.types import ProposedCall, ServerContext
 from executor.settings import Settings
 from executor.store.operator import pending_approvals
 from executor.store.schema import calls, operations, outbox
-from executor.worker.runner import OperationRunner, OutcomeLabel
-from outbox.producer import AdmissionUnavailable, enqueue, results
+from executor.worker.outcomes import OutcomeLabel
+from executor.worker.runner import OperationRunner
+from outbox.producer import AdmissionUnavailable, enqueue
+from outbox.results import results
 from tests.netkit import REFUSED_PASSWORD, Directory
 
 

@@ -47,11 +47,13 @@ from executor.core.types import ErrorCode, Pending, ProposedCall, ServerContext
 from executor.settings import Settings
 from executor.store import engine as store_engine
 from executor.store.schema import receipts
-from executor.worker.runner import OperationRunner, OutcomeLabel
+from executor.worker.outcomes import OutcomeLabel
+from executor.worker.runner import OperationRunner
 from ledger import service as ledger_service
 from ledger import tools as ledger_tools
 from ledger.service import Ledger
-from outbox.producer import EnqueueHandle, enqueue, results
+from outbox.producer import EnqueueHandle, enqueue
+from outbox.results import results
 from reconciler.sweep import Reconciler
 
 ALICE = ServerContext(

@@ -32,7 +32,8 @@ from executor.store.engine import (
     make_engine,
     ping_idle_seconds,
 )
-from executor.worker.runner import OperationRunner, OutcomeLabel
+from executor.worker.outcomes import OutcomeLabel
+from executor.worker.runner import OperationRunner
 from tests.netkit import terminate_backend
 
 IDLE = 0.3  # seconds: the short threshold, for the cases that wait past it

@@ -34,8 +34,10 @@ from executor.core.tools import (
 )
 from executor.core.types import FailedTerminal, ProposedCall, ServerContext, Succeeded
 from executor.settings import Settings
-from executor.worker.runner import OperationRunner, OutcomeLabel
-from outbox.producer import enqueue, results
+from executor.worker.outcomes import OutcomeLabel
+from executor.worker.runner import OperationRunner
+from outbox.producer import enqueue
+from outbox.results import results
 from tests.netkit import Directory
 
 THRESHOLD = 50_000

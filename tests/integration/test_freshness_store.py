@@ -32,9 +32,12 @@ from executor.core.tools import (
 from executor.core.types import ErrorCode, FailedTerminal, ProposedCall, ServerContext, Succeeded
 from executor.settings import Settings
 from executor.store.clock import ManualClock
+from executor.worker import outcomes as outcomes_module
 from executor.worker import runner as runner_module
-from executor.worker.runner import OperationRunner, OutcomeLabel
-from outbox.producer import enqueue, operation_status, results
+from executor.worker.outcomes import OutcomeLabel
+from executor.worker.runner import OperationRunner
+from outbox.producer import enqueue
+from outbox.results import operation_status, results
 
 SOURCE_TIME = datetime(2024, 5, 1, 9, 58, tzinfo=UTC)
 SHORT_MAX_AGE = 0.5
@@ -136,7 +139,7 @@ def enqueue_and_run(
 
 
 class _SkewedTime(types.ModuleType):
-    """The worker's `time` module with its wall clock a day ahead."""
+    """The worker's `time` module (its runner's and its outcomes') with its wall clock a day ahead."""
 
     def __init__(self) -> None:
         super().__init__("time")
@@ -154,6 +157,7 @@ def test_read__run_by_the_worker__observed_at_is_the_completing_statement_databa
 ) -> None:
     # Given a worker whose own wall clock is a day ahead of the database's
     monkeypatch.setattr(runner_module, "time", _SkewedTime())
+    monkeypatch.setattr(outcomes_module, "time", _SkewedTime())
     before = db_now(engine)
     # When it runs a read whose handler gives the source's own timestamp
     operation_id = enqueue_and_run(engine, tools, runner, "req-live", [call("c1", "quotes.live")])["c1"]

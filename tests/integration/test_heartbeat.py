@@ -25,7 +25,8 @@ from executor.core.tools import Access, Approval, Mode, Registry, RunContext, To
 from executor.core.types import ServerContext
 from executor.settings import Settings
 from executor.worker.heartbeat import Heartbeat
-from executor.worker.runner import OperationRunner, OutcomeLabel
+from executor.worker.outcomes import OutcomeLabel
+from executor.worker.runner import OperationRunner
 
 LEASE = 3.0
 CONTEXT = ServerContext(principal="alice", tenant="acme", request_id="req-heartbeat")

@@ -32,14 +32,8 @@ from executor.providers.hosted import HostedPolicy, HostedServer, hosted_intent_
 from executor.settings import Settings
 from executor.store import engine as store_engine
 from executor.store.schema import hosted_approvals, hosted_calls
-from outbox.producer import (
-    EnqueueHandle,
-    HostedCalls,
-    NoApprovalResponse,
-    enqueue,
-    hosted_approval_responses,
-    results,
-)
+from outbox.producer import EnqueueHandle, HostedCalls, NoApprovalResponse, enqueue, hosted_approval_responses
+from outbox.results import results
 from reconciler.sweep import Reconciler
 
 ARGUMENTS = '{"customer_id": "c-42", "email": "new@example.com", "api_key": "sk-live-abcdefghijklmnop"}'

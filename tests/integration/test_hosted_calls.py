@@ -21,7 +21,8 @@ from executor.core.types import ErrorCode, FailedTerminal, Pending, ProposedCall
 from executor.providers.hosted import NO_HOSTED_TOOLS, HostedCall, HostedPolicy, HostedServer
 from executor.store.schema import calls as calls_table
 from executor.store.schema import hosted_calls
-from outbox.producer import EnqueueHandle, HostedCalls, enqueue, results
+from outbox.producer import EnqueueHandle, HostedCalls, enqueue
+from outbox.results import results
 
 SECRET_ARGUMENTS = '{"scope": "every customer", "token": "sk-hosted-arguments"}'
 SECRET_DIGEST = "d" * 64

@@ -14,7 +14,8 @@ from executor import settings
 from executor.core.identifiers import InvalidIdentifier
 from executor.core.tools import Access, Approval, Effect, Mode, Registry, RunContext, Tool, Written
 from executor.core.types import ErrorCode, FailedTerminal, Pending, ProposedCall, ServerContext
-from outbox.producer import enqueue, results
+from outbox.producer import enqueue
+from outbox.results import results
 
 CANARY = "sk-canaryCANARYcanary0123456789"
 

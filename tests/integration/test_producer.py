@@ -30,7 +30,8 @@ from executor.core.types import (
 from executor.store.engine import make_engine
 from executor.store.schema import calls as calls_table
 from executor.store.schema import operations, outbox
-from outbox.producer import EnqueueHandle, default_operation_id, enqueue, results
+from outbox.producer import EnqueueHandle, default_operation_id, enqueue
+from outbox.results import results
 
 
 class NoteArgs(BaseModel):

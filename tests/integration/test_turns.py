@@ -18,21 +18,22 @@ from turnkit import Recording, asked, calls, drive, turn_state, write_script
 
 from executor import store
 from executor.core.types import ServerContext
+from executor.faults import AmbiguousCommit
 from executor.settings import Settings
 from executor.store import turns as turn_store
 from executor.store.clock import db_now
 from executor.store.engine import make_engine
 from executor.store.schema import outbox, turn_steps, turns
-from executor.turns.drivers import DriverError, ScriptedDriver, load_driver
+from executor.turns.drivers import DriverError, ScriptedDriver
 from executor.turns.prompt import COMPLETED_HEADER
 from executor.turns.service import TurnInProgress, get_turn, start_turn
+from executor.turns.specs import load_driver
 from executor.turns.values import ModelRequest, ModelResponse, TurnOptions, Usage, step_request_id
-from executor.worker.faults import AmbiguousCommit
 from executor.worker.turns import UNAVAILABLE_RETRY_SECONDS, TurnRunner
 from ledger import service as ledger_service
 from ledger.service import Ledger
 from ledger.tools import registry
-from outbox.producer import results
+from outbox.results import results
 from tests.netkit import refused_database_url
 
 ALICE = ServerContext(

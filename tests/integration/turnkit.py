@@ -22,7 +22,8 @@ from executor.core.states import State
 from executor.core.tools import Registry
 from executor.settings import Settings
 from executor.store.schema import operations, turns
-from executor.turns.drivers import Driver, ScriptedDriver, load_driver
+from executor.turns.drivers import Driver, ScriptedDriver
+from executor.turns.specs import load_driver
 from executor.turns.values import ModelRequest, ModelResponse
 from executor.worker.runner import OperationRunner
 from executor.worker.turns import TurnRunner

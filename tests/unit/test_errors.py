@@ -51,15 +51,6 @@ TOOL_FAMILY = frozenset({
     "StaleFencingToken", "LostOwnership",
 })
 
-# Classes defined in files another change of issue 26 owns, which gain their kind
-# there. Once those are merged, empty this set (or delete it with `_pending` and its
-# uses); `test_pending_merge__lists_exactly_the_classes_still_outside` fails until then.
-PENDING_MERGE = frozenset({
-    "AmbiguousCommit",  # executor/worker/faults.py
-    "TaskFailed",  # executor/worker/celery_app.py
-    "InvalidBatch", "NoApprovalResponse",  # outbox/producer.py
-})
-
 # Every toolfence exception: its kind, and the standard base callers caught it by
 # before the family existed (kept, so no `except ValueError` changes meaning).
 EXPECTED: dict[str, tuple[type[ToolfenceError], type[Exception] | None]] = {
@@ -91,10 +82,6 @@ EXPECTED: dict[str, tuple[type[ToolfenceError], type[Exception] | None]] = {
     "UserError": (CommandError, None),
     "DemoError": (CommandError, None),
 }
-
-
-def _pending(name: str) -> bool:
-    return name in PENDING_MERGE
 
 
 def _modules() -> list[str]:
@@ -139,18 +126,9 @@ def test_discovery__finds_the_known_classes_of_each_family() -> None:
 def test_every_toolfence_exception__derives_from_toolfence_error() -> None:
     outside = sorted(
         f"{cls.__module__}.{name}" for name, cls in defined_exceptions().items()
-        if name not in TOOL_FAMILY and not _pending(name) and not issubclass(cls, ToolfenceError)
+        if name not in TOOL_FAMILY and not issubclass(cls, ToolfenceError)
     )
     assert not outside, f"derive these from a kind in executor/errors.py: {outside}"
-
-
-def test_pending_merge__lists_exactly_the_classes_still_outside() -> None:
-    # A class listed here that already is a ToolfenceError means the merge happened:
-    # delete PENDING_MERGE.
-    joined = sorted(
-        name for name in PENDING_MERGE if issubclass(defined_exceptions()[name], ToolfenceError)
-    )
-    assert not joined, f"already ToolfenceErrors, take them out of PENDING_MERGE: {joined}"
 
 
 def test_tool_failures__are_not_toolfence_errors() -> None:
@@ -178,8 +156,6 @@ def test_exception__has_its_kind_and_keeps_its_standard_base(name: str) -> None:
     kind, standard = EXPECTED[name]
     if standard is not None:
         assert issubclass(cls, standard), f"{name} is no longer a {standard.__name__}"
-    if _pending(name):
-        return
     assert issubclass(cls, kind), f"{name} should be a {kind.__name__}"
     assert [k for k in KINDS if issubclass(cls, k)] == [kind], f"{name} has one kind"
 
@@ -410,14 +386,9 @@ def test_real_raise__is_caught_by_except_toolfence_error(
         raiser(**arguments)
     except ToolfenceError as exc:
         caught = exc
-    except expected:
-        # Then, until its module's change is merged, it is not one yet
-        assert _pending(name), f"{name} escaped `except ToolfenceError`"
-        return
     # Then the base caught it: the class named, of its kind
     assert type(caught) is expected
     assert isinstance(caught, kind)
-    assert not _pending(name)
 
 
 def test_tool_failure__is_not_caught_by_except_toolfence_error() -> None:

@@ -27,7 +27,7 @@ from executor.core.tools import (
 )
 from executor.core.types import CallStatus, Succeeded
 from executor.store.records import OperationRow
-from outbox.producer import operation_status
+from outbox.results import operation_status
 
 OBSERVED_AT = 1_700_000_000.0
 

@@ -4,7 +4,9 @@ docs/design.md §Layout: dependencies point down. Pure `executor/core` imports n
 database, broker or HTTP library and no other part of toolfence; `providers`
 and `mcp` import only `core`; nothing but `cli` imports `ledger`. And: the
 reconciler never loads the worker, and the clock never imports the engine
-(the engine builds on the clock).
+(the engine builds on the clock). Beyond the layers: no import cycle among the
+modules of executor, outbox and reconciler, the relay never loads the worker
+(publishing lives in executor/broker), and no source file there is over 800 lines.
 
 Every import counts, at module level or inside a function (`ast.walk`), and so
 does `importlib.import_module("literal")`. An import under `if TYPE_CHECKING:`
@@ -51,16 +53,23 @@ LAYERS: dict[str, set[str]] = {
     "executor.telemetry": {
         "executor.core", "executor.errors", "executor.settings", "executor.store", "executor.telemetry",
     },
+    # Test-only fault points, fired by the worker and the relay.
+    "executor.faults": {"executor.errors", "executor.settings", "executor.faults"},
+    # Publishing to the broker (task names, the app's configuration, publishers): the
+    # relay's and the worker's common ground, standing on neither.
+    "executor.broker": {"executor.core", "executor.errors", "executor.settings", "executor.broker"},
     # The turn package: its pure parts (below) read no database or broker; `service`
-    # (start_turn, get_turn) stands on the store and reads results through outbox.producer.
+    # (start_turn, get_turn) stands on the store and reads results through outbox.results.
     "executor.turns": {
         "executor.core", "executor.errors", "executor.settings", "executor.store", "executor.telemetry",
-        "executor.providers", "executor.turns", "outbox.producer",
+        "executor.providers", "executor.turns", "outbox.results",
     },
-    # The turn job runs the loop: it enqueues a step's calls (outbox.producer).
+    # The turn job runs the loop: it enqueues a step's calls (outbox.producer) and reads
+    # their results (outbox.results).
     "executor.worker": {
         "executor.core", "executor.errors", "executor.settings", "executor.store", "executor.telemetry",
-        "executor.worker", "executor.providers", "executor.turns", "outbox.producer",
+        "executor.worker", "executor.providers", "executor.turns", "executor.broker", "executor.faults",
+        "outbox.producer", "outbox.results",
     },
     # `toolfence serve`: admits through the producer API, decides through the store.
     "executor.http": {
@@ -285,7 +294,7 @@ def test_dependencies_point_down(part: str) -> None:
     assert not violations, _report(violations, f"{part} may import only {sorted(allowed)}")
 
 
-TURNS_PURE = ("values", "contract", "native", "prompt", "loop", "audit", "drivers", "sdk")
+TURNS_PURE = ("values", "contract", "native", "prompt", "loop", "audit", "drivers", "sdk", "specs")
 
 
 def test_turns__pure_parts_import_no_database_or_broker_library() -> None:
@@ -353,3 +362,111 @@ def test_clock__imports_nothing_from_the_engine() -> None:
         and (is_within(i.module, ["executor.store.engine"]) or i.module in {"executor", "executor.store"})
     ]
     assert not violations, _report(violations, "executor/store/clock.py must not import the engine")
+
+
+# ------------------------------------------------------------------ cycles, the relay, file sizes
+
+CYCLE_PACKAGES = ("executor", "outbox", "reconciler")
+
+
+def _dependency_graph() -> dict[str, set[str]]:
+    """Module -> the toolfence modules it imports (every import that loads something,
+    at module level or inside a function; a package's own `__init__` is not counted
+    for its submodules, as Python runs it before them without a cycle)."""
+    graph: dict[str, set[str]] = {}
+    for path in source_files():
+        this = module_name(path)
+        if this.split(".")[0] not in CYCLE_PACKAGES:
+            continue
+        targets = graph.setdefault(this, set())
+        for found in imports_of(path):
+            if found.type_checking or found.module == this or module_path(found.module) is None:
+                continue
+            if found.module.split(".")[0] in CYCLE_PACKAGES:
+                targets.add(found.module)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected set of more than one module (or a module importing
+    itself), each sorted: Tarjan's algorithm, iteratively."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work: list[tuple[str, Iterator[str]]] = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                component: list[str] = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1 or node in graph.get(node, ()):
+                    found.append(sorted(component))
+    return found
+
+
+def test_cycles__finds_a_function_level_circle_and_nothing_in_a_chain() -> None:
+    # Given a chain a -> b -> c, and d <-> e where e's import of d sits in a function
+    chain = {"a": {"b"}, "b": {"c"}, "c": set()}
+    probe = ast.parse("def later() -> None:\n    from executor.http import server\n")
+    [back] = imports_in(probe, Path("executor/http/console.py"), "executor.http")
+    circle = {"executor.http.server": {"executor.http.console"}, "executor.http.console": {back.module}}
+    # Then the chain has no cycle and the circle is one, function-level import included
+    assert cycles(chain) == []
+    assert cycles(circle) == [["executor.http.console", "executor.http.server"]]
+
+
+def test_no_import_cycle_among_executor_outbox_and_reconciler() -> None:
+    found = cycles(_dependency_graph())
+    assert not found, "import cycles (module-level or function-level imports):\n  " + "\n  ".join(
+        " <-> ".join(component) for component in found
+    )
+
+
+def test_relay__loads_nothing_from_the_worker() -> None:
+    # Publishing has its own home (executor/broker); the relay stands beside the worker.
+    reached = _reachable(["outbox.relay"])
+    violations = sorted(
+        f"{module} (through {via})" for module, via in reached.items()
+        if is_within(module, ["executor.worker"])
+    )
+    assert not violations, "the relay must not load the worker:\n  " + "\n  ".join(violations)
+
+
+MAX_LINES = 800
+
+
+def test_no_source_file_over_800_lines() -> None:
+    too_long = {
+        path.relative_to(ROOT): lines
+        for path in source_files()
+        if path.relative_to(ROOT).parts[0] in CYCLE_PACKAGES
+        and (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+    assert not too_long, f"files over {MAX_LINES} lines: {too_long}"

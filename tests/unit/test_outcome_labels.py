@@ -3,7 +3,7 @@ is read by the Grafana dashboard, the alert rules and the fleet tests by value."
 
 from __future__ import annotations
 
-from executor.worker.runner import OutcomeLabel
+from executor.worker.outcomes import OutcomeLabel
 
 
 def test_outcome_labels__values__unchanged_metric_label_values() -> None:

@@ -29,8 +29,8 @@ from executor.settings import Settings
 from executor.store import engine as store_engine
 from executor.store import schema
 from executor.worker.runner import OperationRunner
-from outbox.producer import final, results
 from outbox.relay import Relay
+from outbox.results import final, results
 from tests.fixtures.sealed_tools import CANARY, CANARY_FORMS, RENDER_ONLY
 
 FORMS = sorted(CANARY_FORMS)

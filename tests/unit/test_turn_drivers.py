@@ -24,8 +24,9 @@ from executor.core.types import ServerContext
 from executor.providers import SURFACES, encode_tool_name
 from executor.turns import sdk
 from executor.turns.contract import Final, ToolCalls
-from executor.turns.drivers import DriverError, load_driver
+from executor.turns.drivers import DriverError
 from executor.turns.native import parse_response
+from executor.turns.specs import load_driver
 from executor.turns.values import ModelRequest
 from ledger.tools import registry
 

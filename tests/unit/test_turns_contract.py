@@ -304,7 +304,7 @@ def test_cli_agent_driver__prompt_on_stdin__environment_allowlisted_not_inherite
 ) -> None:
     import sys
 
-    from executor.turns.drivers import load_driver
+    from executor.turns.specs import load_driver
 
     agent = tmp_path / "agent.py"
     agent.write_text(AGENT)

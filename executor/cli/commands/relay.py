@@ -23,7 +23,8 @@ def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
 def run(args: argparse.Namespace) -> int:
     chosen = settings()
     engine = engine_of(chosen)
-    from outbox.relay import Relay, celery_publishers
+    from executor.broker.publish import celery_publishers
+    from outbox.relay import Relay
 
     if args.once:
         # One pass for a person or cron: an unreachable broker is an error to see,

@@ -23,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
     chosen = settings()
     surface = surface_of(args.provider) if args.provider else None
     engine = engine_of(chosen)
-    from outbox.producer import final, request_exists, results, wait_for_results
+    from outbox.results import final, request_exists, results, wait_for_results
 
     with engine.connect() as conn:
         if not request_exists(conn, args.tenant, args.request_id):

@@ -48,8 +48,9 @@ def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
 
 
 def run_start(args: argparse.Namespace) -> int:
-    from executor.turns.drivers import DriverError, load_driver
+    from executor.turns.drivers import DriverError
     from executor.turns.service import TurnInProgress, start_turn
+    from executor.turns.specs import load_driver
     from executor.turns.values import TurnOptions
 
     chosen = settings()

@@ -76,7 +76,8 @@ def _examples(items: Sequence[str], limit: int = 3) -> str:
 def gather(engine: Engine, requests: Sequence[DemoRequest], metrics_dir: Path | None) -> Figures:
     """Every figure and invariant, from the database and the ledger's own tables."""
     from ledger.service import effects, fenced_writes
-    from outbox.producer import default_operation_id, results
+    from outbox.producer import default_operation_id
+    from outbox.results import results
 
     figures = Figures()
     reader = read_only(engine)
@@ -292,7 +293,7 @@ def _stale_counters(metrics_dir: Path | None) -> dict[str, float]:
 
 def model_view(engine: Engine, request: DemoRequest) -> Table:
     """One request's results as a model receives them: one per call id, in proposal order."""
-    from outbox.producer import final, results
+    from outbox.results import final, results
 
     table = Table(title=f"What the model gets back for {request.request_id}", title_justify="left")
     for header in ("call id", "tool", "result", "detail"):

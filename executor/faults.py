@@ -22,10 +22,11 @@ import signal
 import time
 from dataclasses import dataclass
 
+from executor.errors import WorkerError
 from executor.settings import Settings
 
 
-class AmbiguousCommit(ConnectionError):
+class AmbiguousCommit(WorkerError, ConnectionError):
     """The statement committed, but the caller is told the connection failed."""
 
 
