@@ -1,7 +1,7 @@
 """The app factory and the runner of `toolfence serve`.
 
-Settings of the server itself (read here, not in executor/settings.py, because
-only this process reads them):
+Settings of the server itself (declared with the others in
+executor/settings/variables.py, read when the server starts):
 
 - `TOOLFENCE_HTTP_MAX_BODY_BYTES` (default 1 MiB): larger bodies are 413;
 - `TOOLFENCE_HTTP_RATE_LIMIT` (default `600/minute`): per key, `limits` syntax;
