@@ -100,7 +100,7 @@ class Reconciler:
 
     @classmethod
     def from_settings(cls, settings: Settings, engine: Engine) -> Reconciler:
-        return cls(settings, engine, load_registry(settings.tools_module))
+        return cls(settings, engine, load_registry(settings.require_tools()))
 
     def sweep(self) -> SweepReport:
         report = SweepReport()

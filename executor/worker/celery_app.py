@@ -52,7 +52,7 @@ def _get_runner() -> OperationRunner:
     if _runner is None:
         settings = _settings or Settings.from_env()
         _runner = OperationRunner(
-            settings, load_registry(settings.tools_module), get_engine(settings.database_url)
+            settings, load_registry(settings.require_tools()), get_engine(settings.database_url)
         )
     return _runner
 
@@ -65,7 +65,7 @@ def _get_turn_runner() -> TurnRunner:
 
         settings = _settings or Settings.from_env()
         _turn_runner = TurnRunner(
-            settings, load_registry(settings.tools_module), get_engine(settings.database_url)
+            settings, load_registry(settings.require_tools()), get_engine(settings.database_url)
         )
     return _turn_runner
 

@@ -303,7 +303,10 @@ def test_docs__every_metric_they_name_is_defined_in_the_code() -> None:
 
 def test_docs__every_alert_they_name_is_in_the_rules() -> None:
     rules = (ROOT / "ops" / "alerts.yml").read_text()
-    named = set(re.findall(r"\b(Toolfence[A-Z]\w+)", documentation()))
+    import executor
+
+    # `ToolfenceError` and its like are the facade's classes, not alerts.
+    named = {n for n in re.findall(r"\b(Toolfence[A-Z]\w+)", documentation()) if not hasattr(executor, n)}
     assert named and all(f"alert: {n}" in rules for n in named), sorted(
         n for n in named if f"alert: {n}" not in rules
     )
