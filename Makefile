@@ -31,6 +31,7 @@ services: deps
 	bash scripts/services.sh $(SERVICES)
 
 test: deps services $(STAMP)
+	$(BIN)/python -m compileall -q executor outbox reconciler ledger tests > /dev/null
 	$(BIN)/python -m pytest -q tests
 
 chaos: deps services $(STAMP)
