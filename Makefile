@@ -32,7 +32,7 @@ services: deps
 
 test: deps services $(STAMP)
 	$(BIN)/python -m compileall -q executor outbox reconciler ledger tests > /dev/null
-	$(BIN)/python -m pytest -q tests
+	bash scripts/test-tiers.sh $(BIN)/python
 
 chaos: deps services $(STAMP)
 	$(BIN)/python -m pytest -q -m chaos tests/chaos

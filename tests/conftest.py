@@ -22,6 +22,7 @@ import psycopg
 import pytest
 from sqlalchemy import Engine
 
+from executor import settings
 from executor.store.engine import make_engine
 from executor.store.migrate import migrate
 
@@ -151,6 +152,15 @@ class _Clones:
         shares = [names[i :: self.DROP_LANES] for i in range(self.DROP_LANES)]
         with ThreadPoolExecutor(self.DROP_LANES) as pool:
             list(pool.map(lane, [share for share in shares if share]))
+
+
+@pytest.fixture(autouse=True)
+def _settings_read_per_test() -> Iterator[None]:
+    """`settings.current()` reads the environment once per process; each test has
+    its own environment (monkeypatched variables), so none inherits another's."""
+    settings.forget()
+    yield
+    settings.forget()
 
 
 @pytest.fixture(scope="session")

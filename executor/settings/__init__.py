@@ -30,6 +30,7 @@ __all__ = [
     "budgets_from_env",
     "current",
     "default_home",
+    "forget",
     "limits_from_env",
     "load",
     "mask_url",
@@ -201,6 +202,12 @@ def reload() -> Settings:
     """Read the settings again and keep them as this process's."""
     _CURRENT.settings = Settings.from_env()
     return _CURRENT.settings
+
+
+def forget() -> None:
+    """Drop this process's settings: the next `current()` reads them again (a test
+    harness calls it between tests, whose environments differ)."""
+    _CURRENT.settings = None
 
 
 @contextmanager

@@ -345,3 +345,17 @@ def test_package__ships_no_ledger() -> None:
     include = found["tool"]["setuptools"]["packages"]["find"]["include"]
     assert not [p for p in include if p.startswith("ledger")]
     assert (ROOT / "ledger" / "tools.py").exists()
+
+
+def test_forget__the_next_current_reads_the_environment_again(
+    clean_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given settings read once in this process
+    monkeypatch.setenv("TOOLFENCE_MAX_ARGUMENT_BYTES", "60")
+    assert settings.current().max_argument_bytes == 60
+    monkeypatch.setenv("TOOLFENCE_MAX_ARGUMENT_BYTES", "70")
+    assert settings.current().max_argument_bytes == 60
+    # When they are forgotten
+    settings.forget()
+    # Then the next read sees the environment as it is now
+    assert settings.current().max_argument_bytes == 70
