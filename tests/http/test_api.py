@@ -681,13 +681,15 @@ def test_get_request__fifty_long_polls_waiting__other_requests_still_answered_at
         polls = [pool.submit(long_poll, i) for i in range(50)]
         time.sleep(1.0)
         # When another request arrives while they all wait
-        started = time.monotonic()
         with served.client(key) as client:
             other = client.get("/v1/approvals")
-        took = time.monotonic() - started
+        # Then it is answered before any of them (the waits hold no thread: had they
+        # held the threadpool, it would queue behind polls that answer after 4 s);
+        # ordered, not timed, so a busy machine cannot fail it
+        answered_first = not any(poll.done() for poll in polls)
         statuses = [p.result() for p in polls]
-    # Then it is answered at once (the waits hold no thread), and every poll is answered
-    assert other.status_code == 200 and took < 1.5, took
+    assert other.status_code == 200 and answered_first
+    # and every poll is answered
     assert statuses == [200] * 50
 
 
