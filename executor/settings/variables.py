@@ -20,7 +20,7 @@ from executor.errors import ConfigurationError
 
 
 class SettingsError(ConfigurationError, ValueError):
-    pass
+    """A setting has a value it may not take (the message names the variable)."""
 
 
 # What a value is. Each kind parses the text of an environment variable (or of a
