@@ -94,7 +94,7 @@ def test_keeper__forty_leases_held__one_statement_per_tick_and_every_lease_kept(
 
 
 def test_keeper__one_lease_taken_over__only_that_one_lost(engine: Engine) -> None:
-    lease = 1.5
+    lease = 3.0  # renewed every 1 s: room for a busy machine (see the forty-lease test)
     beats = [Heartbeat(engine, r, lease, reserve_sent_at=t) for r, t in reserved(engine, 3, lease)]
     for beat in beats:
         beat.start()
