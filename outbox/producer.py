@@ -61,6 +61,7 @@ from executor.providers.hosted import (
     GrantedApprovals,
     HostedCall,
     HostedPolicy,
+    hosted_arguments,
     hosted_intent_hash,
     hosted_violations,
 )
@@ -307,7 +308,7 @@ def _enqueue(
             order.write_blocked = True
 
     if hosted is not None:
-        handles.extend(_record_hosted(conn, context, hosted, next_position))
+        handles.extend(_record_hosted(conn, context, hosted, next_position, limits))
 
     if conn.dialect.name == "postgresql":
         # Delivered at commit, and only if the caller commits: wakes the relay early.
@@ -326,19 +327,15 @@ _MAX_KEY_CHARS = 160
 def _hosted_keys(calls: Sequence[HostedCall]) -> list[str]:
     """Each hosted call's key in its request, the same every time one response is read:
     the provider's item id (a result item's with `/result`: it names the call it
-    answers), `<surface>:<kind>:<index>` without one, a digest of an overlong one,
-    and `#n` on the nth repeat of a key within the response."""
+    answers), `<surface>:<kind>:<index>` without one, a digest of an overlong or
+    unstorable one, and `#n` on the nth repeat of a key within the response. Every
+    key is an identifier of at most 200 characters, so is every call id made of one."""
     keys: list[str] = []
     seen: set[str] = set()
     for index, call in enumerate(calls):
-        if not call.item_id:
-            key = f"{call.surface}:{call.kind[:64]}:{index}"
-        elif len(call.item_id) > _MAX_KEY_CHARS or not _storable(call.item_id):
-            # Overlong, or text a database cannot hold (NUL, a lone surrogate, control
-            # characters): a digest stands for it, so the producer's transaction holds.
-            key = "h_" + hashlib.sha256(call.item_id.encode("utf-8", "surrogatepass")).hexdigest()[:32]
-        else:
-            key = call.item_id
+        # Overlong, or text a database cannot hold (NUL, a lone surrogate, control
+        # characters): a digest stands for it, so the producer's transaction holds.
+        key = storable_key(call.item_id or f"{call.surface}:{call.kind}:{index}", _MAX_KEY_CHARS)
         if call.is_result:
             key += "/result"
         candidate, n = key, 1
@@ -348,17 +345,6 @@ def _hosted_keys(calls: Sequence[HostedCall]) -> list[str]:
         seen.add(candidate)
         keys.append(candidate)
     return keys
-
-
-def _storable(text: str) -> bool:
-    """Printable text with no lone surrogate: what a call id may be."""
-    if not text.isprintable():
-        return False
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _free_call_id(key: str, taken: set[str]) -> str:
@@ -374,7 +360,7 @@ def _free_call_id(key: str, taken: set[str]) -> str:
 
 
 def _record_hosted(
-    conn: Connection, context: ServerContext, hosted: HostedCalls, next_position: int
+    conn: Connection, context: ServerContext, hosted: HostedCalls, next_position: int, limits: Limits
 ) -> list[CallHandle]:
     """Record each hosted call (once per request); report each one outside the policy
     as a `failed_terminal` call row of the request. Returns those rows' handles."""
@@ -388,6 +374,7 @@ def _record_hosted(
             conn, context.tenant,
             (c.approval_request_id for c in hosted.calls if c.approval_request_id and not c.is_result),
         ),
+        limits,
     )
     handles: list[CallHandle] = []
     for key, call in zip(_hosted_keys(hosted.calls), hosted.calls, strict=True):
@@ -400,15 +387,15 @@ def _record_hosted(
                     CallHandle(row.call_id, row.tool_name, None, parse_status(json.loads(row.result)))
                 )
             continue
-        violations = [] if call.is_result else hosted_violations([call], hosted.policy, granted)
+        violations = [] if call.is_result else hosted_violations([call], hosted.policy, granted, limits)
         if not violations and call.kind == "mcp_approval_request":
-            _request_hosted_approval(conn, context, call, hosted.approval_ttl_seconds)
+            _request_hosted_approval(conn, context, call, hosted.approval_ttl_seconds, limits)
         call_id: str | None = None
         if violations:
             [violation] = violations
             call_id = _free_call_id(key, taken)
             taken.add(call_id)
-            tool_name = HOSTED_TOOL_PREFIX + call.kind[:64]
+            tool_name = HOSTED_TOOL_PREFIX + storable_key(call.kind, 64)
             result = FailedTerminal(call_id=call_id, tool_name=tool_name, error=violation.error)
             store.record_call(
                 conn, tenant=context.tenant, request_id=context.request_id,
@@ -437,13 +424,14 @@ def _record_hosted(
 _IMPACT_MAX_CHARS = 2_000
 
 
-def _hosted_impact(call: HostedCall) -> dict[str, Any]:
+def _hosted_impact(call: HostedCall, limits: Limits) -> dict[str, Any]:
     """What an approver of a hosted call is shown: server, tool, and the arguments
-    redacted (secrets, controls) and capped. The provider's text is never stored."""
+    (parsed as a proposal's, `hosted_arguments`) redacted (secrets, controls) and
+    capped. The provider's text is never stored."""
     arguments: Any = None
     if call.arguments is not None:
         try:
-            arguments = sanitize_json(json.loads(call.arguments), _IMPACT_MAX_CHARS)
+            arguments = sanitize_json(hosted_arguments(call.arguments, limits), _IMPACT_MAX_CHARS)
         except ValueError:
             arguments = {"unparsed": sanitize_error_text(call.arguments, _IMPACT_MAX_CHARS)}
     return {
@@ -454,18 +442,21 @@ def _hosted_impact(call: HostedCall) -> dict[str, Any]:
 
 
 def _request_hosted_approval(
-    conn: Connection, context: ServerContext, call: HostedCall, ttl_seconds: float
+    conn: Connection, context: ServerContext, call: HostedCall, ttl_seconds: float, limits: Limits
 ) -> None:
-    """A pending hosted approval for an `mcp_approval_request` within the policy. One
-    without an id, server or tool cannot be answered, so nothing is requested for it."""
+    """A pending hosted approval for an `mcp_approval_request` within the policy (whose
+    id, server, tool and arguments `hosted_violations` checked: one it refused never
+    gets here)."""
     if not call.item_id or not call.server_label or not call.tool_name:
         return
     store.record_hosted_approval(
         conn, tenant=context.tenant, request_id=context.request_id,
         approval_request_id=call.item_id, surface=call.surface, server_label=call.server_label,
         tool_name=call.tool_name,
-        intent_hash=hosted_intent_hash(context.tenant, call.server_label, call.tool_name, call.arguments),
-        impact=_hosted_impact(call), requester=context, ttl_seconds=ttl_seconds,
+        intent_hash=hosted_intent_hash(
+            context.tenant, call.server_label, call.tool_name, call.arguments, limits
+        ),
+        impact=_hosted_impact(call, limits), requester=context, ttl_seconds=ttl_seconds,
     )
 
 

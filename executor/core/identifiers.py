@@ -51,6 +51,11 @@ class IdentifierField(StrEnum):
     CONVERSATION_ID = "conversation_id"
     TURN_ID = "turn_id"
     ROLE = "roles"
+    # Provider-written names a hosted approval is recorded and answered under
+    # (executor/store/approvals.py): refused, never clipped, since the provider is
+    # answered with the id as it wrote it.
+    APPROVAL_REQUEST_ID = "approval_request_id"
+    SERVER_LABEL = "server_label"
 
 
 class InvalidIdentifier(AdmissionError, ValueError):
@@ -110,14 +115,27 @@ def check_server_context(context: ServerContext) -> None:
         check_identifier(IdentifierField.ROLE, role)
 
 
-def storable_key(value: str) -> str:
-    """`value` itself when it is a valid identifier, else a stable digest of it
-    (`h_` + 32 hex digits) that a database can hold: the key a call row of a
-    refused call is stored under, the same every time the same text arrives."""
-    if identifier_problem(value) is None:
+def storable_key(value: str, max_chars: int = MAX_IDENTIFIER_CHARS) -> str:
+    """`value` itself when it is a valid identifier of at most `max_chars` characters,
+    else a stable digest of it (`h_` + 32 hex digits) that a database can hold: the
+    key a call row of a refused call is stored under, the same every time the same
+    text arrives."""
+    if identifier_problem(value, max_chars) is None:
         return value
     digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:32]
     return SUBSTITUTE_PREFIX + digest
+
+
+def storable_text(value: str | None, max_chars: int) -> str | None:
+    """Provider-written text that is recorded, not keyed on (a hosted call's status,
+    label, item id), made storable in a `String(max_chars)` column: NUL (by U+FFFD) and
+    lone surrogates (by `?`) replaced, then clipped to `max_chars` characters.
+    PostgreSQL refuses all three with an error that rolls back the caller's whole
+    transaction."""
+    if value is None:
+        return None
+    storable = value.encode("utf-8", "replace").decode("utf-8").replace("\x00", "\ufffd")
+    return storable[:max_chars]
 
 
 __all__ = [
@@ -129,4 +147,5 @@ __all__ = [
     "check_server_context",
     "identifier_problem",
     "storable_key",
+    "storable_text",
 ]

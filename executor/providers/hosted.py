@@ -22,8 +22,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from executor.core.admission import Limits
 from executor.core.approvers import ApproverPolicy
 from executor.core.canonical import NotCanonicalizable, canonical_json
+from executor.core.identifiers import MAX_IDENTIFIER_CHARS, identifier_problem
+from executor.core.strictjson import StrictJSONError, loads_strict
 from executor.core.types import ErrorCode, ErrorDetail, ToolError
 
 
@@ -173,27 +176,56 @@ NO_HOSTED_TOOLS = HostedPolicy(servers=(), builtin_tools=frozenset())
 # ---------------------------------------------------------------- approvals
 
 
+def hosted_arguments(arguments: str | None, limits: Limits | None = None) -> Any:
+    """A hosted call's arguments, parsed as a proposal's are: by the strict parser
+    (executor/core/strictjson.py) under the same `Limits` (TOOLFENCE_MAX_ARGUMENT_BYTES,
+    TOOLFENCE_MAX_ARGUMENT_DEPTH); None for none, `{}` for blank text. Raises
+    `StrictJSONError` (`too_large`, `too_deep`, `duplicate_key`, `non_finite`,
+    `not_utf8`, `json_syntax`) and nothing else: no RecursionError however deep."""
+    if arguments is None:
+        return None
+    if arguments.strip() == "":
+        # As for a proposal: several providers send "" for a call without arguments.
+        return {}
+    limits = limits or Limits()
+    return loads_strict(
+        arguments, max_bytes=limits.max_argument_bytes, max_depth=limits.max_argument_depth
+    )
+
+
 def hosted_intent_hash(
-    tenant: str, server_label: str, tool_name: str, arguments: str | None
+    tenant: str,
+    server_label: str,
+    tool_name: str,
+    arguments: str | None,
+    limits: Limits | None = None,
 ) -> str:
     """What a hosted approval is bound to: SHA-256 of the canonical JSON of (tenant,
     server label, tool, canonical arguments). Arguments are the provider's JSON
-    text, parsed and canonicalised so the same object spelt differently hashes
-    alike; text that is not JSON (or has no canonical form) is bound as written."""
-    parsed: Any = None
-    if arguments is not None:
-        try:
-            parsed = json.loads(arguments)
-            canonical_json(parsed)
-        except (ValueError, NotCanonicalizable):
-            parsed = {"unparsed": arguments}
+    text, parsed by `hosted_arguments` and canonicalised so the same object spelt
+    differently hashes alike; text the strict parser refuses (or that has no
+    canonical form) is bound by its SHA-256, so it matches no approval toolfence
+    recorded (an approval request with such arguments is refused). Never raises."""
+    parsed: Any
+    try:
+        parsed = hosted_arguments(arguments, limits)
+        canonical_json(parsed)
+    except (StrictJSONError, NotCanonicalizable):
+        material = (arguments or "").encode("utf-8", "surrogatepass")
+        parsed = {"unparsed_sha256": hashlib.sha256(material).hexdigest()}
     document = {
         "tenant": tenant,
         "server_label": server_label,
         "tool": tool_name,
         "arguments": parsed,
     }
-    return hashlib.sha256(canonical_json(document)).hexdigest()
+    try:
+        encoded = canonical_json(document)
+    except NotCanonicalizable:
+        # A label or tool name with a lone surrogate (identifiers are checked before an
+        # approval is recorded, so this binds nothing real): still a stable digest.
+        encoded = json.dumps(document, sort_keys=True, ensure_ascii=True).encode("ascii")
+    return hashlib.sha256(encoded).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -206,6 +238,8 @@ class GrantedApprovals:
 
     tenant: str
     intents: Mapping[str, str]
+    limits: Limits | None = None
+    """The argument limits the approvals' intents were computed under (`enqueue`'s)."""
 
 
 # ---------------------------------------------------------------- the check
@@ -237,8 +271,46 @@ def _violation(call: HostedCall, message: str, path: str, code: str, expected: s
     )
 
 
+_NAME_EXPECTED = f"printable UTF-8 text of 1..{MAX_IDENTIFIER_CHARS} characters"
+
+
+def _approval_request_refusal(call: HostedCall, limits: Limits | None) -> HostedViolation | None:
+    """An approval request toolfence can neither record nor answer as the provider
+    wrote it: its id (answered back verbatim, so never clipped), server label or tool
+    name is not an identifier (executor/core/identifiers.py), or its arguments fail
+    the proposals' strict parse and limits. Refused, so nothing can approve it."""
+    names = (("item_id", call.item_id), ("server_label", call.server_label), ("tool_name", call.tool_name))
+    for path, value in names:
+        problem = identifier_problem(value)
+        if problem is not None:
+            return _violation(
+                call, "the provider asked approval under an id, server label or tool name "
+                "toolfence cannot record", path, problem.value, _NAME_EXPECTED,
+            )
+    limits = limits or Limits()
+    expected = (
+        f"JSON of at most {limits.max_argument_bytes} bytes and {limits.max_argument_depth} levels"
+    )
+    try:
+        canonical_json(hosted_arguments(call.arguments, limits))
+    except StrictJSONError as refused:
+        return _violation(
+            call, "the provider asked approval for arguments that are not valid JSON within the limits",
+            "arguments", refused.code, expected,
+        )
+    except NotCanonicalizable:
+        return _violation(
+            call, "the provider asked approval for arguments that have no canonical form",
+            "arguments", "not_canonicalizable", expected,
+        )
+    return None
+
+
 def _check(
-    call: HostedCall, policy: HostedPolicy, granted: GrantedApprovals | None
+    call: HostedCall,
+    policy: HostedPolicy,
+    granted: GrantedApprovals | None,
+    limits: Limits | None = None,
 ) -> HostedViolation | None:
     if call.server_label is None:
         if call.tool_name in policy.builtin_tools:
@@ -263,7 +335,7 @@ def _check(
     needs_approval = call.tool_name in server.approval_required
     if call.kind in _APPROVAL_REQUEST_KINDS:
         if needs_approval:
-            return None
+            return _approval_request_refusal(call, limits)
         # Asking approval for a tool that needs none is still a request outside the
         # declaration; approving it would widen what the request allowed.
         return _violation(
@@ -294,7 +366,7 @@ def _check_granted(
             "approval_request_id", "approval_not_granted", "the id of an approval toolfence granted",
         )
     intent = hosted_intent_hash(
-        granted.tenant, server_label, call.tool_name or "", call.arguments
+        granted.tenant, server_label, call.tool_name or "", call.arguments, granted.limits
     )
     if intent != granted_intent:
         return _violation(
@@ -309,6 +381,7 @@ def hosted_violations(
     calls: Iterable[HostedCall],
     policy: HostedPolicy,
     granted: GrantedApprovals | None = None,
+    limits: Limits | None = None,
 ) -> list[HostedViolation]:
     """Every hosted call outside `policy`, in response order, code `hosted_call_not_allowed`.
 
@@ -319,12 +392,18 @@ def hosted_violations(
     approval for the same server, tool and canonical arguments
     (`approval_not_granted`, `approval_intent_mismatch`). Without `granted` the
     check is the id's presence only: a pure reader cannot see the store.
+
+    An `mcp_approval_request` the policy routes to approval is refused when its id,
+    server label or tool name is not an identifier (detail `path` the field, `code`
+    the `IdentifierProblem`) or its arguments fail the proposals' strict parse under
+    `limits` (default `Limits()`; detail `path` `arguments`, `code` the
+    `StrictJSONError` code): toolfence could not record or answer it as written.
     """
     found: list[HostedViolation] = []
     for call in calls:
         if call.is_result:
             continue
-        violation = _check(call, policy, granted)
+        violation = _check(call, policy, granted, limits)
         if violation is not None:
             found.append(violation)
     return found

@@ -29,6 +29,7 @@ from executor.core.approvers import (
     ApproverRefusal,
     approver_refusal,
 )
+from executor.core.identifiers import IdentifierField, check_identifier, identifier_problem
 from executor.core.states import ApprovalState, State
 from executor.core.tools import Registry, RoleResolutionFailed
 from executor.core.types import ErrorCode, ServerContext
@@ -325,7 +326,8 @@ hosted-tool policy no longer routes that tool to approval (`HostedPolicy.approve
 def hosted_approval_id(tenant: str, approval_request_id: str) -> str:
     """Deterministic per (tenant, provider approval request): recording the same request
     again finds the same row."""
-    digest = hashlib.sha256(f"{tenant}\0{approval_request_id}".encode()).hexdigest()
+    material = f"{tenant}\0{approval_request_id}".encode("utf-8", "surrogatepass")
+    digest = hashlib.sha256(material).hexdigest()
     return f"{HOSTED_APPROVAL_PREFIX}{digest[:32]}"
 
 
@@ -372,7 +374,17 @@ def record_hosted_approval(
 ) -> str:
     """A new pending hosted approval (audited `requested`), or the id of the one already
     recorded for this tenant's `approval_request_id` (unchanged: a provider request is
-    decided once, whichever response re-reports it)."""
+    decided once, whichever response re-reports it).
+
+    `approval_request_id`, `server_label` and `tool_name` are provider-written and
+    go to `String(200)` columns; the id is answered back to the provider verbatim,
+    so none is clipped: one that is not an identifier (executor/core/identifiers.py:
+    overlong, NUL, lone surrogate, control characters) raises `InvalidIdentifier`
+    before anything is written, the caller's transaction untouched.
+    `enqueue(hosted=...)` refuses such a request before it gets here."""
+    check_identifier(IdentifierField.APPROVAL_REQUEST_ID, approval_request_id)
+    check_identifier(IdentifierField.SERVER_LABEL, server_label)
+    check_identifier(IdentifierField.TOOL_NAME, tool_name)
     approval_id = hosted_approval_id(tenant, approval_request_id)
     exists = conn.execute(
         select(hosted_approvals.c.approval_id).where(hosted_approvals.c.approval_id == approval_id)
@@ -430,8 +442,10 @@ def granted_hosted_intents(
     conn: Connection, tenant: str, approval_request_ids: Iterable[str]
 ) -> dict[str, str]:
     """approval_request_id → intent hash, for this tenant's approved hosted approvals
-    among `approval_request_ids` (what `hosted_violations` checks an mcp_call against)."""
-    wanted = sorted(set(approval_request_ids))
+    among `approval_request_ids` (what `hosted_violations` checks an mcp_call against).
+    An id that is not an identifier (provider text: overlong, NUL, a lone surrogate)
+    was never recorded, so it is not looked up: the database would refuse it."""
+    wanted = sorted({i for i in approval_request_ids if identifier_problem(i) is None})
     if not wanted:
         return {}
     rows = conn.execute(

@@ -18,6 +18,7 @@ from sqlalchemy import (
 )
 
 from executor.core.admission import Gate
+from executor.core.identifiers import storable_key, storable_text
 from executor.store.audit import dumps
 from executor.store.clock import DATABASE_CLOCK, Clock, built_once
 from executor.store.driver import Executes
@@ -116,14 +117,7 @@ def _insert_call(clock: Clock) -> Insert:
     )
 
 
-def _clip(value: str | None, limit: int) -> str | None:
-    # Provider-written text, made storable: sized to its column, NUL and lone
-    # surrogates replaced (PostgreSQL refuses all three, and the error would roll
-    # back the producer's whole transaction).
-    if value is None:
-        return None
-    storable = value.encode("utf-8", "replace").decode("utf-8").replace("\x00", "\ufffd")
-    return storable[:limit]
+_clip = storable_text
 
 
 def record_hosted_call(
@@ -147,22 +141,29 @@ def record_hosted_call(
     """One append-only row per provider-run call read from a response, on the database
     clock. `allowed` is None for an item that only reports a run (the call it answers
     is the one checked); `call_id` names the call row answering a call the policy did
-    not allow. Arguments and output text are never stored, only the output's digest."""
+    not allow. Arguments and output text are never stored, only the output's digest.
+
+    Every column is bounded and every text here may be provider-written: the keys
+    (`hosted_call_id`, `call_id`) and the digest are stored as they are when they
+    are identifiers of their column's size, else under a digest of themselves
+    (`storable_key`); the descriptive texts are clipped to their column with NUL and
+    lone surrogates replaced (`storable_text`). Nothing a provider writes can make
+    this insert fail and roll back the producer's transaction."""
     conn.execute(
         insert(hosted_calls).values(
             tenant=tenant,
             request_id=request_id,
-            hosted_call_id=hosted_call_id,
+            hosted_call_id=storable_key(hosted_call_id),
             surface=_clip(surface, 32),
             kind=_clip(kind, 64),
             server_label=_clip(server_label, 200),
             tool_name=_clip(tool_name, 200),
             item_id=_clip(item_id, 200),
             status=_clip(status, 32),
-            output_digest=output_digest,
+            output_digest=None if output_digest is None else storable_key(output_digest, 64),
             allowed=allowed,
-            code=code,
-            call_id=call_id,
+            code=_clip(code, 64),
+            call_id=None if call_id is None else storable_key(call_id),
             recorded_at=clock.now(),
         )
     )
