@@ -54,22 +54,21 @@ def served_hosted(pg_url: str, tmp_path: Path) -> Iterator[Served]:
     engine.dispose()
 
 
-def responses_envelope() -> dict[str, object]:
+def responses_envelope(**changes: str) -> dict[str, object]:
+    request: dict[str, str] = {
+        "type": "mcp_approval_request",
+        "id": "mcpr_1",
+        "server_label": "crm",
+        "name": "update_customer",
+        "arguments": '{"customer_id": "c-42"}',
+    }
     return Response.model_validate(
         {
             "id": "resp_1",
             "object": "response",
             "created_at": 1_700_000_000,
             "model": "gpt-test",
-            "output": [
-                {
-                    "type": "mcp_approval_request",
-                    "id": "mcpr_1",
-                    "server_label": "crm",
-                    "name": "update_customer",
-                    "arguments": '{"customer_id": "c-42"}',
-                }
-            ],
+            "output": [request | changes],
             "parallel_tool_calls": True,
             "tool_choice": "auto",
             "tools": [],
@@ -111,3 +110,33 @@ def test_hosted_approval__posted_listed_decided__by_the_servers_policy(served_ho
     assert approved.json()["decided_by"] == "bob" and approved.json()["decision"] == "approved"
     with httpx.Client(base_url=served.url, headers={"Authorization": f"Bearer {lead}"}) as bob:
         assert bob.get("/v1/approvals").json()["approvals"] == []
+
+
+@pytest.mark.parametrize(
+    ("changes", "path", "code"),
+    [
+        pytest.param({"id": "mcpr_" + "x" * 196}, "item_id", "too_long", id="approval_id_201_chars"),
+        pytest.param({"arguments": "[" * 5000 + "]" * 5000}, "arguments", "too_deep", id="arguments_5000_deep"),
+        pytest.param({"arguments": '{"a": 1, "a": 2}'}, "arguments", "duplicate_key", id="duplicate_key"),
+    ],
+)
+def test_hosted_approval_request__unrecordable_id_or_arguments__202_refused_not_500(
+    served_hosted: Served, changes: dict[str, str], path: str, code: str
+) -> None:
+    served = served_hosted
+    alice = served.key("acme", "alice", KeyScope.PRODUCE, KeyScope.APPROVE, roles=("support-lead",))
+    # Given an envelope whose approval request toolfence cannot record as written (was:
+    # 500 execution_failed on the long id, a plain-text 500 on the deep arguments)
+    with served.client(alice) as client:
+        posted = client.post(
+            "/v1/requests", json={"provider": "openai-responses", "response": responses_envelope(**changes)}
+        )
+        listed = client.get("/v1/approvals").json()["approvals"]
+    # Then the request is accepted and the approval request answered refused, with the
+    # field and the problem; nothing waits for an approver
+    assert posted.status_code == 202, posted.text
+    [refused] = posted.json()["calls"]
+    assert refused["status"] == "failed_terminal"
+    assert refused["error"]["code"] == "hosted_call_not_allowed"
+    assert [(d["path"], d["code"]) for d in refused["error"]["details"]] == [(path, code)]
+    assert listed == []
