@@ -116,7 +116,9 @@ def test_hosted_approval__posted_listed_decided__by_the_servers_policy(served_ho
     ("changes", "path", "code"),
     [
         pytest.param({"id": "mcpr_" + "x" * 196}, "item_id", "too_long", id="approval_id_201_chars"),
-        pytest.param({"arguments": "[" * 5000 + "]" * 5000}, "arguments", "too_deep", id="arguments_5000_deep"),
+        pytest.param(
+            {"arguments": "[" * 5000 + "]" * 5000}, "arguments", "too_deep", id="arguments_5000_deep"
+        ),
         pytest.param({"arguments": '{"a": 1, "a": 2}'}, "arguments", "duplicate_key", id="duplicate_key"),
     ],
 )

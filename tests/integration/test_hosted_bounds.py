@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import pytest
 import anthropic.types.beta as anthropic_beta
+import pytest
 from openai.types.responses import Response
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import Engine, select, text
