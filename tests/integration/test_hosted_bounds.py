@@ -446,3 +446,31 @@ def test_record_hosted_approval__unstorable_names__invalid_identifier_nothing_wr
     with caller.connect() as conn:
         assert conn.execute(select(hosted_approvals)).all() == []
         assert conn.execute(text("SELECT note FROM business_rows")).scalars().all() == ["direct"]
+
+
+@pytest.mark.parametrize("item_id", ["mcp_\x00\ud800\n", None], ids=["hostile_item_id", "no_item_id"])
+def test_hosted_call__every_text_field_hostile__recorded_and_reported_caller_rows_survive(
+    caller: Engine, item_id: str | None
+) -> None:
+    # Given a hosted call (as an adapter reading an unknown item type might build it)
+    # whose every text holds a NUL, a lone surrogate and a line break, past its column
+    hostile = "\x00\ud800\n" * 100
+    call = HostedCall(
+        surface="s" + hostile, kind="k" + hostile, server_label=hostile, tool_name=hostile,
+        arguments=hostile, item_id=item_id, status=hostile, output_digest=hostile,
+        approval_request_id=hostile,
+    )
+    request_id = f"req-hostile-{item_id is None}"
+    # When it is enqueued twice in the caller's transactions (was: UnicodeEncodeError
+    # on the key and the reported tool name)
+    enqueue_with_caller_row(caller, request_id, [call], policy())
+    with caller.begin() as conn:
+        again = enqueue(conn, [], ctx(request_id), REGISTRY, hosted=HostedCalls([call], policy()))
+    # Then it is recorded once and reported under identifiers, the same answer both times
+    assert_caller_data_committed(caller, request_id)
+    [row] = hosted_rows(caller, request_id)
+    [refused] = refusals(caller, request_id)
+    assert [h.call_id for h in again.calls] == [refused.call_id] == [row.call_id]
+    for value in (refused.call_id, refused.tool_name, row.hosted_call_id):
+        assert value.isprintable() and "\x00" not in value and len(value) <= 200
+        value.encode("utf-8")
