@@ -16,6 +16,14 @@ from typing import Any
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
 
+from executor.core.identifiers import (
+    IdentifierField,
+    InvalidIdentifier,
+    check_identifier,
+    check_server_context,
+    identifier_problem,
+)
+from executor.core.strictjson import contains_lone_surrogate
 from executor.core.types import ErrorCode, ServerContext
 from executor.errors import TurnError
 from executor.store import turns as turn_store
@@ -24,6 +32,10 @@ from executor.turns.contract import proposals_from_json
 from executor.turns.values import StepOutcome, StepRecord, TurnOptions, Usage
 
 SCOPES = ("principal", "conversation")
+TURN_ID_MAX_CHARS = 64
+"""`toolfence_turns.turn_id` is `String(64)`: a caller-chosen turn id is at most this."""
+DRIVER_MAX_CHARS = 1000
+"""`toolfence_turns.driver` is `String(1000)`."""
 WHEN_BUSY = ("refuse", "queue")
 
 
@@ -80,6 +92,12 @@ def start_turn(
     `"queue"` writes the turn `queued`, to run once the scope is free. `turn_id`
     (default: a fresh random one) lets a caller name the turn before it is written,
     as `toolfence serve` does for an `Idempotency-Key`.
+
+    Checked before anything is written, so the caller's transaction stays usable:
+    the context's identifiers, `conversation_id` and `turn_id` (at most
+    `TURN_ID_MAX_CHARS`) raise `InvalidIdentifier`; a driver spec that is not
+    printable text of at most `DRIVER_MAX_CHARS`, or a message holding NUL or a lone
+    surrogate (no database column holds them), raises `ValueError`.
     """
     from executor.settings import Settings
 
@@ -87,6 +105,14 @@ def start_turn(
     driver = driver or settings.turn_driver
     if not driver:
         raise ValueError("no driver: pass driver= or set TOOLFENCE_TURN_DRIVER")
+    check_server_context(context)
+    check_identifier(IdentifierField.CONVERSATION_ID, conversation_id)
+    if turn_id is not None and (problem := identifier_problem(turn_id, TURN_ID_MAX_CHARS)):
+        raise InvalidIdentifier(IdentifierField.TURN_ID, problem)
+    if identifier_problem(driver, DRIVER_MAX_CHARS) is not None:
+        raise ValueError(f"a turn driver spec is printable text of at most {DRIVER_MAX_CHARS} characters")
+    if "\x00" in message or contains_lone_surrogate(message):
+        raise ValueError("a turn message is UTF-8 text without NUL or lone surrogates")
     options = options or TurnOptions(max_steps=settings.turn_max_steps)
     scope = scope or settings.turn_scope
     when_busy = when_busy or settings.turn_when_busy
