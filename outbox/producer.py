@@ -388,7 +388,7 @@ def _record_hosted(
                 )
             continue
         violations = [] if call.is_result else hosted_violations([call], hosted.policy, granted, limits)
-        if not violations and call.kind == "mcp_approval_request":
+        if not call.is_result and not violations and call.kind == "mcp_approval_request":
             _request_hosted_approval(conn, context, call, hosted.approval_ttl_seconds, limits)
         call_id: str | None = None
         if violations:

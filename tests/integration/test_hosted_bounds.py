@@ -474,3 +474,19 @@ def test_hosted_call__every_text_field_hostile__recorded_and_reported_caller_row
     for value in (refused.call_id, refused.tool_name, row.hosted_call_id):
         assert value.isprintable() and "\x00" not in value and len(value) <= 200
         value.encode("utf-8")
+
+
+@pytest.mark.parametrize("tool", ["delete_all", "\x1f"], ids=["outside_the_policy", "unprintable"])
+def test_approval_request_flagged_as_result__never_recorded_as_an_approval(caller: Engine, tool: str) -> None:
+    # Given an mcp_approval_request a caller built as a result item (results are not
+    # checked against the policy), naming a tool the policy does not route to approval
+    request_id = f"req-result-approval-{tool.isprintable()}"
+    call = approval_request(tool_name=tool, is_result=True)
+    # When it is enqueued (was: a pending approval outside the policy, or, with a name
+    # no column holds, an error out of enqueue)
+    enqueue_with_caller_row(caller, request_id, [call], policy())
+    # Then it is recorded as a reported run only: nothing to approve
+    assert_caller_data_committed(caller, request_id)
+    assert approvals_of(caller, request_id) == []
+    [row] = hosted_rows(caller, request_id)
+    assert row.allowed is None
