@@ -307,10 +307,7 @@ def _approval_request_refusal(call: HostedCall, limits: Limits | None) -> Hosted
 
 
 def _check(
-    call: HostedCall,
-    policy: HostedPolicy,
-    granted: GrantedApprovals | None,
-    limits: Limits | None = None,
+    call: HostedCall, policy: HostedPolicy, granted: GrantedApprovals | None
 ) -> HostedViolation | None:
     if call.server_label is None:
         if call.tool_name in policy.builtin_tools:
@@ -335,7 +332,7 @@ def _check(
     needs_approval = call.tool_name in server.approval_required
     if call.kind in _APPROVAL_REQUEST_KINDS:
         if needs_approval:
-            return _approval_request_refusal(call, limits)
+            return None
         # Asking approval for a tool that needs none is still a request outside the
         # declaration; approving it would widen what the request allowed.
         return _violation(
@@ -403,7 +400,10 @@ def hosted_violations(
     for call in calls:
         if call.is_result:
             continue
-        violation = _check(call, policy, granted, limits)
+        violation = _check(call, policy, granted)
+        if violation is None and call.kind in _APPROVAL_REQUEST_KINDS:
+            # Within the policy: still refused when toolfence cannot record or answer it.
+            violation = _approval_request_refusal(call, limits)
         if violation is not None:
             found.append(violation)
     return found

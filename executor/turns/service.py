@@ -16,14 +16,6 @@ from typing import Any
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
 
-from executor.core.identifiers import (
-    IdentifierField,
-    InvalidIdentifier,
-    check_identifier,
-    check_server_context,
-    identifier_problem,
-)
-from executor.core.strictjson import contains_lone_surrogate
 from executor.core.types import ErrorCode, ServerContext
 from executor.errors import TurnError
 from executor.store import turns as turn_store
@@ -105,14 +97,7 @@ def start_turn(
     driver = driver or settings.turn_driver
     if not driver:
         raise ValueError("no driver: pass driver= or set TOOLFENCE_TURN_DRIVER")
-    check_server_context(context)
-    check_identifier(IdentifierField.CONVERSATION_ID, conversation_id)
-    if turn_id is not None and (problem := identifier_problem(turn_id, TURN_ID_MAX_CHARS)):
-        raise InvalidIdentifier(IdentifierField.TURN_ID, problem)
-    if identifier_problem(driver, DRIVER_MAX_CHARS) is not None:
-        raise ValueError(f"a turn driver spec is printable text of at most {DRIVER_MAX_CHARS} characters")
-    if "\x00" in message or contains_lone_surrogate(message):
-        raise ValueError("a turn message is UTF-8 text without NUL or lone surrogates")
+    _check_turn_input(context, conversation_id, message, driver, turn_id)
     options = options or TurnOptions(max_steps=settings.turn_max_steps)
     scope = scope or settings.turn_scope
     when_busy = when_busy or settings.turn_when_busy
@@ -219,3 +204,27 @@ def turn_summary(view: Mapping[str, Any]) -> str:
     if view.get("final_output") is not None:
         lines.append(f"final output: {view['final_output']}")
     return "\n".join(lines)
+
+
+def _check_turn_input(
+    context: ServerContext, conversation_id: str, message: str, driver: str, turn_id: str | None
+) -> None:
+    """What `start_turn` writes into bounded columns (and a message no text column
+    holds), checked before the insert: PostgreSQL would abort the caller's transaction."""
+    from executor.core.identifiers import (
+        IdentifierField,
+        InvalidIdentifier,
+        check_identifier,
+        check_server_context,
+        identifier_problem,
+    )
+    from executor.core.strictjson import contains_lone_surrogate
+
+    check_server_context(context)
+    check_identifier(IdentifierField.CONVERSATION_ID, conversation_id)
+    if turn_id is not None and (problem := identifier_problem(turn_id, TURN_ID_MAX_CHARS)):
+        raise InvalidIdentifier(IdentifierField.TURN_ID, problem)
+    if identifier_problem(driver, DRIVER_MAX_CHARS) is not None:
+        raise ValueError(f"a turn driver spec is printable text of at most {DRIVER_MAX_CHARS} characters")
+    if "\x00" in message or contains_lone_surrogate(message):
+        raise ValueError("a turn message is UTF-8 text without NUL or lone surrogates")
