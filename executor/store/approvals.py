@@ -37,6 +37,7 @@ from executor.store.cas_sql import NOW
 from executor.store.clock import DATABASE_CLOCK, Clock
 from executor.store.errors import CONNECTION_ERRORS
 from executor.store.operations import _transition, intent_is
+from executor.store.ordering import sql_literal
 from executor.store.records import (
     ApprovalRecord,
     Decision,
@@ -299,7 +300,10 @@ def expired_approvals(conn: Connection, limit: int, clock: Clock = DATABASE_CLOC
     return list(
         conn.execute(
             select(approvals.c.approval_id)
-            .where(approvals.c.state == ApprovalState.PENDING.value, approvals.c.expires_at <= clock.now())
+            .where(
+                approvals.c.state == sql_literal(ApprovalState.PENDING),  # ix_toolfence_approvals_pending
+                approvals.c.expires_at <= clock.now(),
+            )
             .limit(limit)
         ).scalars()
     )
