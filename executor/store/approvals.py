@@ -35,7 +35,7 @@ from executor.core.types import ErrorCode, ServerContext
 from executor.store.audit import dumps
 from executor.store.cas_sql import NOW
 from executor.store.clock import DATABASE_CLOCK, Clock
-from executor.store.errors import CONNECTION_ERRORS
+from executor.store.errors import CONNECTION_ERRORS, refused_for_bad_data
 from executor.store.operations import _transition, intent_is
 from executor.store.ordering import sql_literal
 from executor.store.records import (
@@ -126,6 +126,8 @@ def _judge(
             found = None  # no policy: `approver_refusal` refuses
         return approver_refusal(found, current, subject, reraise=CONNECTION_ERRORS)
     except CONNECTION_ERRORS as exc:
+        if refused_for_bad_data(exc):
+            return ApproverRefusal.POLICY_FAILED  # a value refused is refused on every try
         raise ApproverUnavailable(type(exc).__name__) from None
 
 
