@@ -9,6 +9,12 @@ whose engine may not. So the store boundary (`enqueue`, `results` and the other
 producer reads) re-raises every database error as a `StoreDatabaseError` (a
 `StoreError`) carrying the
 SQLSTATE and the error's class, never its text, and not chained to it.
+
+What an error says about trying again is `database_fault`'s, by SQLSTATE class
+(decision 0193): a lost connection is `transient`, a value the database refused
+(a NUL character in text, a constraint) is `bad_data`, an answer about the call.
+Every place that catches a hook's, a tool's or the store's database errors reads
+them through it.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from executor.store.records import StoreError
 
 
 class DatabaseFault(StrEnum):
-    """What a database error says about trying again (docs/design.md §Execution,
+    """What a database error says about trying again (docs/design.md §Admission,
     docs/errors.md; decision 0193).
 
     - `transient`: the connection was lost or the database could not serve the
