@@ -164,7 +164,7 @@ def free_scopes_with_queued_turns(conn: Connection, limit: int) -> list[str]:
     running = turns.alias("running")
     busy = exists().where(
         running.c.tenant == turns.c.tenant, running.c.scope_key == turns.c.scope_key,
-        running.c.state == TurnState.RUNNING.value,
+        running.c.state == sql_literal(TurnState.RUNNING),  # ux_toolfence_turns_running
     ).correlate(turns)
     rows = conn.execute(
         select(turns.c.tenant, turns.c.scope_key)

@@ -113,10 +113,14 @@ def test_sweeps_over_a_partial_index__name_the_state_as_a_literal() -> None:
     c: Connection = conn  # type: ignore[assignment]
     turn_store.stale_turns(c, 10, clock)
     turn_store.decided_waiting_turns(c, 10)
+    turn_store.free_scopes_with_queued_turns(c, 10)
     approval_store.expired_approvals(c, 10, clock)
     reads.due_retries(c, 10, clock)
     reads.stale_started(c, 10, clock)
-    expected = ["= 'running'", "= 'waiting_approval'", "= 'pending'", "= 'retry_wait'", "= 'started'"]
+    expected = [
+        "= 'running'", "= 'waiting_approval'", "running.state = 'running'", "= 'pending'",
+        "= 'retry_wait'", "= 'started'",
+    ]
     assert len(conn.sql) == len(expected)
     for sql, literal in zip(conn.sql, expected, strict=True):
         assert literal in sql, sql
