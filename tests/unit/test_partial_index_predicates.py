@@ -19,7 +19,7 @@ from sqlalchemy import Connection
 from sqlalchemy.dialects import postgresql, sqlite
 
 from executor.store import approvals as approval_store
-from executor.store import reads
+from executor.store import operator, reads
 from executor.store import turns as turn_store
 from executor.store.clock import ManualClock
 from executor.store.schema import metadata
@@ -117,9 +117,11 @@ def test_sweeps_over_a_partial_index__name_the_state_as_a_literal() -> None:
     approval_store.expired_approvals(c, 10, clock)
     reads.due_retries(c, 10, clock)
     reads.stale_started(c, 10, clock)
+    operator.pending_approvals(c)
+    operator.reconciliation_pending(c)
     expected = [
         "= 'running'", "= 'waiting_approval'", "running.state = 'running'", "= 'pending'",
-        "= 'retry_wait'", "= 'started'",
+        "= 'retry_wait'", "= 'started'", "= 'pending'", "= 'reconciliation_pending'",
     ]
     assert len(conn.sql) == len(expected)
     for sql, literal in zip(conn.sql, expected, strict=True):
