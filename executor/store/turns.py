@@ -107,8 +107,9 @@ def insert_turn(
         "created_at": now, "updated_at": now,
     }
     # The partial index's predicate as a literal, never a bound parameter: once psycopg
-    # prepares the statement (its fifth execution on a connection), a generic plan's
-    # `WHERE state = $1` proves nothing about the index's `WHERE state = 'running'`,
+    # has prepared the statement on a connection and PostgreSQL plans it generically
+    # (from its eleventh execution), `WHERE state = $1` proves nothing about the index's
+    # `WHERE state = 'running'`,
     # and PostgreSQL answers "no unique or exclusion constraint matching the ON
     # CONFLICT specification" (docs/decisions/0194).
     running = turns.c.state == sql_literal(TurnState.RUNNING)

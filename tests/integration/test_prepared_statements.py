@@ -1,12 +1,13 @@
 """The store's statements keep working once psycopg prepares them (PostgreSQL).
 
-psycopg prepares a statement server-side on its `prepare_threshold`-th execution
-on a connection (default 5; toolfence's engines leave the default). From then on
-PostgreSQL may plan it generically, over `$1` instead of the value: an `INSERT …
-ON CONFLICT (…) WHERE state = $1` then matches no partial unique index and is
-refused (decision 0194). Every statement with an ON CONFLICT over a partial
-predicate runs here well past the threshold on one connection, in the caller's
-transaction, with both the inserting and the conflicting path.
+psycopg prepares a statement server-side once it has run `prepare_threshold` times
+on a connection (default 5; toolfence's engines leave the default). After five
+custom-planned executions PostgreSQL plans it generically, over `$1` instead of
+the value: an `INSERT … ON CONFLICT (…) WHERE state = $1` then matches no partial
+unique index and is refused (decision 0194; the old code failed at the eleventh).
+Every statement with an ON CONFLICT over a partial predicate runs here well past
+that on one connection, in the caller's transaction, with both the inserting and
+the conflicting path.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ def test_insert_turn_on_conflict_past_the_prepare_threshold__inserts_refuses_and
 ) -> None:
     # Given one connection, and how often psycopg runs a statement before preparing it
     with pg_engine.connect() as conn, conn.begin():
+        # Past psycopg's threshold and PostgreSQL's five custom plans, with room to spare
         rounds = 3 * _prepare_threshold(conn) + 1
 
         def insert(turn_id: str, scope: str, *, queue: bool) -> TurnState | None:
