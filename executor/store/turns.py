@@ -109,9 +109,8 @@ def insert_turn(
     # The partial index's predicate as a literal, never a bound parameter: once psycopg
     # has prepared the statement on a connection and PostgreSQL plans it generically
     # (from its eleventh execution), `WHERE state = $1` proves nothing about the index's
-    # `WHERE state = 'running'`,
-    # and PostgreSQL answers "no unique or exclusion constraint matching the ON
-    # CONFLICT specification" (docs/decisions/0194).
+    # `WHERE state = 'running'`, and PostgreSQL answers "no unique or exclusion
+    # constraint matching the ON CONFLICT specification" (docs/decisions/0194).
     running = turns.c.state == sql_literal(TurnState.RUNNING)
     ins: Any
     if conn.dialect.name == "postgresql":
