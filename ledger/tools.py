@@ -7,9 +7,12 @@ loads by default (`TOOLFENCE_TOOLS=ledger.tools:registry`).
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+import functools
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from sqlalchemy.exc import DBAPIError
 
 from executor import (
     Access,
@@ -30,6 +33,8 @@ from executor import (
     ToolFailure,
     Written,
 )
+from executor.core.admission import REFUSED_BY_DATABASE
+from executor.store.errors import refused_for_bad_data
 from ledger.service import AccountNotFound, InsufficientFunds, OutsideApprovedSet, default_ledger
 
 APPROVAL_THRESHOLD_CENTS = 50_000
@@ -159,6 +164,34 @@ def approved_accounts(ctx: RunContext) -> frozenset[str] | None:
 
 # ------------------------------------------------------------------ handlers
 
+_A = TypeVar("_A", bound=BaseModel)
+
+
+_Handler = Callable[[_A, RunContext], Written]
+
+
+def _refused_values_did_nothing(handler: _Handler[_A]) -> _Handler[_A]:
+    """A write whose value the ledger's database refused (a NUL character in text, a
+    constraint: `refused_for_bad_data`, decision 0193) fails for good, and says it did
+    nothing: each of the ledger's writes is one transaction, and the refused
+    statement rolled it back. Without this the worker could not tell the refusal
+    from a write that may have acted (an `unsafe` notice would go to a person)."""
+
+    @functools.wraps(handler)
+    def run(args: _A, ctx: RunContext) -> Written:
+        try:
+            return handler(args, ctx)
+        except DBAPIError as exc:
+            if not refused_for_bad_data(exc):
+                raise
+            raise ToolFailure(
+                ErrorCode.INVALID_ARGUMENTS,
+                "the ledger refused a value of this call; nothing was written",
+                retryable=False, details=(REFUSED_BY_DATABASE,),
+            ) from None
+
+    return run
+
 
 def _get_balance(args: AccountArgs, ctx: RunContext) -> Balance:
     try:
@@ -167,6 +200,7 @@ def _get_balance(args: AccountArgs, ctx: RunContext) -> Balance:
         raise TerminalError("no such account") from None
 
 
+@_refused_values_did_nothing
 def _credit(args: CreditArgs, ctx: RunContext) -> Written:
     ctx.ensure_owner()
     try:
@@ -179,6 +213,7 @@ def _credit(args: CreditArgs, ctx: RunContext) -> Written:
     return Written(Receipt(receipt=applied.receipt, applied=applied.applied), applied.receipt)
 
 
+@_refused_values_did_nothing
 def _transfer(args: TransferArgs, ctx: RunContext) -> Written:
     ctx.ensure_owner()
     try:
@@ -196,6 +231,7 @@ def _transfer(args: TransferArgs, ctx: RunContext) -> Written:
     return Written(Receipt(receipt=applied.receipt, applied=applied.applied), applied.receipt)
 
 
+@_refused_values_did_nothing
 def _invoice(args: InvoiceArgs, ctx: RunContext) -> Written:
     ctx.ensure_owner()
     try:
@@ -217,6 +253,7 @@ def _invoice_lookup(args: InvoiceArgs, ctx: RunContext) -> LookupResult:
     return LookupResult(LookupAnswer.DONE, Written(Receipt(receipt=invoice_id), invoice_id))
 
 
+@_refused_values_did_nothing
 def _notice(args: NoticeArgs, ctx: RunContext) -> Written:
     ctx.ensure_owner()
     notice_id = default_ledger().send_notice(
@@ -258,6 +295,7 @@ def deliver_notices(account_ids: list[str], text: str, ctx: RunContext, *, enfor
     )
 
 
+@_refused_values_did_nothing
 def _notices(args: NoticesArgs, ctx: RunContext) -> Written:
     return deliver_notices(args.account_ids, args.text, ctx, enforce=True)
 

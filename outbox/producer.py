@@ -66,7 +66,7 @@ from executor.providers.hosted import (
     hosted_violations,
 )
 from executor.settings import current as current_settings
-from executor.store.errors import CONNECTION_ERRORS, store_errors
+from executor.store.errors import CONNECTION_ERRORS, bad_data_refusal, store_errors
 from executor.telemetry import metrics
 from outbox.results import call_statuses, operation_status, parse_status, repeated_failure
 from outbox.results import connection_of as _connection
@@ -197,7 +197,10 @@ def enqueue(
     loses its connection (`CONNECTION_ERRORS`) raises `AdmissionUnavailable`: it
     decided nothing, so no answer is recorded for the call (a recorded `permission_denied`
     would be returned for good to every retry of the request); roll back and
-    enqueue the request again.
+    enqueue the request again. A hook whose database refused a value of the call
+    (a NUL character, a number out of range: SQLSTATE class 22 or 23) has answered:
+    that call alone is refused `invalid_arguments` (detail `refused_by_database`)
+    and the others are admitted.
     """
     _check_batch(calls)
     check_server_context(context)
@@ -266,7 +269,10 @@ def _enqueue(
             continue
 
         try:
-            decision = admit(call, registry, context, limits, reraise=CONNECTION_ERRORS)
+            decision = admit(
+                call, registry, context, limits,
+                reraise=CONNECTION_ERRORS, refusal_for=bad_data_refusal,
+            )
         except AdmissionUnavailable as unavailable:
             metrics.PROPOSALS.labels(_tool_label(call, registry), unavailable.gate, "unavailable").inc()
             raise

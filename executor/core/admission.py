@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -115,7 +115,8 @@ class AdmissionUnavailable(AdmissionError):
     recorded are found by their call ids). Carries the tool's name, the gate
     (`authorization`, `business_rules` or `approval`) and the exception's class,
     never its text (a driver's message may quote a connection string or the row
-    it read)."""
+    it read). A value the database refused is an answer, not this (`admit`'s
+    `refusal_for`)."""
 
     def __init__(self, tool_name: str, gate: Gate, kind: str) -> None:
         hook = _HOOKS.get(gate, "hook")
@@ -125,7 +126,24 @@ class AdmissionUnavailable(AdmissionError):
         self.kind = kind
 
 
-def _undecided(call: ProposedCall, gate: Gate, exc: BaseException) -> AdmissionUnavailable:
+REFUSED_BY_DATABASE = ErrorDetail(
+    path="", code="refused_by_database", expected="values the database can hold"
+)
+"""The detail of an `invalid_arguments` answer whose value the database refused."""
+
+RefusalFor = Callable[[BaseException], "Refusal | None"]
+"""For an exception of `admit`'s `reraise`: the refusal it stands for, or None when it
+decided nothing (the producer's: a value the database refused, decision 0193)."""
+
+
+def _undecided(
+    call: ProposedCall, gate: Gate, exc: BaseException, refusal_for: RefusalFor | None = None
+) -> AdmissionUnavailable | Rejected:
+    """`AdmissionUnavailable`, unless `refusal_for` says the exception is an answer:
+    then this call alone is refused (at the gate whose hook raised it)."""
+    refusal = refusal_for(exc) if refusal_for is not None else None
+    if refusal is not None:
+        return _reject(call, gate, refusal.code, refusal.message, refusal.details)
     return AdmissionUnavailable(call.tool_name, gate, type(exc).__name__)
 
 
@@ -484,11 +502,12 @@ def approval_needed(
 def gate_authorization(
     call: ProposedCall, tool: Tool[Any], args: BaseModel, ctx: ServerContext,
     reraise: tuple[type[BaseException], ...] = (),
+    refusal_for: RefusalFor | None = None,
 ) -> None:
     try:
         refusal = authorization_refusal(tool, args, ctx, reraise=reraise)
     except reraise as exc:
-        raise _undecided(call, Gate.AUTHORIZATION, exc) from None
+        raise _undecided(call, Gate.AUTHORIZATION, exc, refusal_for) from None
     if refusal is not None:
         raise _reject(call, Gate.AUTHORIZATION, refusal.code, refusal.message)
 
@@ -499,11 +518,12 @@ def gate_authorization(
 def gate_business_rules(
     call: ProposedCall, tool: Tool[Any], args: BaseModel, ctx: ServerContext,
     reraise: tuple[type[BaseException], ...] = (),
+    refusal_for: RefusalFor | None = None,
 ) -> None:
     try:
         refusal = business_rule_refusal(tool, args, ctx, reraise=reraise)
     except reraise as exc:
-        raise _undecided(call, Gate.BUSINESS_RULES, exc) from None
+        raise _undecided(call, Gate.BUSINESS_RULES, exc, refusal_for) from None
     if refusal is not None:
         raise _reject(call, Gate.BUSINESS_RULES, refusal.code, refusal.message, refusal.details)
 
@@ -514,6 +534,7 @@ def gate_business_rules(
 def gate_resources(
     call: ProposedCall, tool: Tool[Any], args: BaseModel, ctx: ServerContext,
     reraise: tuple[type[BaseException], ...] = (),
+    refusal_for: RefusalFor | None = None,
 ) -> frozenset[str] | None:
     """The set of resource ids a write may change, computed by the server from its
     validated arguments: what the approver is shown and the handler is held to.
@@ -536,7 +557,7 @@ def gate_resources(
             call, Gate.APPROVAL, ErrorCode.BUSINESS_RULE_VIOLATION, failure.message, failure.details
         ) from None
     except reraise as exc:
-        raise _undecided(call, Gate.APPROVAL, exc) from None
+        raise _undecided(call, Gate.APPROVAL, exc, refusal_for) from None
     except Exception:
         raise _reject(
             call, Gate.APPROVAL, ErrorCode.BUSINESS_RULE_VIOLATION,
@@ -582,11 +603,12 @@ def default_impact(tool: Tool[Any], args: BaseModel) -> dict[str, Any]:
 def gate_approval(
     call: ProposedCall, tool: Tool[Any], args: BaseModel, ctx: ServerContext,
     reraise: tuple[type[BaseException], ...] = (),
+    refusal_for: RefusalFor | None = None,
 ) -> tuple[bool, dict[str, Any] | None]:
     try:
         needed = approval_needed(tool, args, ctx, reraise=reraise)
     except reraise as exc:
-        raise _undecided(call, Gate.APPROVAL, exc) from None
+        raise _undecided(call, Gate.APPROVAL, exc, refusal_for) from None
     if not needed:
         return False, None
     impact: dict[str, Any] = default_impact(tool, args)
@@ -594,7 +616,7 @@ def gate_approval(
         try:
             impact = dict(tool.impact(args, ctx))
         except reraise as exc:
-            raise _undecided(call, Gate.APPROVAL, exc) from None
+            raise _undecided(call, Gate.APPROVAL, exc, refusal_for) from None
         except Exception:
             raise _reject(
                 call, Gate.APPROVAL, ErrorCode.APPROVAL_REQUIRED,
@@ -670,6 +692,7 @@ def admit(
     limits: Limits = Limits(),
     *,
     reraise: tuple[type[BaseException], ...] = (),
+    refusal_for: RefusalFor | None = None,
 ) -> Admitted | Rejected:
     """Run every gate but registration. Returns `Rejected` (with its gate) or `Admitted`.
 
@@ -678,15 +701,18 @@ def admit(
     producer: a lost connection to what the hook reads). One of them raises
     `AdmissionUnavailable` (tool, gate, exception class) instead of refusing the call, so
     nothing is recorded for it and the caller may try again; every other exception
-    of a hook still refuses (fails closed)."""
+    of a hook still refuses (fails closed). `refusal_for` turns one of `reraise` that
+    is an answer into this call's refusal instead (the producer's: a value the
+    database refused, `invalid_arguments` with detail `refused_by_database`), so the
+    other calls of the batch are admitted."""
     try:
         tool = gate_allowlist(call, registry, ctx)
         value = gate_parse(call, limits)
         args = gate_schema(call, tool, value)
-        gate_authorization(call, tool, args, ctx, reraise)
-        gate_business_rules(call, tool, args, ctx, reraise)
-        approved_resources = gate_resources(call, tool, args, ctx, reraise)
-        needs_approval, impact = gate_approval(call, tool, args, ctx, reraise)
+        gate_authorization(call, tool, args, ctx, reraise, refusal_for)
+        gate_business_rules(call, tool, args, ctx, reraise, refusal_for)
+        approved_resources = gate_resources(call, tool, args, ctx, reraise, refusal_for)
+        needs_approval, impact = gate_approval(call, tool, args, ctx, reraise, refusal_for)
         impact = _impact_with_resources(impact, approved_resources)
         try:
             digest = compute_intent_hash(tool, args, ctx, approved_resources)

@@ -36,8 +36,9 @@ from executor.core.types import ErrorCode, ServerContext
 from executor.store.audit import dumps
 from executor.store.cas_sql import NOW
 from executor.store.clock import DATABASE_CLOCK, Clock
-from executor.store.errors import CONNECTION_ERRORS
+from executor.store.errors import CONNECTION_ERRORS, refused_for_bad_data
 from executor.store.operations import _transition, intent_is
+from executor.store.ordering import sql_literal
 from executor.store.records import (
     ApprovalRecord,
     Decision,
@@ -126,6 +127,8 @@ def _judge(
             found = None  # no policy: `approver_refusal` refuses
         return approver_refusal(found, current, subject, reraise=CONNECTION_ERRORS)
     except CONNECTION_ERRORS as exc:
+        if refused_for_bad_data(exc):
+            return ApproverRefusal.POLICY_FAILED  # a value refused is refused on every try
         raise ApproverUnavailable(type(exc).__name__) from None
 
 
@@ -300,7 +303,10 @@ def expired_approvals(conn: Connection, limit: int, clock: Clock = DATABASE_CLOC
     return list(
         conn.execute(
             select(approvals.c.approval_id)
-            .where(approvals.c.state == ApprovalState.PENDING.value, approvals.c.expires_at <= clock.now())
+            .where(
+                approvals.c.state == sql_literal(ApprovalState.PENDING),  # ix_toolfence_approvals_pending
+                approvals.c.expires_at <= clock.now(),
+            )
             .limit(limit)
         ).scalars()
     )

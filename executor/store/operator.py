@@ -20,6 +20,7 @@ from executor.core.states import ApprovalState, State
 from executor.store.audit import audit_trail
 from executor.store.clock import read_now
 from executor.store.operations import resolve
+from executor.store.ordering import sql_literal
 from executor.store.reads import get_operation
 from executor.store.receipts import distinct_accepted_receipts, record_receipt
 from executor.store.records import OperationRow
@@ -55,7 +56,7 @@ def pending_approvals(conn: Connection, tenant: str | None = None) -> list[Pendi
             operations.c.arguments,
         )
         .join(operations, operations.c.operation_id == approvals.c.operation_id)
-        .where(approvals.c.state == ApprovalState.PENDING.value)
+        .where(approvals.c.state == sql_literal(ApprovalState.PENDING))  # ix_toolfence_approvals_pending
         .order_by(approvals.c.requested_at)
     )
     if tenant is not None:
@@ -113,7 +114,7 @@ def reconciliation_pending(
     """Operations waiting for a person, oldest first."""
     query = (
         select(operations)
-        .where(operations.c.state == State.RECONCILIATION_PENDING.value)
+        .where(operations.c.state == sql_literal(State.RECONCILIATION_PENDING))  # the active index
         .order_by(operations.c.updated_at)
         .limit(limit)
     )

@@ -26,7 +26,7 @@ from executor.core.budgets import Usage
 from executor.core.states import State
 from executor.core.tools import Mode
 from executor.store.clock import DATABASE_CLOCK, Clock
-from executor.store.ordering import runnable_queued
+from executor.store.ordering import runnable_queued, sql_literal
 from executor.store.records import OperationRow, StaleOperation
 from executor.store.schema import audit_events, calls, operations
 
@@ -173,7 +173,7 @@ def due_retries(conn: Connection, limit: int, clock: Clock = DATABASE_CLOCK) -> 
         conn.execute(
             select(operations.c.operation_id)
             .where(
-                operations.c.state == State.RETRY_WAIT.value,
+                operations.c.state == sql_literal(State.RETRY_WAIT),
                 operations.c.available_at <= clock.now(),
             )
             .order_by(operations.c.available_at)
@@ -198,7 +198,7 @@ def stale_started(
             operations.c.lease_expires_at,
         )
         .where(
-            operations.c.state == State.STARTED.value,
+            operations.c.state == sql_literal(State.STARTED),
             operations.c.lease_expires_at < clock.now(),
         )
         .order_by(operations.c.lease_expires_at)

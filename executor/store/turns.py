@@ -42,6 +42,7 @@ from sqlalchemy.exc import IntegrityError
 from executor.core.states import State, TurnState
 from executor.store.audit import dumps
 from executor.store.clock import DATABASE_CLOCK, Clock
+from executor.store.ordering import sql_literal
 from executor.store.schema import operations, outbox, turn_steps, turns
 
 TURN_OUTBOX_KIND = "turn"
@@ -105,7 +106,12 @@ def insert_turn(
         "state": TurnState.RUNNING.value, "generation": 0, "steps": 0,
         "created_at": now, "updated_at": now,
     }
-    running = turns.c.state == TurnState.RUNNING.value
+    # The partial index's predicate as a literal, never a bound parameter: once psycopg
+    # has prepared the statement on a connection and PostgreSQL plans it generically
+    # (from its eleventh execution), `WHERE state = $1` proves nothing about the index's
+    # `WHERE state = 'running'`, and PostgreSQL answers "no unique or exclusion
+    # constraint matching the ON CONFLICT specification" (docs/decisions/0194).
+    running = turns.c.state == sql_literal(TurnState.RUNNING)
     ins: Any
     if conn.dialect.name == "postgresql":
         ins = postgresql.insert(turns).values(**values).on_conflict_do_nothing(
@@ -158,7 +164,7 @@ def free_scopes_with_queued_turns(conn: Connection, limit: int) -> list[str]:
     running = turns.alias("running")
     busy = exists().where(
         running.c.tenant == turns.c.tenant, running.c.scope_key == turns.c.scope_key,
-        running.c.state == TurnState.RUNNING.value,
+        running.c.state == sql_literal(TurnState.RUNNING),  # ux_toolfence_turns_running
     ).correlate(turns)
     rows = conn.execute(
         select(turns.c.tenant, turns.c.scope_key)
@@ -323,7 +329,7 @@ def stale_turns(conn: Connection, limit: int, clock: Clock = DATABASE_CLOCK) -> 
     rows = conn.execute(
         select(turns.c.turn_id, turns.c.generation)
         .where(
-            turns.c.state == TurnState.RUNNING.value,
+            turns.c.state == sql_literal(TurnState.RUNNING),  # ix_toolfence_turns_stale
             turns.c.owner_token.is_not(None),
             turns.c.lease_expires_at < clock.now(),
         )
@@ -412,7 +418,7 @@ def decided_waiting_turns(conn: Connection, limit: int) -> list[str]:
     return list(
         conn.execute(
             select(turns.c.turn_id)
-            .where(turns.c.state == TurnState.WAITING_APPROVAL.value, ~still_pending)
+            .where(turns.c.state == sql_literal(TurnState.WAITING_APPROVAL), ~still_pending)
             .order_by(turns.c.updated_at)
             .limit(limit)
         ).scalars()

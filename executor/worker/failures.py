@@ -3,7 +3,8 @@
 The decision depends only on the exception, the tool's declaration (mode,
 effects, `retryable_exceptions`, retry budget) and how many attempts were made.
 It imports no database or broker: the runner names the exception types it treats
-as a lost connection (its driver's among them) in `connection_errors`.
+as a lost connection (its driver's among them) in `connection_errors`, and which
+of them are a value the database refused in `bad_data` (decision 0193).
 
 The rules, in order (the first that matches decides):
 
@@ -13,8 +14,14 @@ The rules, in order (the first that matches decides):
 2. A `ToolFailure`: the tool said what happened; its code and `retryable` stand.
 3. A `TimeoutError`: `timeout`, retryable.
 4. One of the tool's own `retryable_exceptions`: `upstream_unavailable`, retryable.
-5. A connection error from a read: `upstream_unavailable`, retryable (a read may
-   always be retried; a write's is an unknown outcome, below).
+5. A database's refusal of a value from a read (`bad_data`: SQLSTATE class 22, 23,
+   54, a NUL in text): `invalid_arguments` (detail `refused_by_database`),
+   terminal: the same statement is refused on every try. Any other connection
+   error from a read: `upstream_unavailable`, retryable (a read may always be
+   retried; a write's is an unknown outcome, below). A write's handler may have
+   acted before its statement was refused, which the runner cannot know: a write
+   that proves it did nothing says so with a `ToolFailure` (the reference
+   ledger's: its transaction rolled back).
 6. Anything else is unexpected. A read ends `execution_failed`. A write's outcome
    is unknown: rerun it if the downstream dedupes or fences (`idempotent`,
    `fenced`), else as in rule 1.
@@ -25,9 +32,11 @@ reaches `retry.max_attempts` the operation ends `retry_budget_exhausted`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from executor.core.admission import REFUSED_BY_DATABASE
 from executor.core.tools import Effect, Mode, Tool, ToolFailure
 from executor.core.types import ErrorCode
 
@@ -116,6 +125,7 @@ def classify_failure(
     *,
     attempts: int,
     connection_errors: tuple[type[BaseException], ...],
+    bad_data: Callable[[BaseException], bool] = lambda exc: False,
 ) -> FailureDecision:
     """Decide what an exception from `tool.run` means (the rules in the module docstring).
 
@@ -145,6 +155,12 @@ def classify_failure(
         return retry(ErrorCode.TIMEOUT, "the tool timed out")
     if tool.retryable_exceptions and isinstance(exc, tool.retryable_exceptions):
         return retry(ErrorCode.UPSTREAM_UNAVAILABLE, "the downstream is unavailable")
+    if tool.mode is Mode.READ and isinstance(exc, connection_errors) and bad_data(exc):
+        # The database refused a value of the call: trying again is refused again.
+        return Terminal(
+            ErrorCode.INVALID_ARGUMENTS, "the database refused a value of this call",
+            (REFUSED_BY_DATABASE.model_dump(),),
+        )
     if tool.mode is Mode.READ and isinstance(exc, connection_errors):
         # A lost connection is no reason to end a read `failed_terminal`.
         return retry(ErrorCode.UPSTREAM_UNAVAILABLE, "the downstream is unavailable")

@@ -43,7 +43,7 @@ from executor.core.tools import (
 from executor.core.types import ErrorCode
 from executor.faults import AmbiguousCommit, Faults
 from executor.store import driver
-from executor.store.errors import CONNECTION_ERRORS
+from executor.store.errors import CONNECTION_ERRORS, refused_for_bad_data
 from executor.telemetry import metrics
 from executor.worker.failures import (
     FailureDecision,
@@ -329,7 +329,8 @@ class OutcomeRecorder:
     ) -> Outcome:
         """Classify a failure (pure, failures.py), then act on the decision."""
         decision = classify_failure(
-            exc, tool, attempts=reservation.attempts, connection_errors=CONNECTION_ERRORS
+            exc, tool, attempts=reservation.attempts, connection_errors=CONNECTION_ERRORS,
+            bad_data=refused_for_bad_data,
         )
         if decision.unexpected:
             # The code and the operation id; the tool's message only through the

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import StrEnum
@@ -49,7 +50,7 @@ from executor.faults import AmbiguousCommit, Faults
 from executor.settings import Settings
 from executor.store import driver
 from executor.store.engine import read_only, single_statement
-from executor.store.errors import CONNECTION_ERRORS
+from executor.store.errors import CONNECTION_ERRORS, bad_data_refusal
 from executor.telemetry import metrics
 from executor.worker.heartbeat import Heartbeat
 from executor.worker.outcomes import Outcome, OutcomeLabel, OutcomeRecorder, approved_resources, backoff
@@ -286,10 +287,10 @@ class OperationRunner(OutcomeRecorder):
             context = self.registry.current_context(
                 ServerContext.from_json(json.loads(row.context)), reraise=CONNECTION_ERRORS
             )
-        except CONNECTION_ERRORS:
+        except CONNECTION_ERRORS as exc:
             if tool is None:
                 return refuse(Refusal(ErrorCode.UNKNOWN_TOOL, "permission denied at execution time"))
-            return self._release_unstarted(row, tool, reservation)
+            return self._unanswered(row, tool, reservation, exc, refuse)
         except RoleResolutionFailed as exc:
             log.error("the role resolver failed for %s: %s", row.operation_id, exception_summary(exc))
             return refuse(Refusal(
@@ -299,14 +300,15 @@ class OperationRunner(OutcomeRecorder):
         # Access again, against *current* policy: a revoked permission fails closed
         # before the handler runs. A rule that lost its database connection (the
         # ledger's looks the account's tenant up) has decided nothing: like a `check`
-        # below, the operation is given back to try again, not ended for good.
+        # below, the operation is given back to try again, not ended for good. One
+        # whose database refused a value of the call has answered (`_unanswered`).
         try:
             denied = recheck_access(
                 tool, row.tool_name, arguments, context, reraise=CONNECTION_ERRORS
             )
-        except CONNECTION_ERRORS:
+        except CONNECTION_ERRORS as exc:
             assert tool is not None  # recheck_access answers UNKNOWN_TOOL without raising
-            return self._release_unstarted(row, tool, reservation)
+            return self._unanswered(row, tool, reservation, exc, refuse)
         if denied is not None or tool is None:
             return refuse(Refusal(
                 denied or ErrorCode.UNKNOWN_TOOL, "permission denied at execution time",
@@ -328,11 +330,11 @@ class OperationRunner(OutcomeRecorder):
                 tool, args, context, approved=approval is _ApprovalStatus.APPROVED,
                 business_rules=not may_have_run, reraise=CONNECTION_ERRORS,
             )
-        except CONNECTION_ERRORS:
+        except CONNECTION_ERRORS as exc:
             # The handler has not run: whatever the effect contract, trying again is
             # safe. Left `started`, the operation would wait for its lease to expire,
             # and an `unsafe` write would go to a person for nothing.
-            return self._release_unstarted(row, tool, reservation)
+            return self._unanswered(row, tool, reservation, exc, refuse)
         if refusal is not None:
             return refuse(refusal)
 
@@ -368,6 +370,19 @@ class OperationRunner(OutcomeRecorder):
         finally:
             metrics.EXECUTION_SECONDS.labels(tool.name).observe(time.perf_counter() - started)
         return self._on_value(row, tool, reservation, value, (time.perf_counter() - started) * 1000)
+
+    def _unanswered(
+        self, row: store.OperationRow, tool: Tool[Any], reservation: store.Reservation,
+        exc: BaseException, refuse: Callable[[Refusal], Outcome],
+    ) -> Outcome:
+        """A re-check hook raised one of `CONNECTION_ERRORS` before the handler ran. A
+        value the database refused (`bad_data`, decision 0193) is an answer: the same
+        statement is refused on every try, so the call is refused `invalid_arguments`
+        now, rather than given back forever. Anything else decided nothing: given back."""
+        refusal = bad_data_refusal(exc)
+        if refusal is not None:
+            return refuse(refusal)
+        return self._release_unstarted(row, tool, reservation)
 
     def _release_unstarted(
         self, row: store.OperationRow, tool: Tool[Any], reservation: store.Reservation

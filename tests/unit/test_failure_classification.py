@@ -253,3 +253,38 @@ def test_failures_module__imports_no_database_or_broker() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True
     ).stdout.strip()
     assert loaded == "[]"
+
+
+class ValueRefused(DriverConnectionLost):
+    """Stands for a driver error the runner's `bad_data` names a refused value."""
+
+
+def _refused(exc: BaseException) -> bool:
+    return isinstance(exc, ValueRefused)
+
+
+REFUSED_TERMINAL = Terminal(
+    ErrorCode.INVALID_ARGUMENTS, "the database refused a value of this call",
+    ({"path": "", "code": "refused_by_database", "expected": "values the database can hold"},),
+)
+
+
+@pytest.mark.parametrize(
+    ("declared", "exc", "expected"),
+    [
+        pytest.param(READ, ValueRefused(), REFUSED_TERMINAL,
+                     id="read__value_refused__terminal_invalid_arguments_not_retried"),
+        pytest.param(READ, DriverConnectionLost(), Retry(
+            ErrorCode.UPSTREAM_UNAVAILABLE, "the downstream is unavailable"),
+                     id="read__connection_lost__still_retried"),
+        pytest.param(UNSAFE, ValueRefused(), UnknownOutcome(ask_lookup=False, unexpected=True),
+                     id="unsafe_write__value_refused__may_have_acted_before__unknown_outcome"),
+    ],
+)
+def test_classify_failure__bad_data(
+    declared: Tool[Any], exc: BaseException, expected: FailureDecision
+) -> None:
+    decision = classify_failure(
+        exc, declared, attempts=WITHIN, connection_errors=CONNECTION_ERRORS, bad_data=_refused
+    )
+    assert decision == expected
