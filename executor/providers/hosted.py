@@ -55,6 +55,26 @@ class HostedCall:
     output_digest: str | None
     is_result: bool = False
     approval_request_id: str | None = None
+    unknown: bool = False
+
+
+UNKNOWN_KIND_CHARS = 80
+"""How much of an unknown item's provider-written type is kept as its `kind`."""
+
+
+def unknown_item(surface: str, kind: object, item_id: object = None) -> HostedCall:
+    """An output item, block, part or step of a type the surface does not know.
+
+    Deny by default: the provider may have run something through it, so it is
+    reported as a hosted call that no policy allows (`hosted_violations` gives
+    it detail `unknown_item`), never skipped. `kind` keeps a bounded prefix of
+    the provider's type; no tool name is guessed from it.
+    """
+    text = kind[:UNKNOWN_KIND_CHARS] if isinstance(kind, str) and kind else "<no type>"
+    return HostedCall(
+        surface=surface, kind=text, server_label=None, tool_name=None, arguments=None,
+        item_id=text_or_none(item_id), status=None, output_digest=None, unknown=True,
+    )
 
 
 def arguments_text(value: Any) -> str | None:
@@ -219,7 +239,7 @@ class HostedViolation:
     error: ToolError
 
 
-_MCP_LISTING_KINDS = frozenset({"mcp_list_tools"})
+_MCP_LISTING_KINDS = frozenset({"mcp_list_tools", "mcp_tool_listing"})
 _APPROVAL_REQUEST_KINDS = frozenset({"mcp_approval_request"})
 # MCP calls that may run only under an approval toolfence can see on the item.
 _APPROVABLE_CALL_KINDS = frozenset({"mcp_call"})
@@ -240,6 +260,11 @@ def _violation(call: HostedCall, message: str, path: str, code: str, expected: s
 def _check(
     call: HostedCall, policy: HostedPolicy, granted: GrantedApprovals | None
 ) -> HostedViolation | None:
+    if call.unknown:
+        return _violation(
+            call, "the provider returned an item toolfence does not know, which may have run a tool",
+            "kind", "unknown_item", "an item type the surface's adapter reads",
+        )
     if call.server_label is None:
         if call.tool_name in policy.builtin_tools:
             return None
