@@ -93,7 +93,7 @@ def test_new_codes__shared_with_error_codes() -> None:
 
 
 def _responses_text_only(status: str, reason: str | None = None) -> dict[str, Any]:
-    response = openai_responses_response([])
+    response: dict[str, Any] = openai_responses_response([])
     response["status"] = status
     if reason is not None:
         response["incomplete_details"] = {"reason": reason}
@@ -101,11 +101,12 @@ def _responses_text_only(status: str, reason: str | None = None) -> dict[str, An
 
 
 def _gemini_text_only(finish: str) -> dict[str, Any]:
-    return gemini_response([], finish_reason=finish)
+    response: dict[str, Any] = gemini_response([], finish_reason=finish)
+    return response
 
 
 def _interaction_text_only(status: str) -> dict[str, Any]:
-    response = interaction_response([], status=status)
+    response: dict[str, Any] = interaction_response([], status=status)
     response["steps"].append({"type": "model_output", "content": [{"type": "text", "text": "Partly"}]})
     return response
 
