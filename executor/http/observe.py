@@ -15,6 +15,15 @@ class CountResponses:
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+        self._declared: set[int] = set()
+
+    def _declare_routes(self, app: object) -> None:
+        # The app's own route table is the route label's closed set (metrics.HTTP_ROUTE).
+        if app is not None and id(app) not in self._declared:
+            self._declared.add(id(app))
+            metrics.declare_routes(
+                str(getattr(route, "path", "")) for route in getattr(app, "routes", ())
+            )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -32,6 +41,7 @@ class CountResponses:
         try:
             await self.app(scope, receive, noting_send)
         finally:
+            self._declare_routes(scope.get("app"))
             route = scope.get("route")
             template = str(getattr(route, "path", "unmatched")) if route is not None else "unmatched"
             metrics.HTTP_RESPONSES.labels(template, str(status)).inc()

@@ -254,3 +254,30 @@ def test_unknown_item__kind_bounded() -> None:
 def test_chat__runs_nothing_itself() -> None:
     # Chat Completions has no provider-run items; its call types are walked above.
     assert SURFACES["openai-chat"].read_hosted_calls(openai_chat_response([])) == []
+
+
+# ---------------------------------------------------------------- metric labels
+
+
+def test_hosted_kinds__every_kind_read_from_sdk_types__a_metric_label_value() -> None:
+    # toolfence_hosted_calls_total{kind} counts these by name; any other kind is `other`.
+    from executor.telemetry.metrics import HOSTED_KIND
+
+    kinds: set[str] = set()
+    responses: list[tuple[str, dict[str, Any]]] = [
+        *(("openai-responses", _responses_with(kind)) for kind in RESPONSES_TYPES),
+        *(("anthropic", _anthropic_with(kind)) for kind in ANTHROPIC_TYPES),
+        *(("gemini", _gemini_with({field: _PART_VALUES.get(field, "x")})) for field in GEMINI_PART_FIELDS),
+        *(("gemini", _gemini_with({"toolCall": {"toolType": t.value}})) for t in genai_types.ToolType),
+        *(
+            ("gemini-interactions", {"status": "completed", "steps": [
+                {"type": kind, "id": "s1", "call_id": "s0", "name": "n", "arguments": {}}
+            ]})
+            for kind in INTERACTION_TYPES
+        ),
+    ]
+    for surface_name, response in responses:
+        _, hosted = _outcome(surface_name, response)
+        kinds |= {call.kind for call in hosted if not call.is_result and not call.unknown}
+    assert len(kinds) >= 15
+    assert kinds <= HOSTED_KIND.values
