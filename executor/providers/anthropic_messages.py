@@ -12,14 +12,18 @@ always sends one), a toolset member call (`unsupported_call_type`: toolfence
 declares no toolsets), an empty or repeated id. Server-run blocks are not
 proposals: `read_hosted_calls` reads them (`server_tool_use`, `mcp_tool_use`,
 `mcp_tool_result`, `web_search_tool_result` and the other `*_tool_result`
-blocks of server tools) for the hosted-tool check; thinking and text are
-skipped.
+blocks of server tools, `mcp_tool_listing`) for the hosted-tool check, and
+reports a block of a type it does not know (`is_known_block`) as an unknown
+one; thinking, text and the other inert blocks are skipped.
 
-Refused as `truncated_response` (before admission): `tool_use` blocks in a
-message that stopped on `max_tokens` or `model_context_window_exceeded`. The
-last block, when it is a `tool_use`, was being written when the limit hit and
-is named: its partial input is an object that may still validate, and the
-blocks before it are a plan the model did not finish. Left to the admission
+Refused before admission, whatever the content holds, a message that did not
+finish (`ENDINGS`): `max_tokens` or `model_context_window_exceeded` is
+`truncated_response` (the last block, when it is a `tool_use`, was being
+written when the limit hit and is named: its partial input is an object that
+may still validate, and the blocks before it are a plan the model did not
+finish), `refusal` is `filtered_response`, an unknown stop reason
+`unfinished_response`. `pause_turn` is not refused: `paused(response)` says
+the caller must send the message back to continue the turn. Left to the admission
 gates, per call: tool names (`unknown_tool`) and the arguments.
 """
 

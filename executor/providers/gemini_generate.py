@@ -19,14 +19,21 @@ Whole envelope refused (`AdapterError`): more than one candidate
 (`multiple_choices`; the caller picks one), a `MALFORMED_FUNCTION_CALL` or
 `UNEXPECTED_TOOL_CALL` finish with no call (`tool_calls_without_calls`), a
 `functionCall` that is not the shape above (`malformed_call_list`), an empty
-or repeated id. No candidates (a blocked prompt) is a response with no calls. Code the model
+or repeated id. No candidates is a response with no calls, unless the prompt
+was blocked (`promptFeedback.blockReason`: `filtered_response`). Code the model
 ran through the built-in code execution tool (`executableCode` and
-`codeExecutionResult` parts) is not a proposal: `read_hosted_calls` reads it.
-Refused as `truncated_response` (before admission): a `functionCall` that
-says it is not whole (`willContinue: true`, or `partialArgs`: its arguments
-are still being streamed; named by its id), and calls in a candidate that
-finished on `MAX_TOKENS` (the last call is named: every `functionCall` part is
-a whole object, but the model may have meant more calls than these). toolfence
+`codeExecutionResult` parts) and server-side tool calls (`toolCall` /
+`toolResponse` parts: Google Search, URL context, ...) are not proposals:
+`read_hosted_calls` reads them, and reports a part field outside
+`KNOWN_PART_FIELDS` as an unknown item. Refused before admission, whatever
+the candidate holds, a finish that is not `STOP` (`ENDINGS`): `MAX_TOKENS`,
+`CONTINUATION`, `TOO_MANY_TOOL_CALLS` are `truncated_response` (the last call
+is named: every `functionCall` part is a whole object, but the model may have
+meant more calls than these), `SAFETY`, `RECITATION` and the other blocks
+`filtered_response`, the rest and unknown finishes `unfinished_response`.
+Also `truncated_response`: a `functionCall` that says it is not whole
+(`willContinue: true`, or `partialArgs`: its arguments are still being
+streamed; named by its id). toolfence
 assembles no streamed calls: pass the final, aggregated response. Left to the
 admission gates, per call: tool names (`unknown_tool`) and the arguments.
 """

@@ -11,10 +11,13 @@ Whole envelope refused (`AdapterError`): `steps` not a list, status
 `requires_action` with no unanswered call (`tool_calls_without_calls`), a call
 step not of the shape above (`malformed_call_list`), an empty or repeated id.
 Server-run steps (search, code execution, URL context, MCP server tools, …)
-are not proposals: `read_hosted_calls` reads them; thoughts and model output
-are skipped. Refused as `truncated_response` (before
-admission): unanswered calls of an interaction whose status is `incomplete`
-(it ended early; the last call is named). Left to the admission gates, per
+are not proposals: `read_hosted_calls` reads them, and reports a step of a
+type it does not know (`is_known_step`) as an unknown one; thoughts, model
+output and user input are skipped. Refused before admission, whatever the
+steps hold, an interaction that did not finish (`ENDINGS`): `incomplete`,
+`budget_exceeded`, `requires_continuation` are `truncated_response` (the last
+unanswered call is named), `failed`, `cancelled`, `queued`, `in_progress`,
+`idle` and unknown statuses `unfinished_response`. Left to the admission gates, per
 call: tool names (`unknown_tool`) and the arguments.
 """
 

@@ -43,6 +43,8 @@ class HostedCall:
     `is_result` marks items that only report a run (`mcp_tool_result`, ...);
     the check applies to the items that ask for one.
     `approval_request_id` is the approval an `mcp_call` ran under, if any.
+    `unknown` marks an item of a type the surface does not know
+    (`unknown_item`): reported under every policy, never skipped.
     """
 
     surface: str

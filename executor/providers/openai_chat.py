@@ -9,10 +9,13 @@ answered: no single choice (`multiple_choices`; the caller picks one), a
 `tool_calls` finish with no calls, a call list or call that is not the shape
 above (`malformed_call_list`), a legacy `function_call` or a `custom` tool call
 (`unsupported_call_type`: toolfence declares neither, and answers them
-differently), an empty or repeated call id, and calls in a choice that ended
-with `finish_reason: "length"` (`truncated_response`, naming the last call,
-the one being written when the token limit hit: its cut arguments text may
-still parse, and the calls before it are a plan the model did not finish).
+differently), an empty or repeated call id, and any choice that did not finish
+(`ENDINGS`, whatever the message holds): `finish_reason: "length"` is
+`truncated_response` (naming the last call, the one being written when the
+token limit hit: its cut arguments text may still parse, and the calls before
+it are a plan the model did not finish), `content_filter` and a
+`message.refusal` are `filtered_response`, an unknown finish reason
+`unfinished_response`.
 Left to the admission gates, per call: the arguments text, verbatim, however
 broken (`invalid_arguments_json`), and tool names (`unknown_tool`).
 """

@@ -12,14 +12,18 @@ would have to answer but toolfence never declared (`unsupported_call_type`:
 custom tools, computer use, shells, apply-patch, client-side tool search,
 namespaced functions). Server-run items are not proposals: `read_hosted_calls`
 reads them (`mcp_call`, `mcp_list_tools`, `mcp_approval_request`,
-`web_search_call`, `file_search_call`, `code_interpreter_call`) for the
-hosted-tool check; an `mcp_approval_request` is answered with
+`web_search_call`, `file_search_call`, `code_interpreter_call`,
+`image_generation_call`, server `tool_search_call`, `program` and their results)
+for the hosted-tool check, and reports an item of any type outside
+`KNOWN_ITEMS` as an unknown one; an `mcp_approval_request` is answered with
 `write_approval_response` once toolfence's approval flow has decided.
-Refused as `truncated_response` (before admission): calls in a response with
-`status: "incomplete"` (a token limit or a content filter ended it), and a
-`function_call` item whose own status is `incomplete` or `in_progress` (named
-by its `call_id`): its arguments text is not the model's whole call even when
-it parses. Left to the admission gates, per call: the arguments text, verbatim
+Refused before admission, whatever the output holds, a response that did not
+finish (`ENDINGS`): `status: "incomplete"` is `truncated_response` (or
+`filtered_response` for reason `content_filter`), `failed`, `cancelled`,
+`queued`, `in_progress` or an unknown status `unfinished_response`. Also
+`truncated_response`: a `function_call` item whose own status is `incomplete`
+or `in_progress` (named by its `call_id`): its arguments text is not the
+model's whole call even when it parses. Left to the admission gates, per call: the arguments text, verbatim
 (`invalid_arguments_json`), and tool names (`unknown_tool`). This surface has no
 "tool calls" stop signal, so there is no `tool_calls_without_calls` case.
 """
