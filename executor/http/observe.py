@@ -15,15 +15,6 @@ class CountResponses:
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        self._declared: set[int] = set()
-
-    def _declare_routes(self, app: object) -> None:
-        # The app's own route table is the route label's closed set (metrics.HTTP_ROUTE).
-        if app is not None and id(app) not in self._declared:
-            self._declared.add(id(app))
-            metrics.declare_routes(
-                str(getattr(route, "path", "")) for route in getattr(app, "routes", ())
-            )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -41,8 +32,11 @@ class CountResponses:
         try:
             await self.app(scope, receive, noting_send)
         finally:
-            self._declare_routes(scope.get("app"))
             route = scope.get("route")
             template = str(getattr(route, "path", "unmatched")) if route is not None else "unmatched"
+            if route is not None:
+                # A route object the router matched: a template of the app's own table,
+                # never the request's path, so the route label's set stays closed.
+                metrics.declare_routes((template,))
             metrics.HTTP_RESPONSES.labels(template, str(status)).inc()
             metrics.HTTP_SECONDS.labels(template).observe(time.monotonic() - started)

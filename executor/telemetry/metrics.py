@@ -322,8 +322,9 @@ TURN_RESUMES = _counter(
     "toolfence_turn_resumes_total",
     "Turn jobs that took over a turn from an earlier generation (its worker died or gave it back).",
 )
-# `toolfence serve`: route is the matched route's template (`/v1/requests/{request_id}`),
-# one the server declared (`declare_routes`), or `unmatched`; status the HTTP status code.
+# `toolfence serve`: route is the template of the route object the router matched
+# (`/v1/requests/{request_id}`, declared by executor/http/observe.py, never the
+# request's path), or `unmatched`; status the HTTP status code.
 _ROUTES: set[str] = set()
 
 
