@@ -402,7 +402,7 @@ def read_hosted_calls(response: Mapping[str, Any]) -> list[HostedCall]:
         calls.extend(
             unknown_item(SURFACE, key)
             for key, value in part.items()
-            if value is not None and _snake(key) not in KNOWN_PART_FIELDS
+            if value is not None and not (isinstance(key, str) and _snake(key) in KNOWN_PART_FIELDS)
         )
         calls.extend(_server_tool_part(part, where))
         code = _get(part, "executable_code", "executableCode", where)

@@ -70,9 +70,17 @@ def unknown_item(surface: str, kind: object, item_id: object = None) -> HostedCa
     Deny by default: the provider may have run something through it, so it is
     reported as a hosted call that no policy allows (`hosted_violations` gives
     it detail `unknown_item`), never skipped. `kind` keeps a bounded prefix of
-    the provider's type; no tool name is guessed from it.
+    the provider's type when it is printable text (a NUL or a lone surrogate
+    could not be stored or shown), else a digest of it; no tool name is
+    guessed from it.
     """
-    text = kind[:UNKNOWN_KIND_CHARS] if isinstance(kind, str) and kind else "<no type>"
+    if not isinstance(kind, str) or not kind:
+        text = "<no type>"
+    elif kind.isprintable():  # a lone surrogate (category Cs) is not printable either
+        text = kind[:UNKNOWN_KIND_CHARS]
+    else:
+        digest = hashlib.sha256(kind.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        text = f"<unprintable {digest}>"
     return HostedCall(
         surface=surface, kind=text, server_label=None, tool_name=None, arguments=None,
         item_id=text_or_none(item_id), status=None, output_digest=None, unknown=True,

@@ -267,8 +267,11 @@ def test_unknown_and_new_provider_items__reported_recorded_and_labels_stay_bound
     # tool search, and 302 item types no adapter knows (one 50,100 characters long)
     from executor.providers import SURFACES
 
-    unknown = [{"type": f"kind_{index}_call", "id": f"u_{index}"} for index in range(301)]
+    unknown = [{"type": f"kind_{index}_call", "id": f"u_{index}"} for index in range(299)]
     unknown.append({"type": "x_call" * 8_350, "id": "u_long"})
+    # Types no column can hold or no terminal can print: recorded by digest
+    unknown.append({"type": "nul\u0000_call", "id": "u_nul"})
+    unknown.append({"type": "\ud800_call", "id": "u_surrogate"})
     envelope = {"status": "completed", "output": [
         {"type": "image_generation_call", "id": "ig_1", "status": "completed", "result": "aGk="},
         {"type": "tool_search_call", "id": "ts_1", "execution": "server", "arguments": {"q": "x"}},
@@ -288,7 +291,9 @@ def test_unknown_and_new_provider_items__reported_recorded_and_labels_stay_bound
     rows = hosted_rows(engine, "req-unknown-items")
     assert len(rows) == 304 and all(row.allowed is False for row in rows)
     assert max(len(row.kind) for row in rows) <= 80
+    assert all(row.kind.isprintable() for row in rows)
     # And the counter grew by at most three series: the two built-in kinds and `other`
+    # (before decision 0195, 302: one per provider-written type)
     new = _series() - before
     assert len(new) <= 3
     assert {dict(series)["kind"] for series in new} <= {"image_generation_call", "tool_search_call", "other"}

@@ -281,3 +281,10 @@ def test_hosted_kinds__every_kind_read_from_sdk_types__a_metric_label_value() ->
         kinds |= {call.kind for call in hosted if not call.is_result and not call.unknown}
     assert len(kinds) >= 15
     assert kinds <= HOSTED_KIND.values
+
+
+@pytest.mark.parametrize("kind", ["nul\u0000_call", "\ud800_call", "line\nbreak_call"])
+def test_unknown_item__unprintable_type__recorded_by_digest(kind: str) -> None:
+    _, hosted = _outcome("openai-responses", _responses_with(kind))
+    (call,) = hosted
+    assert call.unknown and call.kind.startswith("<unprintable ") and call.kind.isprintable()
