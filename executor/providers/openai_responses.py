@@ -23,8 +23,9 @@ finish (`ENDINGS`): `status: "incomplete"` is `truncated_response` (or
 `queued`, `in_progress` or an unknown status `unfinished_response`. Also
 `truncated_response`: a `function_call` item whose own status is `incomplete`
 or `in_progress` (named by its `call_id`): its arguments text is not the
-model's whole call even when it parses. Left to the admission gates, per call: the arguments text, verbatim
-(`invalid_arguments_json`), and tool names (`unknown_tool`). This surface has no
+model's whole call even when it parses. Left to the admission gates, per
+call: the arguments text, verbatim (`invalid_arguments_json`), and tool names
+(`unknown_tool`). This surface has no
 "tool calls" stop signal, so there is no `tool_calls_without_calls` case.
 """
 
