@@ -496,6 +496,16 @@ class RoleResolutionFailed(AdmissionError):
     """The application's role resolver raised: whoever asked must fail closed."""
 
 
+_DECLARED_NAMES: set[str] = set()
+
+
+def is_declared_tool_name(name: str) -> bool:
+    """Has a `Registry` in this process held a tool of this name? Names are code's
+    declarations, never a model's or a caller's text: the closed set of the
+    metrics' `tool` label."""
+    return name in _DECLARED_NAMES
+
+
 class Registry:
     """The set of tools a deployment exposes. Thread-safe for reads after setup.
 
@@ -547,12 +557,14 @@ class Registry:
             if tool.name in self._tools:
                 raise ToolDeclarationError(f"tool {tool.name!r} is declared twice")
             self._tools[tool.name] = tool
+            _DECLARED_NAMES.add(tool.name)
         return tool
 
     def replace(self, tool: Tool[Any]) -> None:
         """Swap a tool's declaration (a policy change, a new schema version)."""
         with self._lock:
             self._tools[tool.name] = tool
+            _DECLARED_NAMES.add(tool.name)
 
     def remove(self, name: str) -> None:
         with self._lock:

@@ -37,6 +37,9 @@ class ErrorCode(StrEnum):
     PREDECESSOR_FAILED = "predecessor_failed"
     # wave 2
     TRUNCATED_RESPONSE = "truncated_response"
+    # wave 3: a provider response that ended other than finished (docs/providers.md)
+    FILTERED_RESPONSE = "filtered_response"
+    UNFINISHED_RESPONSE = "unfinished_response"
     HOSTED_CALL_NOT_ALLOWED = "hosted_call_not_allowed"
     APPROVAL_SCOPE_EXCEEDED = "approval_scope_exceeded"
     APPROVER_NOT_ALLOWED = "approver_not_allowed"

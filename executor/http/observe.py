@@ -34,5 +34,9 @@ class CountResponses:
         finally:
             route = scope.get("route")
             template = str(getattr(route, "path", "unmatched")) if route is not None else "unmatched"
+            if route is not None:
+                # A route object the router matched: a template of the app's own table,
+                # never the request's path, so the route label's set stays closed.
+                metrics.declare_routes((template,))
             metrics.HTTP_RESPONSES.labels(template, str(status)).inc()
             metrics.HTTP_SECONDS.labels(template).observe(time.monotonic() - started)

@@ -12,14 +12,18 @@ always sends one), a toolset member call (`unsupported_call_type`: toolfence
 declares no toolsets), an empty or repeated id. Server-run blocks are not
 proposals: `read_hosted_calls` reads them (`server_tool_use`, `mcp_tool_use`,
 `mcp_tool_result`, `web_search_tool_result` and the other `*_tool_result`
-blocks of server tools) for the hosted-tool check; thinking and text are
-skipped.
+blocks of server tools, `mcp_tool_listing`) for the hosted-tool check, and
+reports a block of a type it does not know (`is_known_block`) as an unknown
+one; thinking, text and the other inert blocks are skipped.
 
-Refused as `truncated_response` (before admission): `tool_use` blocks in a
-message that stopped on `max_tokens` or `model_context_window_exceeded`. The
-last block, when it is a `tool_use`, was being written when the limit hit and
-is named: its partial input is an object that may still validate, and the
-blocks before it are a plan the model did not finish. Left to the admission
+Refused before admission, whatever the content holds, a message that did not
+finish (`ENDINGS`): `max_tokens` or `model_context_window_exceeded` is
+`truncated_response` (the last block, when it is a `tool_use`, was being
+written when the limit hit and is named: its partial input is an object that
+may still validate, and the blocks before it are a plan the model did not
+finish), `refusal` is `filtered_response`, an unknown stop reason
+`unfinished_response`. `pause_turn` is not refused: `paused(response)` says
+the caller must send the message back to continue the turn. Left to the admission
 gates, per call: tool names (`unknown_tool`) and the arguments.
 """
 
@@ -47,14 +51,15 @@ from executor.providers.common import (
     order_results,
     parameters_schema,
     result_text,
-    truncated,
 )
+from executor.providers.endings import Endings, refuse_unless_finished
 from executor.providers.hosted import (
     HostedCall,
     HostedPolicy,
     arguments_text,
     output_digest,
     text_or_none,
+    unknown_item,
 )
 
 SURFACE = "anthropic"
@@ -62,7 +67,26 @@ SURFACE = "anthropic"
 # models accept 128, 64 is what every model accepts).
 NAME_RULE = NameRule(pattern=r"[A-Za-z0-9_-]+", max_length=64)
 
-_TRUNCATING_STOPS = frozenset({"max_tokens", "model_context_window_exceeded"})
+ENDINGS = Endings(
+    field="stop_reason",
+    finished=frozenset({"end_turn", "stop_sequence", "tool_use"}),
+    paused=frozenset({"pause_turn"}),
+    truncated=frozenset({"max_tokens", "model_context_window_exceeded"}),
+    filtered=frozenset({"refusal"}),
+    unfinished=frozenset(),
+)
+
+
+def paused(response: Mapping[str, Any]) -> bool:
+    """Did the server pause a long-running turn (`stop_reason: "pause_turn"`)?
+
+    Not a refusal and not a finished turn: `read_proposals` reads the message
+    as usual (usually no `tool_use` block; its server-tool blocks are read by
+    `read_hosted_calls`), and the caller must send the message back as the
+    assistant turn, unchanged, for the server to continue it. A turn that
+    treats it as the final answer ends with a partial one.
+    """
+    return isinstance(response, Mapping) and response.get("stop_reason") == "pause_turn"
 
 
 def _refuse(code: AdapterErrorCode, message: str, call_id: str | None = None) -> AdapterError:
@@ -92,13 +116,13 @@ def read_proposals(
             raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, f"{where} is not an object")
         if block.get("type") != "tool_use":
             continue
-        if one_of(stop_reason, _TRUNCATING_STOPS):
-            last = content[-1]
-            cut = last.get("id") if isinstance(last, Mapping) and last.get("type") == "tool_use" else None
-            raise truncated(
-                SURFACE, f"stop_reason is {stop_reason} and the message holds tool_use blocks", cut
-            )
         proposals.append(_read_call(block, where, known_names=known_names))
+    last = content[-1] if content else None
+    refuse_unless_finished(
+        SURFACE, ENDINGS, stop_reason,
+        call_id=last.get("id") if isinstance(last, Mapping) and last.get("type") == "tool_use" else None,
+        detail=f"{len(proposals)} tool_use block(s)" if proposals else "",
+    )
     if not proposals and stop_reason == "tool_use":
         raise _refuse(
             AdapterErrorCode.TOOL_CALLS_WITHOUT_CALLS,
@@ -191,6 +215,22 @@ def request_options(registry: Registry, context: ServerContext) -> dict[str, Any
 # ---------------------------------------------------------------- hosted calls
 
 _HOSTED_USE_BLOCKS = frozenset({"server_tool_use", "mcp_tool_use"})
+# Blocks that call nothing: text, reasoning, a file put in the container, context
+# compaction, the boundary of a model fallback, and `tool_use`, read by read_proposals.
+_INERT_BLOCKS = frozenset(
+    {"text", "thinking", "redacted_thinking", "container_upload", "compaction", "fallback", "tool_use"}
+)
+_LISTING_BLOCK = "mcp_tool_listing"
+
+
+def is_known_block(kind: object) -> bool:
+    """Does this surface read, report or knowingly skip a content block of type `kind`?
+    Any other block is reported by `read_hosted_calls` as an unknown item."""
+    return one_of(kind, _INERT_BLOCKS | _HOSTED_USE_BLOCKS | {_LISTING_BLOCK}) or _is_result_block(kind)
+
+
+def _is_result_block(kind: object) -> bool:
+    return isinstance(kind, str) and kind.endswith("_tool_result") and kind != "tool_result"
 
 
 @boundary(SURFACE, AdapterErrorCode.MALFORMED_ENVELOPE)
@@ -223,7 +263,18 @@ def read_hosted_calls(response: Mapping[str, Any]) -> list[HostedCall]:
             calls.append(use)
             if use.item_id is not None:
                 uses[use.item_id] = use
-        elif isinstance(kind, str) and kind.endswith("_tool_result") and kind != "tool_result":
+        elif kind == _LISTING_BLOCK:
+            calls.append(
+                HostedCall(
+                    surface=SURFACE, kind=_LISTING_BLOCK,
+                    server_label=text_or_none(block.get("mcp_server_name")), tool_name=None,
+                    arguments=None, item_id=None, status="completed",
+                    output_digest=output_digest(block.get("tools")),
+                )
+            )
+        elif not is_known_block(kind):
+            calls.append(unknown_item(SURFACE, kind, block.get("id")))
+        elif _is_result_block(kind):
             answers = text_or_none(block.get("tool_use_id"))
             answered = uses.get(answers) if answers is not None else None
             result = block.get("content")
@@ -232,7 +283,7 @@ def read_hosted_calls(response: Mapping[str, Any]) -> list[HostedCall]:
             )
             calls.append(
                 HostedCall(
-                    surface=SURFACE, kind=kind,
+                    surface=SURFACE, kind=str(kind),
                     server_label=answered.server_label if answered else None,
                     tool_name=answered.tool_name if answered else None,
                     arguments=None, item_id=answers,

@@ -62,6 +62,12 @@ class AdapterErrorCode(StrEnum):
     # as `ErrorCode.TRUNCATED_RESPONSE`, so a caller reporting the refusal in a
     # result or a problem document uses the one stable code.
     TRUNCATED_RESPONSE = ErrorCode.TRUNCATED_RESPONSE.value
+    # A content filter or safety system stopped the response (or the prompt), or
+    # the model refused: whatever it holds is not the model's answer.
+    FILTERED_RESPONSE = ErrorCode.FILTERED_RESPONSE.value
+    # The provider says the response failed, was cancelled, is still queued or
+    # being written, or ended for a reason toolfence does not know.
+    UNFINISHED_RESPONSE = ErrorCode.UNFINISHED_RESPONSE.value
     # inbound: the call list
     MALFORMED_CALL_LIST = "malformed_call_list"
     UNSUPPORTED_CALL_TYPE = "unsupported_call_type"

@@ -19,14 +19,21 @@ Whole envelope refused (`AdapterError`): more than one candidate
 (`multiple_choices`; the caller picks one), a `MALFORMED_FUNCTION_CALL` or
 `UNEXPECTED_TOOL_CALL` finish with no call (`tool_calls_without_calls`), a
 `functionCall` that is not the shape above (`malformed_call_list`), an empty
-or repeated id. No candidates (a blocked prompt) is a response with no calls. Code the model
+or repeated id. No candidates is a response with no calls, unless the prompt
+was blocked (`promptFeedback.blockReason`: `filtered_response`). Code the model
 ran through the built-in code execution tool (`executableCode` and
-`codeExecutionResult` parts) is not a proposal: `read_hosted_calls` reads it.
-Refused as `truncated_response` (before admission): a `functionCall` that
-says it is not whole (`willContinue: true`, or `partialArgs`: its arguments
-are still being streamed; named by its id), and calls in a candidate that
-finished on `MAX_TOKENS` (the last call is named: every `functionCall` part is
-a whole object, but the model may have meant more calls than these). toolfence
+`codeExecutionResult` parts) and server-side tool calls (`toolCall` /
+`toolResponse` parts: Google Search, URL context, ...) are not proposals:
+`read_hosted_calls` reads them, and reports a part field outside
+`KNOWN_PART_FIELDS` as an unknown item. Refused before admission, whatever
+the candidate holds, a finish that is not `STOP` (`ENDINGS`): `MAX_TOKENS`,
+`CONTINUATION`, `TOO_MANY_TOOL_CALLS` are `truncated_response` (the last call
+is named: every `functionCall` part is a whole object, but the model may have
+meant more calls than these), `SAFETY`, `RECITATION` and the other blocks
+`filtered_response`, the rest and unknown finishes `unfinished_response`.
+Also `truncated_response`: a `functionCall` that says it is not whole
+(`willContinue: true`, or `partialArgs`: its arguments are still being
+streamed; named by its id). toolfence
 assembles no streamed calls: pass the final, aggregated response. Left to the
 admission gates, per call: tool names (`unknown_tool`) and the arguments.
 """
@@ -61,11 +68,13 @@ from executor.providers.common import (
     quote,
     truncated,
 )
+from executor.providers.endings import Endings, refuse_unless_finished
 from executor.providers.hosted import (
     HostedCall,
     arguments_text,
     output_digest,
     text_or_none,
+    unknown_item,
 )
 
 SURFACE = "gemini"
@@ -78,6 +87,26 @@ SYNTHETIC_ID_PREFIX = "toolfence-gemini-call-"
 
 # Finish reasons meaning "the model tried to call a function" with no call to show.
 _CALL_FAILURE_FINISHES = frozenset({"MALFORMED_FUNCTION_CALL", "UNEXPECTED_TOOL_CALL"})
+
+# `candidates[0].finishReason`, every value of the SDK's `FinishReason`.
+ENDINGS = Endings(
+    field="finishReason",
+    finished=frozenset({"STOP"}),
+    # CONTINUATION: the per-request token limit, to be continued with a token;
+    # TOO_MANY_TOOL_CALLS: the server-side tool loop stopped before the answer.
+    truncated=frozenset({"MAX_TOKENS", "CONTINUATION", "TOO_MANY_TOOL_CALLS"}),
+    filtered=frozenset(
+        {
+            "SAFETY", "RECITATION", "LANGUAGE", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII",
+            "IMAGE_SAFETY", "IMAGE_PROHIBITED_CONTENT", "IMAGE_RECITATION", "ESCALATION",
+            "PUP_LIMITED_DISABLED", "MODEL_ARMOR",
+        }
+    ),
+    unfinished=_CALL_FAILURE_FINISHES | {
+        "FINISH_REASON_UNSPECIFIED", "OTHER", "IMAGE_OTHER", "NO_IMAGE",
+        "MISSING_THOUGHT_SIGNATURE", "MALFORMED_RESPONSE",
+    },
+)
 
 
 def _refuse(code: AdapterErrorCode, message: str, call_id: str | None = None) -> AdapterError:
@@ -127,6 +156,7 @@ def read_proposals(
         raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, "the response is not an object")
     candidates = response.get("candidates")
     if candidates is None or candidates == []:
+        _refuse_if_blocked(response)
         return []
     if not isinstance(candidates, list):
         raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, "candidates is not a list")
@@ -160,19 +190,32 @@ def read_proposals(
         proposals.append(
             _read_call(raw_call, len(proposals), where, known_names=known_names)
         )
-    if proposals and finish_reason == "MAX_TOKENS":
-        raise truncated(
-            SURFACE,
-            f"finishReason is MAX_TOKENS: {len(proposals)} call(s), the last one may be cut",
-            proposals[-1].call_id,
-        )
     if not proposals and one_of(finish_reason, _CALL_FAILURE_FINISHES):
         raise _refuse(
             AdapterErrorCode.TOOL_CALLS_WITHOUT_CALLS,
             f"finishReason is {finish_reason} and no functionCall part survived",
         )
+    refuse_unless_finished(
+        SURFACE, ENDINGS, finish_reason,
+        call_id=proposals[-1].call_id if proposals else None,
+        detail=f"{len(proposals)} call(s), the last one may be cut" if proposals else "",
+    )
     check_unique_ids(proposals, surface=SURFACE)
     return proposals
+
+
+def _refuse_if_blocked(response: Mapping[str, Any]) -> None:
+    """No candidate because the prompt was blocked (`promptFeedback.blockReason`):
+    refused as filtered. No candidate and no block reason is a response with no calls."""
+    feedback = _get(response, "prompt_feedback", "promptFeedback", "the response")
+    if not isinstance(feedback, Mapping):
+        return
+    reason = _get(feedback, "block_reason", "blockReason", "promptFeedback")
+    if reason is not None:
+        raise _refuse(
+            AdapterErrorCode.FILTERED_RESPONSE,
+            f"the prompt was blocked ({quote(reason)}); the response has no candidate",
+        )
 
 
 def _read_call(
@@ -277,11 +320,71 @@ def request_options(registry: Registry, context: ServerContext) -> dict[str, Any
 
 CODE_EXECUTION = "code_execution"
 
+# Server-side tool calls (`toolCall` parts, echoed back by the client, never run
+# by it), named for the built-in tool by their `toolType`.
+_SERVER_TOOL_TYPES = {
+    "GOOGLE_SEARCH_WEB": "google_search",
+    "GOOGLE_SEARCH_IMAGE": "google_search",
+    "URL_CONTEXT": "url_context",
+    "GOOGLE_MAPS": "google_maps",
+    "FILE_SEARCH": "file_search",
+    "MEDIA_PROCESSING": "media_processing",
+}
+# Every field of a `Part` (snake_case), and who reads it: `function_call` read_proposals;
+# `executable_code`, `code_execution_result`, `tool_call` and `tool_response` below;
+# the rest is content or its metadata (text, thoughts, media, an echoed function
+# response). A part field outside this set is reported as an unknown item.
+KNOWN_PART_FIELDS = frozenset(
+    {
+        "function_call", "executable_code", "code_execution_result", "tool_call", "tool_response",
+        "text", "thought", "thought_signature", "inline_data", "file_data", "function_response",
+        "video_metadata", "media_resolution", "part_metadata", "audio_transcription",
+        "media_processing", "speech_metadata", "document_metadata", "spreadsheet_metadata",
+        "audio_metadata",
+    }
+)
+
+
+def _snake(key: str) -> str:
+    return "".join(f"_{char.lower()}" if char.isupper() else char for char in key)
+
+
+def _server_tool_part(part: Mapping[str, Any], where: str) -> list[HostedCall]:
+    found: list[HostedCall] = []
+    call = _get(part, "tool_call", "toolCall", where)
+    if isinstance(call, Mapping):
+        tool_type = _get(call, "tool_type", "toolType", where)
+        tool = _SERVER_TOOL_TYPES.get(tool_type) if isinstance(tool_type, str) else None
+        if tool is None:
+            found.append(unknown_item(SURFACE, f"tool_call {tool_type}", call.get("id")))
+        else:
+            found.append(
+                HostedCall(
+                    surface=SURFACE, kind="tool_call", server_label=None, tool_name=tool,
+                    arguments=arguments_text(call.get("args")),
+                    item_id=text_or_none(call.get("id")), status=None, output_digest=None,
+                )
+            )
+    response = _get(part, "tool_response", "toolResponse", where)
+    if isinstance(response, Mapping):
+        tool_type = _get(response, "tool_type", "toolType", where)
+        found.append(
+            HostedCall(
+                surface=SURFACE, kind="tool_response", server_label=None,
+                tool_name=_SERVER_TOOL_TYPES.get(tool_type) if isinstance(tool_type, str) else None,
+                arguments=None, item_id=text_or_none(response.get("id")), status="completed",
+                output_digest=output_digest(response.get("response")), is_result=True,
+            )
+        )
+    return found
+
 
 @boundary(SURFACE, AdapterErrorCode.MALFORMED_ENVELOPE)
 def read_hosted_calls(response: Mapping[str, Any]) -> list[HostedCall]:
-    """The only candidate's `executableCode` / `codeExecutionResult` parts, in
-    part order, as `HostedCall`s of the built-in tool `code_execution`."""
+    """The only candidate's provider-run parts, in part order, as `HostedCall`s:
+    `executableCode` / `codeExecutionResult` (the built-in tool `code_execution`),
+    `toolCall` / `toolResponse` (server-side tools such as Google Search, by
+    `toolType`), and a part field the surface does not know (an unknown item)."""
     if not isinstance(response, Mapping):
         raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, "the response is not an object")
     candidates = response.get("candidates")
@@ -296,6 +399,12 @@ def read_hosted_calls(response: Mapping[str, Any]) -> list[HostedCall]:
         if not isinstance(part, Mapping):
             continue
         where = f"parts[{index}]"
+        calls.extend(
+            unknown_item(SURFACE, key)
+            for key, value in part.items()
+            if value is not None and not (isinstance(key, str) and _snake(key) in KNOWN_PART_FIELDS)
+        )
+        calls.extend(_server_tool_part(part, where))
         code = _get(part, "executable_code", "executableCode", where)
         if isinstance(code, Mapping):
             calls.append(

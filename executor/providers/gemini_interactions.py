@@ -11,10 +11,13 @@ Whole envelope refused (`AdapterError`): `steps` not a list, status
 `requires_action` with no unanswered call (`tool_calls_without_calls`), a call
 step not of the shape above (`malformed_call_list`), an empty or repeated id.
 Server-run steps (search, code execution, URL context, MCP server tools, …)
-are not proposals: `read_hosted_calls` reads them; thoughts and model output
-are skipped. Refused as `truncated_response` (before
-admission): unanswered calls of an interaction whose status is `incomplete`
-(it ended early; the last call is named). Left to the admission gates, per
+are not proposals: `read_hosted_calls` reads them, and reports a step of a
+type it does not know (`is_known_step`) as an unknown one; thoughts, model
+output and user input are skipped. Refused before admission, whatever the
+steps hold, an interaction that did not finish (`ENDINGS`): `incomplete`,
+`budget_exceeded`, `requires_continuation` are `truncated_response` (the last
+unanswered call is named), `failed`, `cancelled`, `queued`, `in_progress`,
+`idle` and unknown statuses `unfinished_response`. Left to the admission gates, per
 call: tool names (`unknown_tool`) and the arguments.
 """
 
@@ -38,22 +41,48 @@ from executor.providers.common import (
     decode_tool_name,
     encode_tool_name,
     is_failure,
+    one_of,
     order_results,
     parameters_schema,
     result_text,
-    truncated,
 )
+from executor.providers.endings import Endings, refuse_unless_finished
 from executor.providers.hosted import (
     HostedCall,
     arguments_text,
     output_digest,
     text_or_none,
+    unknown_item,
 )
 
 SURFACE = "gemini-interactions"
 # The Interactions SDK documents no name rule; its functions reach the same
 # models as GenerateContent, so the same rule applies.
 NAME_RULE = NameRule(pattern=r"[A-Za-z_][A-Za-z0-9_.:-]*", max_length=64)
+
+
+# The interaction's `status`, every value of the SDK's `InteractionStatus`.
+ENDINGS = Endings(
+    field="status",
+    finished=frozenset({"completed", "requires_action"}),
+    # budget_exceeded: a limit ended it; requires_continuation: the per-request
+    # limit did, and a later request may continue it.
+    truncated=frozenset({"incomplete", "budget_exceeded", "requires_continuation"}),
+    filtered=frozenset(),
+    unfinished=frozenset({"in_progress", "failed", "cancelled", "queued", "idle"}),
+)
+
+# Steps that call nothing: the model's text and thoughts, the user's input.
+_INERT_STEPS = frozenset({"model_output", "thought", "user_input"})
+
+
+def is_known_step(kind: object) -> bool:
+    """Does this surface read, report or knowingly skip a step of type `kind`? Every
+    `<tool>_call` / `<tool>_result` step is read (as a function call or a hosted
+    one); any other step type is reported by `read_hosted_calls` as an unknown item."""
+    return one_of(kind, _INERT_STEPS) or (
+        isinstance(kind, str) and (kind.endswith("_call") or kind.endswith("_result"))
+    )
 
 
 def _refuse(code: AdapterErrorCode, message: str, call_id: str | None = None) -> AdapterError:
@@ -96,17 +125,16 @@ def read_proposals(
                 answered.add(call_id)
     check_unique_ids(calls, surface=SURFACE)
     pending = [call for call in calls if call.call_id not in answered]
-    if pending and response.get("status") == "incomplete":
-        raise truncated(
-            SURFACE,
-            f"status is incomplete with {len(pending)} unanswered call(s)",
-            pending[-1].call_id,
-        )
     if not pending and response.get("status") == "requires_action":
         raise _refuse(
             AdapterErrorCode.TOOL_CALLS_WITHOUT_CALLS,
             "status is requires_action but no function_call step awaits a result",
         )
+    refuse_unless_finished(
+        SURFACE, ENDINGS, response.get("status"),
+        call_id=pending[-1].call_id if pending else None,
+        detail=f"{len(pending)} unanswered call(s)" if pending else "",
+    )
     return pending
 
 
@@ -194,6 +222,9 @@ def read_hosted_calls(response: Mapping[str, Any]) -> list[HostedCall]:
         if not isinstance(step, Mapping):
             continue
         kind = step.get("type")
+        if not is_known_step(kind):
+            calls.append(unknown_item(SURFACE, kind, step.get("id")))
+            continue
         if not isinstance(kind, str) or kind in ("function_call", "function_result"):
             continue
         mcp = kind.startswith("mcp_server_tool_")

@@ -46,6 +46,8 @@ class HostedCall:
     `is_result` marks items that only report a run (`mcp_tool_result`, ...);
     the check applies to the items that ask for one.
     `approval_request_id` is the approval an `mcp_call` ran under, if any.
+    `unknown` marks an item of a type the surface does not know
+    (`unknown_item`): reported under every policy, never skipped.
     """
 
     surface: str
@@ -58,6 +60,34 @@ class HostedCall:
     output_digest: str | None
     is_result: bool = False
     approval_request_id: str | None = None
+    unknown: bool = False
+
+
+UNKNOWN_KIND_CHARS = 80
+"""How much of an unknown item's provider-written type is kept as its `kind`."""
+
+
+def unknown_item(surface: str, kind: object, item_id: object = None) -> HostedCall:
+    """An output item, block, part or step of a type the surface does not know.
+
+    Deny by default: the provider may have run something through it, so it is
+    reported as a hosted call that no policy allows (`hosted_violations` gives
+    it detail `unknown_item`), never skipped. `kind` keeps a bounded prefix of
+    the provider's type when it is printable text (a NUL or a lone surrogate
+    could not be stored or shown), else a digest of it; no tool name is
+    guessed from it.
+    """
+    if not isinstance(kind, str) or not kind:
+        text = "<no type>"
+    elif kind.isprintable():  # a lone surrogate (category Cs) is not printable either
+        text = kind[:UNKNOWN_KIND_CHARS]
+    else:
+        digest = hashlib.sha256(kind.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        text = f"<unprintable {digest}>"
+    return HostedCall(
+        surface=surface, kind=text, server_label=None, tool_name=None, arguments=None,
+        item_id=text_or_none(item_id), status=None, output_digest=None, unknown=True,
+    )
 
 
 def arguments_text(value: Any) -> str | None:
@@ -253,7 +283,7 @@ class HostedViolation:
     error: ToolError
 
 
-_MCP_LISTING_KINDS = frozenset({"mcp_list_tools"})
+_MCP_LISTING_KINDS = frozenset({"mcp_list_tools", "mcp_tool_listing"})
 _APPROVAL_REQUEST_KINDS = frozenset({"mcp_approval_request"})
 # MCP calls that may run only under an approval toolfence can see on the item.
 _APPROVABLE_CALL_KINDS = frozenset({"mcp_call"})
@@ -309,6 +339,11 @@ def _approval_request_refusal(call: HostedCall, limits: Limits | None) -> Hosted
 def _check(
     call: HostedCall, policy: HostedPolicy, granted: GrantedApprovals | None
 ) -> HostedViolation | None:
+    if call.unknown:
+        return _violation(
+            call, "the provider returned an item toolfence does not know, which may have run a tool",
+            "kind", "unknown_item", "an item type the surface's adapter reads",
+        )
     if call.server_label is None:
         if call.tool_name in policy.builtin_tools:
             return None

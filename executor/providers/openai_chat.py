@@ -9,10 +9,13 @@ answered: no single choice (`multiple_choices`; the caller picks one), a
 `tool_calls` finish with no calls, a call list or call that is not the shape
 above (`malformed_call_list`), a legacy `function_call` or a `custom` tool call
 (`unsupported_call_type`: toolfence declares neither, and answers them
-differently), an empty or repeated call id, and calls in a choice that ended
-with `finish_reason: "length"` (`truncated_response`, naming the last call,
-the one being written when the token limit hit: its cut arguments text may
-still parse, and the calls before it are a plan the model did not finish).
+differently), an empty or repeated call id, and any choice that did not finish
+(`ENDINGS`, whatever the message holds): `finish_reason: "length"` is
+`truncated_response` (naming the last call, the one being written when the
+token limit hit: its cut arguments text may still parse, and the calls before
+it are a plan the model did not finish), `content_filter` and a
+`message.refusal` are `filtered_response`, an unknown finish reason
+`unfinished_response`.
 Left to the admission gates, per call: the arguments text, verbatim, however
 broken (`invalid_arguments_json`), and tool names (`unknown_tool`).
 """
@@ -40,14 +43,30 @@ from executor.providers.common import (
     parameters_schema,
     result_text,
     strict_parameters_schema,
-    truncated,
 )
+from executor.providers.endings import Endings, refuse_unless_finished
 from executor.providers.hosted import HostedCall
 
 SURFACE = "openai-chat"
 # FunctionDefinition.name: "a-z, A-Z, 0-9, or contain underscores and dashes,
 # with a maximum length of 64".
 NAME_RULE = NameRule(pattern=r"[A-Za-z0-9_-]+", max_length=64)
+
+# `choices[0].finish_reason`; `function_call` (legacy) is refused before this.
+ENDINGS = Endings(
+    field="finish_reason",
+    finished=frozenset({"stop", "tool_calls", "function_call"}),
+    truncated=frozenset({"length"}),
+    filtered=frozenset({"content_filter"}),
+    unfinished=frozenset(),
+)
+
+# Every field of the assistant message, and who reads it: `tool_calls` here,
+# `content` and `annotations` (citations) the caller's text, `audio` the
+# caller's audio, `refusal` refused below, `function_call` refused as legacy.
+MESSAGE_FIELDS = frozenset(
+    {"content", "refusal", "role", "annotations", "audio", "function_call", "tool_calls"}
+)
 
 
 def _refuse(code: AdapterErrorCode, message: str, call_id: str | None = None) -> AdapterError:
@@ -89,6 +108,15 @@ def read_proposals(
         raw_calls = []
     if not isinstance(raw_calls, list):
         raise _refuse(AdapterErrorCode.MALFORMED_CALL_LIST, "tool_calls is not a list")
+    last = raw_calls[-1] if raw_calls else None
+    refuse_unless_finished(
+        SURFACE, ENDINGS, finish_reason,
+        call_id=last.get("id") if isinstance(last, Mapping) else None,
+        detail=f"{len(raw_calls)} call(s), the last one cut off" if raw_calls else "",
+    )
+    if isinstance(message.get("refusal"), str) and message.get("refusal"):
+        # Structured Outputs' refusal: the model declined, and `content` is null.
+        raise _refuse(AdapterErrorCode.FILTERED_RESPONSE, "the message is the model's refusal")
     if not raw_calls:
         if finish_reason == "tool_calls":
             raise _refuse(
@@ -96,13 +124,6 @@ def read_proposals(
                 "finish_reason is tool_calls but the message carries no calls",
             )
         return []
-    if finish_reason == "length":
-        last = raw_calls[-1]
-        raise truncated(
-            SURFACE,
-            f"finish_reason is length: {len(raw_calls)} call(s), the last one cut off",
-            last.get("id") if isinstance(last, Mapping) else None,
-        )
     proposals = [
         _read_call(raw, index, known_names=known_names) for index, raw in enumerate(raw_calls)
     ]

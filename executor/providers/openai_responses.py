@@ -12,15 +12,20 @@ would have to answer but toolfence never declared (`unsupported_call_type`:
 custom tools, computer use, shells, apply-patch, client-side tool search,
 namespaced functions). Server-run items are not proposals: `read_hosted_calls`
 reads them (`mcp_call`, `mcp_list_tools`, `mcp_approval_request`,
-`web_search_call`, `file_search_call`, `code_interpreter_call`) for the
-hosted-tool check; an `mcp_approval_request` is answered with
+`web_search_call`, `file_search_call`, `code_interpreter_call`,
+`image_generation_call`, server `tool_search_call`, `program` and their results)
+for the hosted-tool check, and reports an item of any type outside
+`KNOWN_ITEMS` as an unknown one; an `mcp_approval_request` is answered with
 `write_approval_response` once toolfence's approval flow has decided.
-Refused as `truncated_response` (before admission): calls in a response with
-`status: "incomplete"` (a token limit or a content filter ended it), and a
-`function_call` item whose own status is `incomplete` or `in_progress` (named
-by its `call_id`): its arguments text is not the model's whole call even when
-it parses. Left to the admission gates, per call: the arguments text, verbatim
-(`invalid_arguments_json`), and tool names (`unknown_tool`). This surface has no
+Refused before admission, whatever the output holds, a response that did not
+finish (`ENDINGS`): `status: "incomplete"` is `truncated_response` (or
+`filtered_response` for reason `content_filter`), `failed`, `cancelled`,
+`queued`, `in_progress` or an unknown status `unfinished_response`. Also
+`truncated_response`: a `function_call` item whose own status is `incomplete`
+or `in_progress` (named by its `call_id`): its arguments text is not the
+model's whole call even when it parses. Left to the admission gates, per
+call: the arguments text, verbatim (`invalid_arguments_json`), and tool names
+(`unknown_tool`). This surface has no
 "tool calls" stop signal, so there is no `tool_calls_without_calls` case.
 """
 
@@ -50,12 +55,14 @@ from executor.providers.common import (
     strict_parameters_schema,
     truncated,
 )
+from executor.providers.endings import Endings, refuse_unless_finished
 from executor.providers.hosted import (
     HostedCall,
     HostedPolicy,
     arguments_text,
     output_digest,
     text_or_none,
+    unknown_item,
     without_none,
 )
 
@@ -115,6 +122,17 @@ def read_proposals(
     return proposals
 
 
+# `status` of the response. `incomplete` with reason `content_filter` is filtered;
+# any other incomplete reason (`max_output_tokens`, `max_messages`, `steered`) cut it.
+ENDINGS = Endings(
+    field="status",
+    finished=frozenset({"completed"}),
+    truncated=frozenset({"incomplete"}),
+    filtered=frozenset(),
+    unfinished=frozenset({"failed", "in_progress", "cancelled", "queued"}),
+)
+_FILTERED_INCOMPLETE_REASONS = frozenset({"content_filter"})
+
 # A function_call item the model has not finished writing: `incomplete` when the
 # response was cut off, `in_progress` in a snapshot taken while it streams.
 _UNFINISHED_ITEM_STATUSES = frozenset({"incomplete", "in_progress"})
@@ -123,21 +141,26 @@ _UNFINISHED_ITEM_STATUSES = frozenset({"incomplete", "in_progress"})
 def _refuse_if_truncated(
     response: Mapping[str, Any], output: list[Any], proposals: list[ProposedCall]
 ) -> None:
-    if not proposals:
-        return
-    for item in output:
+    for item in output if proposals else ():
         if item.get("type") == "function_call" and one_of(item.get("status"), _UNFINISHED_ITEM_STATUSES):
             raise truncated(
                 SURFACE,
                 f"a function_call item has status {item.get('status')}",
                 item.get("call_id"),
             )
-    if response.get("status") == "incomplete":
-        details = response.get("incomplete_details")
-        reason = text_or_none(details.get("reason")) if isinstance(details, Mapping) else None
-        # Every call item says completed; the response still ended early, so the
-        # model may have meant more calls than these.
-        raise truncated(SURFACE, f"the response is incomplete ({reason or 'no reason given'})")
+    status = response.get("status")
+    details = response.get("incomplete_details")
+    reason = details.get("reason") if isinstance(details, Mapping) else None
+    if status == "incomplete" and one_of(reason, _FILTERED_INCOMPLETE_REASONS):
+        raise _refuse(
+            AdapterErrorCode.FILTERED_RESPONSE,
+            f"the response is incomplete ({reason}): a content filter stopped it",
+        )
+    # Incomplete with every call item completed still ended early: the model may
+    # have meant more calls than these, or more text than this.
+    refuse_unless_finished(
+        SURFACE, ENDINGS, status, detail=text_or_none(reason) or "" if status == "incomplete" else ""
+    )
 
 
 def _read_call(item: Mapping[str, Any], where: str, *, known_names: Iterable[str]) -> ProposedCall:
@@ -227,7 +250,33 @@ _BUILTIN_ITEMS = {
     "web_search_call": "web_search",
     "file_search_call": "file_search",
     "code_interpreter_call": "code_interpreter",
+    "image_generation_call": "image_generation",
+    "tool_search_call": "tool_search",  # execution "server"; "client" is refused
+    "program": "programmatic_tool_calling",
 }
+# Results of built-in runs, answering the item whose `call_id` they carry.
+_BUILTIN_RESULTS = {
+    "tool_search_output": "tool_search",
+    "program_output": "programmatic_tool_calling",
+}
+# Items that call nothing: the answer's text and reasoning, context compaction, tool
+# definitions, and results of client-answered calls or approvals echoed from the input.
+_INERT_ITEMS = frozenset(
+    {
+        "message", "reasoning", "compaction", "additional_tools",
+        "function_call_output", "computer_call_output", "local_shell_call_output",
+        "shell_call_output", "apply_patch_call_output", "custom_tool_call_output",
+        "mcp_approval_response",
+    }
+)
+# What `read_proposals` reads or refuses itself.
+_PROPOSAL_ITEMS = _CLIENT_ANSWERED_ITEMS | {"function_call"}
+KNOWN_ITEMS = (
+    _PROPOSAL_ITEMS | _INERT_ITEMS | set(_BUILTIN_ITEMS) | set(_BUILTIN_RESULTS)
+    | {"mcp_call", "mcp_list_tools", "mcp_approval_request"}
+)
+"""Every output item type this surface reads, refuses or knows to call nothing;
+any other type is reported by `read_hosted_calls` as an unknown item."""
 
 
 @boundary(SURFACE, AdapterErrorCode.MALFORMED_ENVELOPE)
@@ -274,20 +323,40 @@ def _read_hosted(item: Mapping[str, Any]) -> HostedCall | None:
             status="failed" if item.get("error") is not None else "completed",
             output_digest=output_digest(item.get("tools")),
         )
-    if isinstance(kind, str) and kind in _BUILTIN_ITEMS:
-        if kind == "web_search_call":
-            arguments, output = item.get("action"), None
-        elif kind == "file_search_call":
-            arguments, output = {"queries": item.get("queries")}, item.get("results")
-        else:
-            arguments = without_none({"code": item.get("code"), "container_id": item.get("container_id")})
-            output = item.get("outputs")
+    if kind == "tool_search_call" and item.get("execution") == "client":
+        return None  # refused by read_proposals: the client would have to answer it
+    if one_of(kind, frozenset(_BUILTIN_ITEMS)):
+        arguments, output = _builtin_arguments_and_output(str(kind), item)
         return HostedCall(
-            surface=SURFACE, kind=kind, server_label=None, tool_name=_BUILTIN_ITEMS[kind],
+            surface=SURFACE, kind=str(kind), server_label=None, tool_name=_BUILTIN_ITEMS[str(kind)],
             arguments=arguments_text(arguments), item_id=item_id, status=status,
             output_digest=output_digest(output),
         )
-    return None
+    if one_of(kind, frozenset(_BUILTIN_RESULTS)):
+        return HostedCall(
+            surface=SURFACE, kind=str(kind), server_label=None,
+            tool_name=_BUILTIN_RESULTS[str(kind)], arguments=None,
+            item_id=text_or_none(item.get("call_id")), status=status,
+            output_digest=output_digest(item.get("result", item.get("tools"))), is_result=True,
+        )
+    if one_of(kind, _PROPOSAL_ITEMS | _INERT_ITEMS):
+        return None
+    return unknown_item(SURFACE, kind, item.get("id"))
+
+
+def _builtin_arguments_and_output(kind: str, item: Mapping[str, Any]) -> tuple[Any, Any]:
+    if kind == "web_search_call":
+        return item.get("action"), None
+    if kind == "file_search_call":
+        return {"queries": item.get("queries")}, item.get("results")
+    if kind == "code_interpreter_call":
+        arguments = without_none({"code": item.get("code"), "container_id": item.get("container_id")})
+        return arguments, item.get("outputs")
+    if kind == "image_generation_call":
+        return without_none({"action": item.get("action"), "size": item.get("size")}), item.get("result")
+    if kind == "program":
+        return without_none({"code": item.get("code")}), None
+    return item.get("arguments"), None  # tool_search_call
 
 
 def export_mcp_tools(policy: HostedPolicy) -> list[dict[str, Any]]:

@@ -483,7 +483,9 @@ def count_invocations(metrics_dir: str, tool: str, times: int) -> None:
     """Runs in a spawned child: a worker process counting handler invocations."""
     assert os.environ["PROMETHEUS_MULTIPROC_DIR"] == metrics_dir
     from executor.telemetry.metrics import HANDLER_INVOCATIONS
+    from tests.metrickit import declare_tools
 
+    declare_tools(tool)  # a worker's registry holds the tools it counts
     for _ in range(times):
         HANDLER_INVOCATIONS.labels(tool=tool).inc()
 

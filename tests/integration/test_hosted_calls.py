@@ -250,3 +250,50 @@ def test_hosted_call__hostile_item_id_and_names__recorded_under_a_digest_produce
     assert reported.call_id.startswith("h_") and reported.status == "failed_terminal"
     [row] = hosted_rows(engine, "req-hostile")
     assert "\x00" not in (row.server_label + row.tool_name + row.status)
+
+
+def _series() -> set[tuple[tuple[str, str], ...]]:
+    return {
+        tuple(sorted(sample.labels.items()))
+        for family in METRICS.collect() if family.name == "toolfence_hosted_calls"
+        for sample in family.samples if sample.name.endswith("_total")
+    }
+
+
+def test_unknown_and_new_provider_items__reported_recorded_and_labels_stay_bounded(
+    engine: Engine,
+) -> None:
+    # Given a Responses envelope whose provider ran an image generation, a server-side
+    # tool search, and 302 item types no adapter knows (one 50,100 characters long)
+    from executor.providers import SURFACES
+
+    unknown = [{"type": f"kind_{index}_call", "id": f"u_{index}"} for index in range(299)]
+    unknown.append({"type": "x_call" * 8_350, "id": "u_long"})
+    # Types no column can hold or no terminal can print: recorded by digest
+    unknown.append({"type": "nul\u0000_call", "id": "u_nul"})
+    unknown.append({"type": "\ud800_call", "id": "u_surrogate"})
+    envelope = {"status": "completed", "output": [
+        {"type": "image_generation_call", "id": "ig_1", "status": "completed", "result": "aGk="},
+        {"type": "tool_search_call", "id": "ts_1", "execution": "server", "arguments": {"q": "x"}},
+        *unknown,
+    ]}
+    before = _series()
+    # When its hosted calls are read and enqueued under a policy that allows none of them
+    hosted = SURFACES["openai-responses"].read_hosted_calls(envelope)
+    run(engine, [note("c1")], "req-unknown-items", hosted, NO_HOSTED_TOOLS)
+    # Then every item is reported as a call of the request, none skipped
+    statuses = results(engine, "acme", "req-unknown-items")
+    reported = [s for s in statuses if isinstance(s, FailedTerminal)]
+    assert len(reported) == 304
+    assert all(s.error.code is ErrorCode.HOSTED_CALL_NOT_ALLOWED for s in reported)
+    details = [s.error.details[0].code for s in reported]
+    assert details.count("unknown_item") == 302
+    rows = hosted_rows(engine, "req-unknown-items")
+    assert len(rows) == 304 and all(row.allowed is False for row in rows)
+    assert max(len(row.kind) for row in rows) <= 80
+    assert all(row.kind.isprintable() for row in rows)
+    # And the counter grew by at most three series: the two built-in kinds and `other`
+    # (before decision 0195, 302: one per provider-written type)
+    new = _series() - before
+    assert len(new) <= 3
+    assert {dict(series)["kind"] for series in new} <= {"image_generation_call", "tool_search_call", "other"}

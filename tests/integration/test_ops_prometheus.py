@@ -134,7 +134,9 @@ def wait_for(what: str, check: Any, timeout: float, process: subprocess.Popen[st
 def count_invocations(tool_name: str, times: int) -> None:
     """Runs in a spawned child with PROMETHEUS_MULTIPROC_DIR set: a worker counting."""
     from executor.telemetry.metrics import HANDLER_INVOCATIONS
+    from tests.metrickit import declare_tools
 
+    declare_tools(tool_name)  # a worker's registry holds the tools it counts
     HANDLER_INVOCATIONS.labels(tool=tool_name).inc(times)
 
 

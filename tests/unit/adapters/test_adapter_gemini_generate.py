@@ -85,11 +85,17 @@ def test_read__text_answer__no_calls() -> None:
     assert gemini_generate.read_proposals(gemini_response([])) == []
 
 
-def test_read__blocked_prompt_without_candidates__no_calls() -> None:
+def test_read__blocked_prompt_without_candidates__refused_as_filtered() -> None:
     blocked = genai_types.GenerateContentResponse.model_validate(
         {"promptFeedback": {"blockReason": "SAFETY"}}
     ).model_dump(mode="json", exclude_none=True, by_alias=True)
-    assert gemini_generate.read_proposals(blocked) == []
+    with pytest.raises(AdapterError) as excinfo:
+        gemini_generate.read_proposals(blocked)
+    assert excinfo.value.code is AdapterErrorCode.FILTERED_RESPONSE
+
+
+def test_read__no_candidates_and_no_block_reason__no_calls() -> None:
+    assert gemini_generate.read_proposals({"candidates": []}) == []
 
 
 @pytest.mark.parametrize("finish", ["MALFORMED_FUNCTION_CALL", "UNEXPECTED_TOOL_CALL"])

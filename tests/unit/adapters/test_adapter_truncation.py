@@ -65,9 +65,10 @@ def test_chat__finish_reason_length__refused_naming_the_last_call() -> None:
     assert error.call_id == "call_2" and error.surface == "openai-chat"
 
 
-def test_chat__finish_reason_length_without_calls__nothing_to_admit() -> None:
+def test_chat__finish_reason_length_without_calls__refused_not_read_as_no_calls() -> None:
+    # A cut answer is not the model's finished turn, even with no call in it.
     response = openai_chat_response([], finish_reason="length", content="The weather in Os")
-    assert openai_chat.read_proposals(response) == []
+    assert _truncation(openai_chat.read_proposals, response).call_id is None
 
 
 # ---------------------------------------------------------------- OpenAI Responses
@@ -170,8 +171,8 @@ def test_gemini__finish_max_tokens_with_calls__refused_naming_the_last() -> None
     assert error.call_id == "fc-2"
 
 
-def test_gemini__finish_max_tokens_without_calls__nothing_to_admit() -> None:
-    assert gemini_generate.read_proposals(gemini_response([], finish_reason="MAX_TOKENS")) == []
+def test_gemini__finish_max_tokens_without_calls__refused_not_read_as_no_calls() -> None:
+    _truncation(gemini_generate.read_proposals, gemini_response([], finish_reason="MAX_TOKENS"))
 
 
 # ---------------------------------------------------------------- Gemini Interactions
