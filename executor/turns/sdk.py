@@ -148,6 +148,7 @@ class AnthropicDriver:
         messages: list[dict[str, Any]] = [{"role": "user", "content": request.prompt}]
         content: list[Any] = []
         input_tokens = output_tokens = 0
+        raw: dict[str, Any] = {}
         for round_ in range(max(0, request.max_continuations) + 1):
             if round_:
                 # Every round's content so far, sent back as the assistant's turn (and the

@@ -17,6 +17,7 @@ except ImportError:  # pragma: no cover
     import httpx  # type: ignore[no-redef]
 
 from executor.core.states import TurnState
+from executor.providers import SURFACES, encode_tool_name
 from executor.providers.common import AdapterError, AdapterErrorCode
 from executor.turns import sdk
 from executor.turns.contract import PROVIDER, ContractError, Final, ToolCalls, parse_native
@@ -65,7 +66,8 @@ def test_next_action__hosted_stop__ends_before_the_steps_calls_are_enqueued() ->
         proposals=(ProposedCall(call_id="c1", tool_name="ledger.get_balance", arguments="{}"),),
         error={"code": "hosted_call_not_allowed", "source": HOSTED},
     )
-    assert next_action([calls], None, TurnOptions()) == End(TurnState.FALLBACK, EndReason.HOSTED_CALL_NOT_ALLOWED)
+    ended = End(TurnState.FALLBACK, EndReason.HOSTED_CALL_NOT_ALLOWED)
+    assert next_action([calls], None, TurnOptions()) == ended
 
 
 # ------------------------------------------------------------------ native responses
@@ -177,9 +179,11 @@ def test_anthropic_driver__still_paused_when_the_budget_is_spent__the_turn_is_to
 
 
 def test_anthropic_driver__tool_call_response__is_not_continued() -> None:
-    tool_use = {**FINISHED, "stop_reason": "tool_use",
-                "content": [{"type": "tool_use", "id": "toolu_1", "name": "ledger__get_balance", "input": {}}]}
+    name = encode_tool_name("ledger.get_balance", SURFACES["anthropic"].name_rule)
+    tool_use = {**FINISHED, "stop_reason": "tool_use", "content": [
+        {"type": "tool_use", "id": "toolu_1", "name": name, "input": {"account_id": "acme-1"}}]}
     mock = Recorder(tool_use)
     response = sdk.build("anthropic", "claude", client=mock.client()).call(request(max_continuations=5))
     assert len(mock.bodies) == 1 and response.raw is not None
-    assert isinstance(parse_response("anthropic", response.raw, registry.names()), ToolCalls | ContractError)
+    parsed = parse_response("anthropic", response.raw, registry.names())
+    assert isinstance(parsed, ToolCalls) and parsed.proposals[0].tool_name == "ledger.get_balance"
