@@ -17,13 +17,17 @@ except ImportError:  # pragma: no cover
     import httpx  # type: ignore[no-redef]
 
 from executor.core.states import TurnState
+from executor.errors import ConfigurationError
 from executor.providers import SURFACES, encode_tool_name
 from executor.providers.common import AdapterError, AdapterErrorCode
+from executor.providers.hosted import NO_HOSTED_TOOLS, HostedPolicy
+from executor.settings import Settings
 from executor.turns import sdk
 from executor.turns.contract import PROVIDER, ContractError, Final, ToolCalls, parse_native
 from executor.turns.loop import HOSTED, End, next_action
 from executor.turns.native import hosted_calls, parse_response
 from executor.turns.values import EndReason, ModelRequest, StepOutcome, StepRecord, TurnOptions, Usage
+from executor.worker.turn_hosted import load_hosted_policy
 from ledger.tools import registry
 
 
@@ -187,3 +191,21 @@ def test_anthropic_driver__tool_call_response__is_not_continued() -> None:
     assert len(mock.bodies) == 1 and response.raw is not None
     parsed = parse_response("anthropic", response.raw, registry.names())
     assert isinstance(parsed, ToolCalls) and parsed.proposals[0].tool_name == "ledger.get_balance"
+
+
+# ------------------------------------------------------------------ the workers' hosted policy
+
+
+HOSTED_POLICY = HostedPolicy(servers=(), builtin_tools=frozenset({"web_search"}))
+NOT_A_POLICY = {"builtin_tools": ["web_search"]}
+
+
+def test_load_hosted_policy__named_unset_or_broken() -> None:
+    settings = Settings.from_env()
+    assert load_hosted_policy(settings.with_(hosted_policy=None)) is NO_HOSTED_TOOLS
+    named = settings.with_(hosted_policy=f"{__name__}:HOSTED_POLICY")
+    assert load_hosted_policy(named) is HOSTED_POLICY
+    # A policy that cannot be loaded is a configuration error, never an empty or open policy
+    for spec in (f"{__name__}:NOT_A_POLICY", f"{__name__}:MISSING", "no_such_module_here:P", "no-colon"):
+        with pytest.raises(ConfigurationError):
+            load_hosted_policy(settings.with_(hosted_policy=spec))
