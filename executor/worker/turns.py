@@ -511,6 +511,8 @@ class TurnRunner:
         model_steps = [s for s in steps if s.outcome is not StepOutcome.AUDIT]
         metrics.TURNS_ENDED.labels(action.state.value, action.reason.value).inc()
         metrics.TURN_STEPS.labels(action.state.value).observe(len(model_steps))
-        if action.state is TurnState.FALLBACK or action.reason is EndReason.AUDIT_FAILED:
+        # Every turn that showed the fallback output (`failed` ones too: a driver that can
+        # never answer must not slip past the fallback-rate alert), and an audit failure.
+        if action.state is not TurnState.SUCCEEDED or action.reason is EndReason.AUDIT_FAILED:
             metrics.TURN_FALLBACKS.labels(action.reason.value).inc()
         return TurnOutcome(action.state.value, action.state.value)

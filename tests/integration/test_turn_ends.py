@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 from sqlalchemy import Engine, func, select
 from turnkit import asked, drive, write_script
 
@@ -88,6 +89,10 @@ def hosted_rows(engine: Engine, turn_id: str, step: int = 1) -> list[Any]:
             select(hosted_calls).where(hosted_calls.c.request_id == step_request_id(turn_id, step))
             .order_by(hosted_calls.c.hosted_call_row_id)
         ))
+
+
+def fallbacks(reason: str) -> float:
+    return REGISTRY.get_sample_value("toolfence_turn_fallbacks_total", {"reason": reason}) or 0.0
 
 
 def operations_of(engine: Engine) -> int:
@@ -238,9 +243,12 @@ def test_native_turn__anthropic_pause_turn__never_an_empty_success(
 def test_turn__driver_error_is_permanent__ends_failed(
     engine: Engine, settings: Settings, ledger: Ledger, tmp_path: Path
 ) -> None:
+    fallbacks_before = fallbacks("driver_failed")
     script = write_script(tmp_path / "turn.jsonl", [])  # no line for step 1: it can never answer
     turn_id = start(engine, f"scripted:{script}")
     assert drive(engine, settings, registry, turn_id) == "failed"
+    # Counted with the turns that showed the fallback output: the fallback-rate alert sees it
+    assert fallbacks("driver_failed") == fallbacks_before + 1
     view = view_of(engine, turn_id)
     assert view["end_reason"] == "driver_failed"
     assert (view["error"]["code"], view["error"]["retryable"]) == ("script_exhausted", False)
