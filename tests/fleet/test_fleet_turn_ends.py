@@ -55,7 +55,8 @@ def test_fleet_turn__hosted_calls__recorded_through_the_workers_policy_and_a_ref
         {"output": [mcp_call("mcp_1", "lookup"), function_call("call_1", "acme-1")]},
         {"output": [mcp_call("mcp_2", "delete_all"), function_call("call_2", "acme-2"), text("All tidy.")]},
     ]
-    script.write_text("".join(json.dumps({"status": "completed", **s}) + "\n" for s in steps), encoding="utf-8")
+    lines = [json.dumps({"status": "completed", **step}) + "\n" for step in steps]
+    script.write_text("".join(lines), encoding="utf-8")
     engine = make_engine(settings.database_url)
     try:
         with engine.begin() as conn:

@@ -279,9 +279,9 @@ class _Flaky:
 def test_turn__transient_driver_error_outlasts_the_attempts__ends_fallback(
     engine: Engine, settings: Settings, ledger: Ledger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import executor.worker.turns as worker_turns
+    import time
 
-    monkeypatch.setattr(worker_turns.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(time, "sleep", lambda seconds: None)  # the attempts' backoff
     flaky = _Flaky()
     turn_id = start(engine, "openai-chat:gpt")
     assert drive(engine, settings, registry, turn_id, drivers=lambda spec: flaky) == "fallback"

@@ -77,7 +77,7 @@ def test_next_action__hosted_stop__ends_before_the_steps_calls_are_enqueued() ->
 # ------------------------------------------------------------------ native responses
 
 
-PAUSED = {
+PAUSED: dict[str, Any] = {
     "id": "msg_1", "type": "message", "role": "assistant", "model": "claude-sonnet-4-5",
     "content": [
         {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {"query": "rates"}},
@@ -86,7 +86,7 @@ PAUSED = {
     "stop_reason": "pause_turn", "stop_sequence": None, "usage": {"input_tokens": 40, "output_tokens": 5},
     "container": {"id": "container_1", "expires_at": "2026-12-04T20:00:00Z"},
 }
-FINISHED = {
+FINISHED: dict[str, Any] = {
     "id": "msg_2", "type": "message", "role": "assistant", "model": "claude-sonnet-4-5",
     "content": [{"type": "text", "text": "… the rate is 4%."}],
     "stop_reason": "end_turn", "stop_sequence": None, "usage": {"input_tokens": 60, "output_tokens": 7},
