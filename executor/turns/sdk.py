@@ -18,7 +18,8 @@ the assistant's turn, as the API expects, at most `request.max_continuations`
 times (what is left of the turn's step budget), and answers with every round's
 content in order (the provider-run calls of each round included) and the
 tokens of all of them. Still paused after that, the turn ends
-`response_refused` (`pause_turn`).
+`response_refused` (`pause_turn`); the `+json` variant, whose contract sees only
+the text, raises a retryable `DriverError` `pause_turn` instead.
 """
 
 from __future__ import annotations
@@ -170,6 +171,14 @@ class AnthropicDriver:
             content.extend(raw.get("content") or [])
             if raw.get("stop_reason") != PAUSE_TURN:
                 break
+        else:
+            if self.mode == JSON_MODE:
+                # The JSON contract sees only the text, and a paused turn's text is not
+                # an answer: say so (the native mode's adapter path refuses it itself).
+                raise DriverError(
+                    PAUSE_TURN, f"the response was still paused after {request.max_continuations} "
+                    "continuations", retryable=True,
+                )
         raw = {**raw, "content": content,
                "usage": {**usage, "input_tokens": input_tokens, "output_tokens": output_tokens}}
         return _answer(

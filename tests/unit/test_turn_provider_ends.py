@@ -24,6 +24,7 @@ from executor.providers.hosted import NO_HOSTED_TOOLS, HostedPolicy
 from executor.settings import Settings
 from executor.turns import sdk
 from executor.turns.contract import PROVIDER, ContractError, Final, ToolCalls, parse_native
+from executor.turns.drivers import DriverError
 from executor.turns.loop import HOSTED, End, next_action
 from executor.turns.native import hosted_calls, parse_response
 from executor.turns.values import EndReason, ModelRequest, StepOutcome, StepRecord, TurnOptions, Usage
@@ -180,6 +181,15 @@ def test_anthropic_driver__still_paused_when_the_budget_is_spent__the_turn_is_to
     response = sdk.build("anthropic", "claude", client=none_left.client()).call(request(max_continuations=0))
     assert len(none_left.bodies) == 1
     assert response.raw is not None and response.raw["stop_reason"] == "pause_turn"
+
+
+def test_anthropic_json_driver__still_paused__is_a_driver_error_never_a_partial_answer() -> None:
+    mock = Recorder(PAUSED, PAUSED)
+    driver = sdk.build("anthropic+json", "claude", client=mock.client())
+    with pytest.raises(DriverError) as paused:
+        driver.call(request(max_continuations=1))
+    assert (paused.value.code, paused.value.retryable) == ("pause_turn", True)
+    assert len(mock.bodies) == 2
 
 
 def test_anthropic_driver__tool_call_response__is_not_continued() -> None:
