@@ -40,6 +40,7 @@ from executor.turns.values import EndReason
 from outbox.producer import HostedCalls, enqueue
 
 MAX_LISTED = 20
+APPROVAL_REQUEST = "mcp_approval_request"
 
 
 def load_hosted_policy(settings: Settings) -> HostedPolicy:
@@ -84,11 +85,14 @@ def record_hosted(
             "message": "the provider ran a hosted call the hosted-tool policy does not allow",
             "calls": refused[:MAX_LISTED],
         }
-    pending = [
-        a.approval_id for a in store.hosted_approvals_of_request(conn, context.tenant, context.request_id)
-        if a.state is ApprovalState.PENDING
-    ]
-    if pending:
+    if any(c.kind == APPROVAL_REQUEST and not c.is_result for c in calls):
+        # The provider waits for an answer the turn cannot send, whether or not the
+        # request could be recorded as an approval (one without an id, server or tool
+        # cannot be answered at all).
+        pending = [
+            a.approval_id for a in store.hosted_approvals_of_request(conn, context.tenant, context.request_id)
+            if a.state is ApprovalState.PENDING
+        ]
         return {
             "code": EndReason.HOSTED_APPROVAL_REQUIRED.value, "source": HOSTED,
             "message": "the provider paused a hosted call for an approval, which a turn cannot answer",

@@ -192,6 +192,19 @@ def test_native_turn__mcp_approval_request__approval_recorded_and_the_turn_ends_
     assert (row.kind, row.allowed) == ("mcp_approval_request", True)
 
 
+def test_native_turn__approval_request_without_an_id__still_ends_the_turn_saying_so(
+    engine: Engine, settings: Settings, ledger: Ledger, tmp_path: Path
+) -> None:
+    # An approval request nobody can answer (no id) is not an empty success either
+    request = {"type": "mcp_approval_request", "server_label": "crm", "name": "update", "arguments": "{}"}
+    script = write_script(tmp_path / "turn.jsonl", [responses(request)])
+    turn_id = start(engine, f"scripted+openai-responses:{script}")
+    assert drive(engine, settings, registry, turn_id, hosted_policy=CRM) == "fallback"
+    view = view_of(engine, turn_id)
+    assert (view["end_reason"], view["error"]["approvals"]) == ("hosted_approval_required", [])
+    assert len(hosted_rows(engine, turn_id)) == 1
+
+
 def test_native_turn__resumed_after_the_checkpoint__hosted_calls_recorded_once(
     engine: Engine, settings: Settings, ledger: Ledger, tmp_path: Path
 ) -> None:
