@@ -44,17 +44,24 @@ class Nothing:
     """The model says there is nothing more to do."""
 
 
+MODEL = "model"
+PROVIDER = "provider"
+
+
 @dataclass(frozen=True)
 class ContractError:
     """The output breaks the contract. `code` is stable; `excerpt` is the first 500
-    characters of what the model wrote (diagnosis only)."""
+    characters of what the model wrote (diagnosis only). `source`: `model` when the
+    model's output breaks the contract, `provider` when the surface's adapter refused
+    the provider's response (its `AdapterErrorCode` is the code, whichever it is)."""
 
     code: str
     message: str
     excerpt: str
+    source: str = MODEL
 
     def to_json(self) -> dict[str, Any]:
-        return {"code": self.code, "message": self.message, "excerpt": self.excerpt}
+        return {"code": self.code, "message": self.message, "excerpt": self.excerpt, "source": self.source}
 
 
 Parsed = ToolCalls | Final | Nothing | ContractError
@@ -161,7 +168,9 @@ def parse_native(
     try:
         proposals = read_proposals(response, known_names=known_names)
     except AdapterError as exc:
-        return ContractError(str(exc.code), str(exc), excerpt(json.dumps(response, default=str)))
+        return ContractError(
+            str(exc.code), str(exc), excerpt(json.dumps(response, default=str)), source=PROVIDER
+        )
     if proposals:
         return ToolCalls(tuple(proposals))
     text = read_text(response)

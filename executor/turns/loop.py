@@ -15,7 +15,12 @@ returns; every branch is here, so a reader checks the loop without I/O:
   budget) → `fallback`: the budget is spent, asking the model again cannot help;
 - a final answer → the audit hook, when the turn has one, else `succeeded`;
   nothing more to do → `succeeded` with an empty answer; a contract error →
-  `fallback`, the reason recorded;
+  `fallback`, the reason recorded (`response_refused` when the surface's adapter
+  refused the provider's response: truncated, paused, filtered, failed);
+- the step's response held a hosted call the application's hosted policy refused
+  (`hosted_call_not_allowed`) or routed to an approval a turn cannot answer
+  (`hosted_approval_required`) → `fallback`, before any of its calls is enqueued:
+  its answer was built on what the provider ran;
 - after an audit: emit → `succeeded` with the candidate; the audit failed →
   `succeeded` with the candidate, `audit_failed` recorded; suppress →
   `fallback`; ask the user → `succeeded` with the audit's question; deny and
@@ -30,7 +35,14 @@ from dataclasses import dataclass
 from executor.core.states import State, TurnState
 from executor.core.types import CallStatus, ErrorCode, FailedRetryable, FailedTerminal, Pending
 from executor.turns.audit import Verdict
+from executor.turns.contract import PROVIDER
 from executor.turns.values import EndReason, StepOutcome, StepRecord, TurnOptions
+
+HOSTED = "hosted"
+"""The `source` of a step's error when the provider ran hosted calls the turn cannot
+accept: its `code` is the end reason (`hosted_call_not_allowed`,
+`hosted_approval_required`)."""
+HOSTED_STOPS = frozenset({EndReason.HOSTED_CALL_NOT_ALLOWED, EndReason.HOSTED_APPROVAL_REQUIRED})
 
 
 @dataclass(frozen=True)
@@ -99,6 +111,9 @@ def next_action(
     last = steps[-1]
     if last.outcome is StepOutcome.AUDIT and not _has_calls(last):
         return _after_audit(last, model[-1])
+    stop = _hosted_stop(last)
+    if stop is not None:
+        return End(TurnState.FALLBACK, stop)
     if last.outcome is StepOutcome.FINAL:
         if options.audit_driver:
             return Audit(last.step + 1, last, audits + 1)
@@ -106,7 +121,8 @@ def next_action(
     if last.outcome is StepOutcome.NOTHING:
         return End(TurnState.SUCCEEDED, EndReason.NOTHING_MORE, "")
     if last.outcome is StepOutcome.CONTRACT_ERROR:
-        return End(TurnState.FALLBACK, EndReason.CONTRACT_ERROR)
+        refused = (last.error or {}).get("source") == PROVIDER
+        return End(TurnState.FALLBACK, EndReason.RESPONSE_REFUSED if refused else EndReason.CONTRACT_ERROR)
     # The last step has calls: a model step's, or an audit's reads.
     if statuses is None:
         if _calls_proposed(steps) > options.max_calls:
@@ -125,6 +141,16 @@ def next_action(
     if len(model) >= options.max_steps:
         return End(TurnState.FALLBACK, EndReason.MAX_STEPS)
     return CallModel(last.step + 1, len(model) + 1)
+
+
+def _hosted_stop(step: StepRecord) -> EndReason | None:
+    error = step.error or {}
+    if step.outcome is StepOutcome.AUDIT or error.get("source") != HOSTED:
+        return None
+    code = error.get("code")
+    # Fail closed: a hosted stop of a code this version does not know still stops.
+    known = (reason for reason in HOSTED_STOPS if reason.value == code)
+    return next(known, EndReason.HOSTED_CALL_NOT_ALLOWED)
 
 
 def _after_audit(audit: StepRecord, candidate: StepRecord) -> End:

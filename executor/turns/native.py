@@ -5,6 +5,14 @@ The proposals come from the surface's `read_proposals`, the same reader a
 producer uses, so a turn admits exactly what `enqueue` would. The final text is
 the response's text blocks, which the adapters do not read (they only read
 calls); each surface's positions are spelt out here.
+
+Whatever the adapter refuses (`truncated_response`, and any code it adds) is a
+`ContractError` of source `provider`, its code the adapter's: the turn ends
+`response_refused` with that code. So is a response the provider paused
+(Anthropic `stop_reason: pause_turn`) that the driver did not continue: it is
+unfinished, its text is not the answer. The calls the provider ran itself are
+read by `hosted_calls`, for the worker to record under the application's
+hosted policy, exactly as `enqueue(hosted=...)` does.
 """
 
 from __future__ import annotations
@@ -14,7 +22,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from executor.providers import SURFACES
-from executor.turns.contract import ContractError, Final, Nothing, Parsed, excerpt, parse_native
+from executor.providers.hosted import HostedCall
+from executor.turns.contract import PROVIDER, ContractError, Final, Nothing, Parsed, excerpt, parse_native
 
 
 def _joined(parts: Iterable[Any]) -> str:
@@ -90,10 +99,38 @@ def _cut(response: Mapping[str, Any]) -> bool:
     )
 
 
+PAUSE_TURN = "pause_turn"
+
+
+def paused(response: Mapping[str, Any]) -> bool:
+    """Did the provider pause the response mid-turn (Anthropic `pause_turn`: a
+    long-running server tool), expecting it to be sent back to continue?"""
+    return response.get("stop_reason") == PAUSE_TURN
+
+
 def parse_response(surface: str, response: Mapping[str, Any], known_names: Iterable[str]) -> Parsed:
     """A native response: its calls through the surface's adapter, else its text."""
     parsed = parse_native(response, SURFACES[surface].read_proposals, READ_TEXT[surface], known_names)
+    if isinstance(parsed, ContractError):
+        return parsed
+    if paused(response):
+        return ContractError(
+            PAUSE_TURN, "the provider paused the response and it was not continued",
+            excerpt(json.dumps(response, default=str)), source=PROVIDER,
+        )
     if isinstance(parsed, Final | Nothing) and _cut(response):
         text = excerpt(json.dumps(response, default=str))
-        return ContractError("truncated_response", "the provider cut the response off", text)
+        return ContractError("truncated_response", "the provider cut the response off", text, source=PROVIDER)
     return parsed
+
+
+def hosted_calls(surface: str, response: Mapping[str, Any]) -> list[HostedCall] | ContractError:
+    """The calls the provider ran itself in this response, or the adapter's refusal."""
+    from executor.providers.common import AdapterError
+
+    try:
+        return SURFACES[surface].read_hosted_calls(response)
+    except AdapterError as exc:
+        return ContractError(
+            str(exc.code), str(exc), excerpt(json.dumps(response, default=str)), source=PROVIDER
+        )

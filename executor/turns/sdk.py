@@ -11,6 +11,15 @@ hold no tools of their own. The SDK's client is injectable (`client=`), so tests
 round-trip recorded responses through the SDK's own HTTP layer with a mock
 transport; by default each SDK reads its API key from its usual environment
 variable.
+
+The Anthropic driver continues a response the API paused (`stop_reason:
+pause_turn`, a long-running server tool): it sends the paused content back as
+the assistant's turn, as the API expects, at most `request.max_continuations`
+times (what is left of the turn's step budget), and answers with every round's
+content in order (the provider-run calls of each round included) and the
+tokens of all of them. Still paused after that, the turn ends
+`response_refused` (`pause_turn`); the `+json` variant, whose contract sees only
+the text, raises a retryable `DriverError` `pause_turn` instead.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from executor.turns.drivers import DriverError
 from executor.turns.values import JSON_MODE, ModelRequest, ModelResponse, Usage
 
 MAX_OUTPUT_TOKENS = 4096
+PAUSE_TURN = "pause_turn"  # executor.turns.native.PAUSE_TURN, without importing the parser
 
 
 def _error(exc: Exception) -> DriverError:
@@ -136,15 +146,43 @@ class AnthropicDriver:
         kwargs: dict[str, Any] = {}
         if self.mode != JSON_MODE and request.native_tools:
             kwargs["tools"] = list(request.native_tools)
-        try:
-            message = self.client.messages.create(
-                model=self.model, max_tokens=MAX_OUTPUT_TOKENS,
-                messages=[{"role": "user", "content": request.prompt}], **kwargs,
-            )
-        except Exception as exc:
-            raise _error(exc) from None
+        messages: list[dict[str, Any]] = [{"role": "user", "content": request.prompt}]
+        content: list[Any] = []
+        input_tokens = output_tokens = 0
+        raw: dict[str, Any] = {}
+        for round_ in range(max(0, request.max_continuations) + 1):
+            if round_:
+                # Every round's content so far, sent back as the assistant's turn (and the
+                # code-execution container it ran in): the API continues it.
+                messages = [messages[0], {"role": "assistant", "content": list(content)}]
+                container = raw.get("container")
+                if isinstance(container, dict) and isinstance(container.get("id"), str):
+                    kwargs["container"] = container["id"]
+            try:
+                message = self.client.messages.create(
+                    model=self.model, max_tokens=MAX_OUTPUT_TOKENS, messages=messages, **kwargs,
+                )
+            except Exception as exc:
+                raise _error(exc) from None
+            raw = _dump(message)
+            usage = raw.get("usage") or {}
+            input_tokens += int(usage.get("input_tokens") or 0)
+            output_tokens += int(usage.get("output_tokens") or 0)
+            content.extend(raw.get("content") or [])
+            if raw.get("stop_reason") != PAUSE_TURN:
+                break
+        else:
+            if self.mode == JSON_MODE:
+                # The JSON contract sees only the text, and a paused turn's text is not
+                # an answer: say so (the native mode's adapter path refuses it itself).
+                raise DriverError(
+                    PAUSE_TURN, f"the response was still paused after {request.max_continuations} "
+                    "continuations", retryable=True,
+                )
+        raw = {**raw, "content": content,
+               "usage": {**usage, "input_tokens": input_tokens, "output_tokens": output_tokens}}
         return _answer(
-            _dump(message), request, surface="anthropic", mode=self.mode, model=self.model,
+            raw, request, surface="anthropic", mode=self.mode, model=self.model,
             started=started, usage_field="usage", input_field="input_tokens", output_field="output_tokens",
         )
 

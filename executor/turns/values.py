@@ -39,6 +39,13 @@ class EndReason(StrEnum):
     AUDIT_SUPPRESSED = "audit_suppressed"
     AUDIT_ASK_USER = "audit_ask_user"
     AUDIT_FAILED = "audit_failed"
+    # The provider's response was refused by its surface's adapter (`truncated_response`,
+    # a paused, filtered or failed response, ...): the adapter's code is in `error`.
+    RESPONSE_REFUSED = "response_refused"
+    # The provider ran a hosted call the application's HostedPolicy does not allow.
+    HOSTED_CALL_NOT_ALLOWED = "hosted_call_not_allowed"
+    # The provider paused a hosted MCP call for an approval a turn cannot answer.
+    HOSTED_APPROVAL_REQUIRED = "hosted_approval_required"
 
 
 @dataclass(frozen=True)
@@ -88,7 +95,9 @@ class ModelRequest:
     every attempt at the same step: a scripted driver replays by it. `surface`
     names the provider surface of a native driver (its tools are exported in that
     surface's format into `native_tools`); JSON-contract drivers get the tools in
-    the prompt's text."""
+    the prompt's text. `max_continuations`: how many more requests a driver may
+    send to continue a response the provider paused (Anthropic `pause_turn`),
+    what is left of the turn's step budget."""
 
     purpose: Purpose
     prompt: str
@@ -97,6 +106,7 @@ class ModelRequest:
     call_index: int
     native_tools: tuple[Mapping[str, Any], ...] = ()
     read_only_tools: bool = False
+    max_continuations: int = 0
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,12 @@ performs them under the turn's lease (`executor.store.turns`):
   gives the turn back and schedules itself again (`release_turn`); a call
   waiting for a person makes the turn `waiting_approval` (no owner) until the
   reconciler sees the approval decided;
+- a native step's provider-run calls are recorded through the application's
+  hosted policy in the transaction that checkpoints the step
+  (`executor.worker.turn_hosted`);
+- a driver that keeps failing ends the turn `driver_failed`: `failed` when its
+  error is permanent (not worth another attempt: it can never answer this
+  turn), `fallback` when a transient one outlasted the attempts;
 - a worker that dies leaves its lease to expire: the next delivery of the
   message (or the reconciler's requeue) takes the turn over with a new
   generation, which fences every write of the dead one.
@@ -40,6 +46,7 @@ from executor.core.tools import Mode, Registry, Tool
 from executor.core.types import CallStatus, ServerContext
 from executor.faults import Faults
 from executor.providers import SURFACES
+from executor.providers.hosted import HostedCall, HostedPolicy
 from executor.settings import Settings
 from executor.store import new_owner_token
 from executor.store import turns as turn_store
@@ -57,7 +64,7 @@ from executor.turns.contract import (
 )
 from executor.turns.drivers import Driver, DriverError
 from executor.turns.loop import Audit, AwaitCalls, CallModel, End, Enqueue, WaitApproval, next_action
-from executor.turns.native import parse_response
+from executor.turns.native import hosted_calls, parse_response
 from executor.turns.prompt import CompletedStep, assemble_prompt, audit_prompt, tool_specs
 from executor.turns.service import step_record
 from executor.turns.specs import load_driver
@@ -72,6 +79,7 @@ from executor.turns.values import (
     Usage,
     step_request_id,
 )
+from executor.worker.turn_hosted import load_hosted_policy, record_hosted
 from outbox.producer import AdmissionUnavailable, enqueue
 from outbox.results import final, results
 
@@ -83,6 +91,13 @@ DRIVER_ATTEMPTS = 3
 RELEASE_DELAY_SECONDS = 0.5
 # A tool's hook could not reach what it reads when the step's calls were admitted.
 UNAVAILABLE_RETRY_SECONDS = 2.0
+
+
+# The ends whose reason is the last step's error (the turn's `error` repeats it).
+_STEP_ERROR_REASONS = frozenset({
+    EndReason.CONTRACT_ERROR, EndReason.RESPONSE_REFUSED, EndReason.AUDIT_FAILED,
+    EndReason.HOSTED_CALL_NOT_ALLOWED, EndReason.HOSTED_APPROVAL_REQUIRED,
+})
 
 
 @dataclass(frozen=True)
@@ -136,8 +151,11 @@ class TurnRunner:
         engine: Engine,
         *,
         drivers: Callable[[str], Driver] = load_driver,
+        hosted_policy: HostedPolicy | None = None,
     ) -> None:
         self.settings = settings
+        # Loaded once per process, like the registry: TOOLFENCE_HOSTED_POLICY's.
+        self.hosted_policy = hosted_policy if hosted_policy is not None else load_hosted_policy(settings)
         self.registry = registry
         self.engine = engine
         self.reader = read_only(engine)
@@ -235,10 +253,12 @@ class TurnRunner:
                 return TurnOutcome("waiting_approval" if won else "lost_ownership", "waiting_approval")
             if isinstance(action, CallModel):
                 self.faults.fire("turn_before_model", f"step{action.step}")
-                recorded = self._model_step(row, lease, context, steps, action)
+                recorded = self._model_step(row, lease, context, steps, action, options)
                 if recorded is None:
-                    return self._end(lease, steps, End(TurnState.FALLBACK, EndReason.DRIVER_FAILED),
-                                     options, error=self._driver_error)
+                    error = self._driver_error or {}
+                    # A permanent error: this driver can never answer the turn.
+                    state = TurnState.FALLBACK if error.get("retryable", True) else TurnState.FAILED
+                    return self._end(lease, steps, End(state, EndReason.DRIVER_FAILED), options, error=error)
                 if not recorded:
                     return TurnOutcome("lost_ownership")
                 self.faults.fire("turn_step_recorded", f"step{action.step}")
@@ -317,14 +337,16 @@ class TurnRunner:
                 response = driver.call(request)
             except DriverError as exc:
                 metrics.MODEL_CALLS.labels(request.purpose, "driver_error").inc()
-                self._driver_error = {"code": exc.code, "message": str(exc)[:500]}
+                self._driver_error = {"code": exc.code, "message": str(exc)[:500], "retryable": exc.retryable}
                 if not exc.retryable or attempt == DRIVER_ATTEMPTS - 1:
                     return None
                 time.sleep(0.5 * 2**attempt)
                 continue
             except Exception as exc:  # an SDK's own error type: the driver failed
                 metrics.MODEL_CALLS.labels(request.purpose, "driver_error").inc()
-                self._driver_error = {"code": "driver_exception", "message": type(exc).__name__}
+                self._driver_error = {
+                    "code": "driver_exception", "message": type(exc).__name__, "retryable": True,
+                }
                 if attempt == DRIVER_ATTEMPTS - 1:
                     return None
                 time.sleep(0.5 * 2**attempt)
@@ -337,14 +359,14 @@ class TurnRunner:
 
     def _model_step(
         self, row: Any, lease: turn_store.TurnLease, context: ServerContext,
-        steps: Sequence[StepRecord], action: CallModel,
+        steps: Sequence[StepRecord], action: CallModel, options: TurnOptions,
     ) -> bool | None:
         """Ask for step `action.step` and checkpoint it. True: recorded; False: ownership
         lost; None: the driver kept failing (nothing recorded)."""
         try:
             driver = self.drivers(row.driver)
         except DriverError as exc:
-            self._driver_error = {"code": exc.code, "message": str(exc)[:500]}
+            self._driver_error = {"code": exc.code, "message": str(exc)[:500], "retryable": exc.retryable}
             return None
         tools = self._exposed(context)
         prompt = assemble_prompt(
@@ -357,11 +379,20 @@ class TurnRunner:
         request = ModelRequest(
             purpose="turn", prompt=prompt, tools=tool_specs(tools), turn_id=lease.turn_id,
             call_index=action.call_index, native_tools=native_tools,
+            # A paused response may be continued with what is left of the step budget.
+            max_continuations=max(0, options.max_steps - action.call_index),
         )
         response = self._ask(driver, request)
         if response is None:
             return None
         parsed = self._parse(driver, response)
+        hosted: list[HostedCall] = []
+        if driver.mode != JSON_MODE and response.raw is not None:
+            read = hosted_calls(driver.mode, response.raw)
+            if isinstance(read, ContractError):
+                parsed = parsed if isinstance(parsed, ContractError) else read
+            else:
+                hosted = read
         outcome = {
             ToolCalls: StepOutcome.TOOL_CALLS, Final: StepOutcome.FINAL, Nothing: StepOutcome.NOTHING,
             ContractError: StepOutcome.CONTRACT_ERROR,
@@ -369,14 +400,27 @@ class TurnRunner:
         metrics.MODEL_CALLS.labels(
             "turn", "contract_error" if isinstance(parsed, ContractError) else "ok"
         ).inc()
-        with self.engine.begin() as conn:
-            return turn_store.record_step(
+        request_id = step_request_id(lease.turn_id, action.step)
+        with self.engine.connect() as conn, conn.begin() as transaction:
+            # The owner's fence first: a stale owner records no hosted call either.
+            if not turn_store.renew_turn(
+                conn, lease.turn_id, lease.generation, lease.owner_token, self.settings.lease_seconds
+            ):
+                return False
+            stop = record_hosted(
+                conn, self.registry, context.model_copy(update={"request_id": request_id}), hosted,
+                self.hosted_policy,
+            )
+            error = stop or (parsed.to_json() if isinstance(parsed, ContractError) else None)
+            if not turn_store.record_step(
                 conn, lease, step=action.step, outcome=outcome.value,
                 proposals=proposals_to_json(parsed.proposals) if isinstance(parsed, ToolCalls) else [],
-                request_id=step_request_id(lease.turn_id, action.step), usage=response.usage.to_json(),
-                final_output=parsed.text if isinstance(parsed, Final) else None,
-                error=parsed.to_json() if isinstance(parsed, ContractError) else None,
-            )
+                request_id=request_id, usage=response.usage.to_json(),
+                final_output=parsed.text if isinstance(parsed, Final) else None, error=error,
+            ):
+                transaction.rollback()  # the hosted records go with the lost checkpoint
+                return False
+        return True
 
     def _parse(self, driver: Driver, response: ModelResponse) -> Parsed:
         if driver.mode == JSON_MODE:
@@ -455,9 +499,7 @@ class TurnRunner:
         options: TurnOptions, error: dict[str, Any] | None = None,
     ) -> TurnOutcome:
         output = action.output if action.state is TurnState.SUCCEEDED else options.fallback_output
-        if error is None and action.reason is EndReason.CONTRACT_ERROR and steps:
-            error = dict(steps[-1].error or {})
-        if error is None and action.reason is EndReason.AUDIT_FAILED and steps:
+        if error is None and action.reason in _STEP_ERROR_REASONS and steps:
             error = dict(steps[-1].error or {})
         with self.engine.begin() as conn:
             won = turn_store.end_turn(
@@ -469,6 +511,8 @@ class TurnRunner:
         model_steps = [s for s in steps if s.outcome is not StepOutcome.AUDIT]
         metrics.TURNS_ENDED.labels(action.state.value, action.reason.value).inc()
         metrics.TURN_STEPS.labels(action.state.value).observe(len(model_steps))
-        if action.state is TurnState.FALLBACK or action.reason is EndReason.AUDIT_FAILED:
+        # Every turn that showed the fallback output (`failed` ones too: a driver that can
+        # never answer must not slip past the fallback-rate alert), and an audit failure.
+        if action.state is not TurnState.SUCCEEDED or action.reason is EndReason.AUDIT_FAILED:
             metrics.TURN_FALLBACKS.labels(action.reason.value).inc()
         return TurnOutcome(action.state.value, action.state.value)

@@ -331,12 +331,12 @@ def test_turn__calls_past_max_calls__end_fallback_before_they_are_enqueued(
     assert view["steps"][0]["calls"] == []  # nothing was enqueued
 
 
-def test_turn__driver_keeps_failing__ends_fallback_driver_failed(
+def test_turn__driver_can_never_answer__ends_failed_driver_failed(
     engine: Engine, settings: Settings, ledger: Ledger, tmp_path: Path
 ) -> None:
-    script = write_script(tmp_path / "turn.jsonl", [])  # no line for step 1
+    script = write_script(tmp_path / "turn.jsonl", [])  # no line for step 1: a permanent error
     turn_id = start(engine, script)
-    assert drive(engine, settings, registry, turn_id) == "fallback"
+    assert drive(engine, settings, registry, turn_id) == "failed"
     view = get_turn(engine, "acme", turn_id)
     assert view is not None and view["end_reason"] == "driver_failed"
     assert view["error"]["code"] == "script_exhausted"

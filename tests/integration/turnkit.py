@@ -20,6 +20,7 @@ from sqlalchemy import Engine, select
 
 from executor.core.states import State
 from executor.core.tools import Registry
+from executor.providers.hosted import HostedPolicy
 from executor.settings import Settings
 from executor.store.schema import operations, turns
 from executor.turns.drivers import Driver, ScriptedDriver
@@ -90,9 +91,11 @@ def drive(
     *,
     drivers: Callable[[str], Driver] = load_driver,
     rounds: int = 40,
+    hosted_policy: HostedPolicy | None = None,
 ) -> str:
-    """Run the turn, its operations and the reconciler until the turn ends or waits."""
-    turn_runner = TurnRunner(settings, registry, engine, drivers=drivers)
+    """Run the turn, its operations and the reconciler until the turn ends or waits.
+    `hosted_policy`: the application's (TOOLFENCE_HOSTED_POLICY's when None)."""
+    turn_runner = TurnRunner(settings, registry, engine, drivers=drivers, hosted_policy=hosted_policy)
     op_runner = OperationRunner(settings, registry, engine)
     reconciler = Reconciler(settings, engine, registry)
     for _ in range(rounds):
