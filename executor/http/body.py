@@ -77,6 +77,29 @@ class BodySizeLimit:
         await response(scope, receive, send)
 
 
+JSON_MEDIA_TYPES = ("application/json",)
+
+
+def require_json(content_type: str | None, raw: bytes, *, empty_ok: bool = False) -> None:
+    """ProblemError 415 unless a body is declared JSON (`application/json` or a
+    `+json` type, `charset` UTF-8 if named). An empty body where `empty_ok` needs no type."""
+    if empty_ok and not raw.strip():
+        return
+    media, _, parameters = (content_type or "").partition(";")
+    media = media.strip().lower()
+    charset = ""
+    for parameter in parameters.split(";"):
+        name, _, value = parameter.partition("=")
+        if name.strip().lower() == "charset":
+            charset = value.strip().strip('"').lower()
+    is_json = media in JSON_MEDIA_TYPES or (media.startswith("application/") and media.endswith("+json"))
+    if not is_json or charset not in ("", "utf-8", "utf8"):
+        raise ProblemError(
+            415, ErrorCode.INVALID_REQUEST, "request bodies are JSON (Content-Type: application/json)",
+            errors=[ProblemDetail(path="", code="unsupported_media_type", expected="application/json")],
+        )
+
+
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     found: dict[str, Any] = {}
     for key, value in pairs:

@@ -3,20 +3,56 @@
 Request bodies forbid unknown fields, and none of them has a field for who the
 caller is: identity comes from the API key (a body naming `tenant`,
 `principal`, `roles` or `scopes` is refused before it is validated).
+
+Every response field a person reads (who asked, who decided, reasons, notes,
+impact, errors, a turn's answer) is `Shown`/`ShownJson`: passed through the
+project's one sanitiser (executor/core/sanitize.py) as the response is built,
+so a secret-shaped principal or a control character in a reason never reaches
+a screen raw, whatever wrote it (decision 0201). Identifiers are not rewritten:
+a client sends them back.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from executor.core.sanitize import sanitize_json, sanitize_text
 from executor.core.types import CallStatus
+
+SHOWN_MAX_CHARS = 1_000
+SHOWN_OUTPUT_MAX_CHARS = 100_000
+SHOWN_JSON_MAX_CHARS = 16_000
+
+
+def _shown(text: str) -> str:
+    return sanitize_text(text, SHOWN_MAX_CHARS)[0]
+
+
+def _shown_output(text: str) -> str:
+    return sanitize_text(text, SHOWN_OUTPUT_MAX_CHARS)[0]
+
+
+def _shown_json(value: Any) -> Any:
+    return sanitize_json(value, SHOWN_JSON_MAX_CHARS)
+
+
+Shown = Annotated[str, AfterValidator(_shown)]
+"""Text a person reads (a principal, a reason, a note), sanitised."""
+ShownOutput = Annotated[str, AfterValidator(_shown_output)]
+"""A turn's answer, sanitised, with room for a long one."""
+ShownJson = Annotated[dict[str, Any], AfterValidator(_shown_json)]
+"""A JSON object a person reads (an impact, an error), sanitised with its structure kept."""
 
 ProviderName = Literal["openai-chat", "openai-responses", "anthropic", "gemini", "gemini-interactions"]
 """The provider surfaces (executor.providers.SURFACES; a unit test keeps them equal)."""
 
 IDENTITY_FIELDS = frozenset({"tenant", "principal", "roles", "scopes"})
+
+# What a turn runs on is the server's to decide: a `driver` (or its options) in a
+# body is refused, not ignored (a scripted driver names a file the worker reads).
+TURN_SERVER_FIELDS = frozenset({"driver", "options", "max_steps", "scope", "when_busy"})
 
 MAX_CALLS = 256
 MAX_WAIT_SECONDS = 30.0
@@ -97,8 +133,8 @@ class ApprovalOut(BaseModel):
     request_id: str
     call_id: str | None
     tool: str
-    requester: str
-    impact: dict[str, Any]
+    requester: Shown
+    impact: ShownJson
     resources: list[str] | None
     intent_hash: str
     requested_at: float
@@ -113,7 +149,7 @@ class ApprovalList(BaseModel):
 class DecisionOut(BaseModel):
     approval_id: str
     decision: Literal["approved", "denied"]
-    decided_by: str
+    decided_by: Shown
     operation_id: str | None
     state: str | None
 
@@ -132,7 +168,7 @@ class PendingOut(BaseModel):
     tool: str
     generation: int
     since: float
-    reason: str | None
+    reason: Shown | None
     cause: str | None
     receipts: list[ReceiptOut]
 
@@ -147,7 +183,7 @@ class AuditEventOut(BaseModel):
     to_state: str
     decision: str
     generation: int
-    actor: str | None
+    actor: Shown | None
 
 
 class RequestCallOut(BaseModel):
@@ -177,7 +213,7 @@ class OperationOut(BaseModel):
 class ResolveOut(BaseModel):
     operation_id: str
     state: str
-    resolved_by: str
+    resolved_by: Shown
 
 
 class TurnStarted(BaseModel):
@@ -206,8 +242,8 @@ class TurnStepOut(BaseModel):
     outcome: Literal["tool_calls", "final", "nothing", "contract_error", "audit"]
     verdict: str | None
     usage: TurnUsageOut
-    final_output: str | None
-    error: dict[str, Any] | None
+    final_output: ShownOutput | None
+    error: ShownJson | None
     proposed: list[TurnCallOut] = Field(description="the calls the model proposed in this step")
     calls: list[CallStatus] = Field(description="each proposed call's status and result")
 
@@ -218,12 +254,12 @@ class TurnOut(BaseModel):
 
     turn_id: str
     conversation_id: str
-    principal: str
+    principal: Shown
     state: Literal["queued", "running", "waiting_approval", "succeeded", "failed", "fallback"]
     terminal: bool
     end_reason: str | None
-    final_output: str | None
-    error: dict[str, Any] | None
+    final_output: ShownOutput | None
+    error: ShownJson | None
     generation: int
     steps: list[TurnStepOut]
     created_at: float
