@@ -83,15 +83,18 @@ class RateLimiter:
     A key's budget is counted only once the key is authenticated, so an unknown
     key id never creates a counter. Failed authentications are counted per client
     address, in one of `ADDRESS_BUCKETS` buckets (a digest of the address, an IPv6
-    address by its /64): however many addresses or key ids a caller tries, the
-    counters held in memory stay under `ADDRESS_BUCKETS` (decision 0199)."""
+    address by its /64), by a fixed window in the same storage (one integer per
+    bucket): however many addresses or key ids a caller tries, memory holds at
+    most `ADDRESS_BUCKETS` counters, about 1.2 MB (decision 0199)."""
 
     ADDRESS_BUCKETS = 4096
 
     def __init__(self, rate: str, storage_uri: str = "memory://", failure_rate: str = "30/minute") -> None:
         self.item: RateLimitItem = parse(rate)
         self.failure_item: RateLimitItem = parse(failure_rate)
-        self.limiter = strategies.MovingWindowRateLimiter(storage.storage_from_string(storage_uri))
+        self.storage = storage.storage_from_string(storage_uri)
+        self.limiter = strategies.MovingWindowRateLimiter(self.storage)
+        self.failures = strategies.FixedWindowRateLimiter(self.storage)
 
     def hit(self, key_id: str) -> float | None:
         """None when within budget, else the seconds until the next request may pass."""
@@ -99,8 +102,8 @@ class RateLimiter:
             return None
         return self._wait(self.item, key_id)
 
-    def _wait(self, item: RateLimitItem, key: str) -> float:
-        stats = self.limiter.get_window_stats(item, key)
+    def _wait(self, item: RateLimitItem, key: str, limiter: strategies.RateLimiter | None = None) -> float:
+        stats = (limiter or self.limiter).get_window_stats(item, key)
         return max(1.0, stats.reset_time - time.time())
 
     @classmethod
@@ -119,13 +122,13 @@ class RateLimiter:
     def failures_spent(self, address: str) -> float | None:
         """None while `address` may still fail to authenticate, else the seconds to wait."""
         bucket = self.address_bucket(address)
-        if self.limiter.test(self.failure_item, bucket):
+        if self.failures.test(self.failure_item, bucket):
             return None
-        return self._wait(self.failure_item, bucket)
+        return self._wait(self.failure_item, bucket, self.failures)
 
     def failed(self, address: str) -> None:
         """Count one failed authentication from `address`."""
-        self.limiter.hit(self.failure_item, self.address_bucket(address))
+        self.failures.hit(self.failure_item, self.address_bucket(address))
 
 
 def client_address(request: Request) -> str:
