@@ -33,6 +33,7 @@ from executor.http.models import (
     ID_PATTERN,
     IDENTITY_FIELDS,
     MAX_WAIT_SECONDS,
+    MENDED_TEXT_FIELDS,
     TURN_SERVER_FIELDS,
     ApprovalList,
     DecisionBody,
@@ -153,7 +154,7 @@ def read_body(
 ) -> tuple[Any, Any]:
     """(validated body, parsed JSON) of a request; ProblemError otherwise. A body naming
     one of `server_fields` (what only the server's settings decide) is refused too."""
-    value: Any = {} if (empty_ok and not raw.strip()) else strict_json(raw)
+    value: Any = {} if (empty_ok and not raw.strip()) else strict_json(raw, mend=MENDED_TEXT_FIELDS)
     if isinstance(value, dict):
         named = sorted(IDENTITY_FIELDS & value.keys())
         calls = value.get("calls")

@@ -10,6 +10,7 @@ and bytes that are not UTF-8.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -154,8 +155,24 @@ def _depth(value: Any, limit: int) -> int:
     return deepest
 
 
-def strict_json(raw: bytes, *, max_depth: int = MAX_DEPTH) -> Any:
-    """The JSON value of a request body; ProblemError 400 invalid_request otherwise."""
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def mend_text(value: Any, fields: frozenset[str]) -> Any:
+    """`value` with each lone surrogate in its top-level `fields` (a person's free text)
+    replaced by U+FFFD, as a UTF-8 decoder does. After parsing, a valid pair is one
+    character, so any surrogate left is a lone one."""
+    if isinstance(value, dict):
+        for name in fields & value.keys():
+            if isinstance(value[name], str):
+                value[name] = _SURROGATE.sub("\ufffd", value[name])
+    return value
+
+
+def strict_json(raw: bytes, *, max_depth: int = MAX_DEPTH, mend: frozenset[str] = frozenset()) -> Any:
+    """The JSON value of a request body; ProblemError 400 invalid_request otherwise.
+    Lone surrogates in the top-level text members named by `mend` are replaced
+    (`mend_text`); anywhere else they are refused."""
 
     def refuse(code: str, expected: str) -> ProblemError:
         return ProblemError(
@@ -175,6 +192,7 @@ def strict_json(raw: bytes, *, max_depth: int = MAX_DEPTH) -> Any:
         raise refuse("too_deep", f"at most {max_depth} levels of nesting") from None
     except ValueError:
         raise refuse("invalid_json", "a JSON document") from None
+    value = mend_text(value, mend)
     try:
         too_deep = _depth(value, max_depth) > max_depth
     except _Refused as exc:

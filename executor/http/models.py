@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from executor.core.sanitize import sanitize_json, sanitize_text
 from executor.core.types import CallStatus
@@ -60,6 +60,25 @@ MAX_WAIT_SECONDS = 30.0
 
 # Ids and names: printable text (no control characters), as the database stores them.
 ID_PATTERN = r"^[^\x00-\x1f\x7f]+$"
+# What the document says of text: the strict reader (executor/http/body.py) refuses
+# NUL in any string (the database cannot hold it), which each text field's pattern
+# states. A lone surrogate (a `\ud800` escape) in a person's free text (`reason`,
+# `note`, `message`: MENDED_TEXT_FIELDS) is replaced by U+FFFD, as a UTF-8 decoder
+# does; anywhere else it is refused 400 `invalid_text`, which the descriptions say
+# (a JSON Schema pattern cannot name surrogates portably: Rust and ECMA engines
+# refuse the range) (decision 0201).
+TEXT_DOC_PATTERN = r"^[^\u0000]*$"
+MENDED_TEXT_FIELDS = frozenset({"reason", "note", "message"})
+_ID_DOC: dict[str, Any] = {
+    "description": "text without control characters; a lone surrogate is refused (400 invalid_text)"
+}
+_TEXT_DOC: dict[str, Any] = {
+    "pattern": TEXT_DOC_PATTERN,
+    "description": "free text without NUL; a lone surrogate is read as U+FFFD",
+}
+_FREE_FORM = (
+    " Strings anywhere in it hold no NUL and no lone surrogate (400 invalid_text)."
+)
 
 
 class _Body(BaseModel):
@@ -67,10 +86,10 @@ class _Body(BaseModel):
 
 
 class NeutralCall(_Body):
-    call_id: str = Field(min_length=1, max_length=200, pattern=ID_PATTERN)
-    tool_name: str = Field(min_length=1, max_length=200, pattern=ID_PATTERN)
+    call_id: str = Field(min_length=1, max_length=200, pattern=ID_PATTERN, json_schema_extra=_ID_DOC)
+    tool_name: str = Field(min_length=1, max_length=200, pattern=ID_PATTERN, json_schema_extra=_ID_DOC)
     arguments: str | dict[str, Any] = Field(
-        description="the arguments as the model wrote them: JSON text, or an object"
+        description="the arguments as the model wrote them: JSON text, or an object." + _FREE_FORM
     )
 
 
@@ -78,19 +97,26 @@ class NeutralBatch(_Body):
     """Calls in toolfence's neutral format."""
 
     calls: list[NeutralCall] = Field(min_length=1, max_length=MAX_CALLS)
-    conversation_id: str | None = Field(default=None, min_length=1, max_length=200, pattern=ID_PATTERN)
+    conversation_id: str | None = Field(
+        default=None, min_length=1, max_length=200, pattern=ID_PATTERN, json_schema_extra=_ID_DOC
+    )
 
 
 class ProviderEnvelope(_Body):
     """A provider's response, as its API returned it; `provider` names the surface."""
 
     provider: ProviderName
-    response: dict[str, Any]
-    conversation_id: str | None = Field(default=None, min_length=1, max_length=200, pattern=ID_PATTERN)
+    response: dict[str, Any] = Field(
+        description="the provider's response as its API returned it; what its adapter cannot "
+        "read is refused (400, errors[].path /response)." + _FREE_FORM
+    )
+    conversation_id: str | None = Field(
+        default=None, min_length=1, max_length=200, pattern=ID_PATTERN, json_schema_extra=_ID_DOC
+    )
 
 
 class DecisionBody(_Body):
-    reason: str | None = Field(default=None, max_length=1000)
+    reason: str | None = Field(default=None, max_length=1000, json_schema_extra=_TEXT_DOC)
 
 
 TURN_MESSAGE_MAX_CHARS = 100_000
@@ -100,17 +126,37 @@ class TurnBody(_Body):
     """A user message to run as a turn. There is no `driver` field: the model a turn
     runs on is the server's setting (TOOLFENCE_TURN_DRIVER), never the caller's."""
 
-    conversation_id: str = Field(min_length=1, max_length=200, pattern=ID_PATTERN)
-    message: str = Field(min_length=1, max_length=TURN_MESSAGE_MAX_CHARS)
+    conversation_id: str = Field(
+        min_length=1, max_length=200, pattern=ID_PATTERN, json_schema_extra=_ID_DOC
+    )
+    message: str = Field(min_length=1, max_length=TURN_MESSAGE_MAX_CHARS, json_schema_extra=_TEXT_DOC)
 
 
 class ResolveBody(_Body):
+    """How an operation waiting for a person ended. `succeeded` needs the downstream's
+    `reference` (the schema says so with `if`/`then`; a body without one is 422)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "if": {"properties": {"outcome": {"const": "succeeded"}}, "required": ["outcome"]},
+            "then": {"required": ["reference"], "properties": {"reference": {"type": "string"}}},
+        },
+    )
+
     outcome: Literal["succeeded", "failed", "requeue"]
     reference: str | None = Field(
         default=None, min_length=1, max_length=200, pattern=ID_PATTERN,
-        description="the downstream's id for the effect (needed for succeeded)",
+        description="the downstream's id for the effect (needed for succeeded); a lone "
+        "surrogate is refused (400 invalid_text)",
     )
-    note: str | None = Field(default=None, max_length=1000)
+    note: str | None = Field(default=None, max_length=1000, json_schema_extra=_TEXT_DOC)
+
+    @model_validator(mode="after")
+    def _succeeded_names_its_reference(self) -> ResolveBody:
+        if self.outcome == "succeeded" and self.reference is None:
+            raise ValueError("resolving as succeeded needs the downstream's reference")
+        return self
 
 
 class RequestAnswer(BaseModel):
