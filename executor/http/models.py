@@ -70,7 +70,8 @@ ID_PATTERN = r"^[^\x00-\x1f\x7f]+$"
 TEXT_DOC_PATTERN = r"^[^\u0000]*$"
 MENDED_TEXT_FIELDS = frozenset({"reason", "note", "message"})
 _ID_DOC: dict[str, Any] = {
-    "description": "text without control characters; a lone surrogate is refused (400 invalid_text)"
+    "description": "printable text (no control, format, private-use or unassigned character: "
+    "400 not_printable); a lone surrogate is refused (400 invalid_text)"
 }
 _TEXT_DOC: dict[str, Any] = {
     "pattern": TEXT_DOC_PATTERN,
