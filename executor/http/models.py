@@ -97,7 +97,10 @@ class NeutralCall(_Body):
 class NeutralBatch(_Body):
     """Calls in toolfence's neutral format."""
 
-    calls: list[NeutralCall] = Field(min_length=1, max_length=MAX_CALLS)
+    calls: list[NeutralCall] = Field(
+        min_length=1, max_length=MAX_CALLS,
+        description="each call_id once in a batch (two alike: 400 duplicate_call_id)",
+    )
     conversation_id: str | None = Field(
         default=None, min_length=1, max_length=200, pattern=ID_PATTERN, json_schema_extra=_ID_DOC
     )

@@ -57,12 +57,15 @@ schema = schemathesis.openapi.from_dict(json.loads(DOCUMENT.read_text()), config
 load_all_checks()
 # What the document cannot put in a schema, it says in words: a provider's response
 # is read by its adapter (an envelope the adapter cannot read is 400 with
-# errors[].path "/response"), strings nested in free-form objects (`arguments`,
+# errors[].path "/response"), a batch names each call id once (400
+# duplicate_call_id), strings nested in free-form objects (`arguments`,
 # `response`) hold no NUL (400 invalid_text), and an id is printable text (400
 # not_printable: JSON Schema engines differ on Unicode classes, and schemathesis
 # reads `\p{C}` as ASCII controls only). Schema-valid data refused for exactly those
 # stated reasons is accepted by the positive-data check; anything else is not.
-STATED_REFUSALS = {("/response", "malformed_envelope"), ("", "invalid_text")}
+STATED_REFUSALS = {
+    ("/response", "malformed_envelope"), ("", "invalid_text"), ("/calls", "duplicate_call_id"),
+}
 STATED_CODES = {"not_printable"}
 
 
