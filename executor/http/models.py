@@ -205,10 +205,10 @@ class DecisionOut(BaseModel):
 
 
 class ReceiptOut(BaseModel):
-    receipt: str
+    receipt: Shown
     generation: int
     accepted: bool
-    source: str
+    source: Shown
 
 
 class PendingOut(BaseModel):
@@ -253,7 +253,7 @@ class OperationOut(BaseModel):
     attempts: int
     error_code: str | None
     cause: str | None
-    receipt: str | None
+    receipt: Shown | None
     receipts: list[ReceiptOut]
     side_effects: int = Field(description="distinct accepted receipts (I1: at most one)")
     audit: list[AuditEventOut]

@@ -10,7 +10,7 @@ from urllib.parse import quote
 
 import httpx
 from servekit import Served
-from test_console_forms import OP, A, csrf_of, sign_in, signed_in
+from test_console_forms import OP, A, csrf_of, pending_transfer, sign_in, signed_in
 
 from executor.http.console import COOKIE, WHYS
 from executor.http.keys import KeyScope
@@ -112,3 +112,18 @@ def test_pages__secret_shaped_principal__shown_redacted(served: Served) -> None:
         assert "sk-proj" not in text and "sk-appr" not in text
         assert "[REDACTED]" in text
     assert listed.json()["approvals"][0]["requester"] == "[REDACTED]"
+
+
+def test_api__secret_shaped_principal__redacted_in_who_decided_and_the_audit(served: Served) -> None:
+    # Given alice's transfer pending approval, and an approver whose principal is shaped like a key
+    call = pending_transfer(served)
+    approver = served.key("acme", "sk-appr0123456789abcdefghij", A, KeyScope.READ, roles=("approver",))
+    with served.client(approver) as client:
+        # When it approves, and the operation is read
+        decided = client.post(f"/v1/approvals/{call['approval_id']}/approve")
+        record = client.get(f"/v1/operations/{call['operation_id']}")
+    # Then who decided is [REDACTED] in the answer and in the audit trail shown
+    assert decided.status_code == 200, decided.text
+    assert decided.json()["decided_by"] == "[REDACTED]"
+    assert "sk-appr" not in record.text
+    assert "[REDACTED]" in [e["actor"] for e in record.json()["audit"]]
