@@ -9,6 +9,8 @@ fields, then validated by the route's model, so a body naming a tenant is
 
 from __future__ import annotations
 
+import hashlib
+import ipaddress
 import math
 import time
 from collections.abc import Callable
@@ -25,12 +27,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from executor.core.approvers import ApprovalDecision
 from executor.core.types import ErrorCode
-from executor.http.body import strict_json
-from executor.http.keys import Authenticator, Identity, KeyRefused, KeyScope, split_key
+from executor.http.body import require_json, strict_json
+from executor.http.keys import Authenticator, Identity, KeyRefused, KeyScope
 from executor.http.models import (
     ID_PATTERN,
     IDENTITY_FIELDS,
     MAX_WAIT_SECONDS,
+    MENDED_TEXT_FIELDS,
+    TURN_SERVER_FIELDS,
     ApprovalList,
     DecisionBody,
     DecisionOut,
@@ -72,20 +76,73 @@ _documented_bearer = Depends(_bearer)
 
 
 class RateLimiter:
-    """Per-key request budget (the `limits` package, moving window). Storage is
-    `memory://` (per process) unless TOOLFENCE_HTTP_RATE_LIMIT_STORAGE names a shared
-    one (`redis://…`) for several server processes."""
+    """Per-key request budget and per-address failed-authentication budget (the
+    `limits` package, moving window). Storage is `memory://` (per process) unless
+    TOOLFENCE_HTTP_RATE_LIMIT_STORAGE names a shared one (`redis://…`) for several
+    server processes.
 
-    def __init__(self, rate: str, storage_uri: str = "memory://") -> None:
+    A key's budget is counted only once the key is authenticated, so an unknown
+    key id never creates a counter. Failed authentications are counted per client
+    address, in one of `ADDRESS_BUCKETS` buckets (a digest of the address, an IPv6
+    address by its /64), by a fixed window in the same storage (one integer per
+    bucket): however many addresses or key ids a caller tries, memory holds at
+    most `ADDRESS_BUCKETS` counters, about 1.2 MB (decision 0199)."""
+
+    ADDRESS_BUCKETS = 4096
+
+    def __init__(self, rate: str, storage_uri: str = "memory://", failure_rate: str = "30/minute") -> None:
         self.item: RateLimitItem = parse(rate)
-        self.limiter = strategies.MovingWindowRateLimiter(storage.storage_from_string(storage_uri))
+        self.failure_item: RateLimitItem = parse(failure_rate)
+        self.storage = storage.storage_from_string(storage_uri)
+        self.limiter = strategies.MovingWindowRateLimiter(self.storage)
+        self.failures = strategies.FixedWindowRateLimiter(self.storage)
 
     def hit(self, key_id: str) -> float | None:
         """None when within budget, else the seconds until the next request may pass."""
         if self.limiter.hit(self.item, key_id):
             return None
-        stats = self.limiter.get_window_stats(self.item, key_id)
+        return self._wait(self.item, key_id)
+
+    def _wait(self, item: RateLimitItem, key: str, limiter: strategies.RateLimiter | None = None) -> float:
+        stats = (limiter or self.limiter).get_window_stats(item, key)
         return max(1.0, stats.reset_time - time.time())
+
+    @classmethod
+    def address_bucket(cls, address: str) -> str:
+        """The counter a client address's failed authentications are counted under."""
+        try:
+            parsed = ipaddress.ip_address(address)
+        except ValueError:
+            network = address  # not an IP (a test client, a unix socket): itself
+        else:
+            wide = parsed.version == 6
+            network = str(ipaddress.ip_network(f"{parsed}/64", strict=False)) if wide else str(parsed)
+        digest = hashlib.blake2b(network.encode("utf-8", "replace"), digest_size=8).digest()
+        return f"auth-failures:{int.from_bytes(digest, 'big') % cls.ADDRESS_BUCKETS}"
+
+    def failures_spent(self, address: str) -> float | None:
+        """None while `address` may still fail to authenticate, else the seconds to wait."""
+        bucket = self.address_bucket(address)
+        if self.failures.test(self.failure_item, bucket):
+            return None
+        return self._wait(self.failure_item, bucket, self.failures)
+
+    def failed(self, address: str) -> None:
+        """Count one failed authentication from `address`."""
+        self.failures.hit(self.failure_item, self.address_bucket(address))
+
+
+def client_address(request: Request) -> str:
+    """The TCP peer's address (behind a proxy, the proxy's: forwarded headers are the
+    caller's to write, so they are not trusted)."""
+    return request.client.host if request.client is not None else "unknown"
+
+
+async def request_body(request: Request, *, empty_ok: bool = False) -> bytes:
+    """The raw body of a request declared JSON; ProblemError 415 otherwise."""
+    raw = await request.body()
+    require_json(request.headers.get("content-type"), raw, empty_ok=empty_ok)
+    return raw
 
 
 def read_body(
@@ -97,7 +154,7 @@ def read_body(
 ) -> tuple[Any, Any]:
     """(validated body, parsed JSON) of a request; ProblemError otherwise. A body naming
     one of `server_fields` (what only the server's settings decide) is refused too."""
-    value: Any = {} if (empty_ok and not raw.strip()) else strict_json(raw)
+    value: Any = {} if (empty_ok and not raw.strip()) else strict_json(raw, mend=MENDED_TEXT_FIELDS)
     if isinstance(value, dict):
         named = sorted(IDENTITY_FIELDS & value.keys())
         calls = value.get("calls")
@@ -142,11 +199,8 @@ def _details(errors: Any) -> list[ProblemDetail]:
 
 IdPath = Annotated[str, Path(min_length=1, max_length=200, pattern=ID_PATTERN)]
 
-ALL_PROBLEMS = (400, 401, 403, 404, 409, 413, 422, 429)
+ALL_PROBLEMS = (400, 401, 403, 404, 405, 409, 413, 415, 422, 429)
 
-# What a turn runs on is the server's to decide: a `driver` (or its options) in a
-# body is refused, not ignored (a scripted driver names a file the worker reads).
-TURN_SERVER_FIELDS = frozenset({"driver", "options", "max_steps", "scope", "when_busy"})
 
 
 # The two POSTs that start work share their idempotency surface: the header, its
@@ -179,7 +233,10 @@ def build_api(service: Service, authenticator: Authenticator, limiter: RateLimit
     async def http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         code = ErrorCode.NOT_FOUND if exc.status_code == 404 else ErrorCode.INVALID_REQUEST
-        return problem_response(request.url.path, exc.status_code, code, str(exc.detail))
+        # A 405 names the methods the route has (`Allow`, RFC 9110 §15.5.6).
+        return problem_response(
+            request.url.path, exc.status_code, code, str(exc.detail), headers=dict(exc.headers or {})
+        )
 
     async def validation_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
@@ -224,19 +281,26 @@ def build_api(service: Service, authenticator: Authenticator, limiter: RateLimit
             if scheme.lower() != "bearer" or not key_text.strip():
                 raise ProblemError(401, ErrorCode.UNAUTHENTICATED, "send Authorization: Bearer <key>",
                                    headers=challenge)
+            address = client_address(request)
+            wait = limiter.failures_spent(address)
+            if wait is not None:
+                raise ProblemError(
+                    429, ErrorCode.RATE_LIMITED, "too many failed authentications from this address",
+                    headers={"Retry-After": str(math.ceil(wait))},
+                )
             try:
-                key_id, _secret = split_key(key_text.strip())
-                # Counted before the slow hash check: guessing one key's secret is throttled too.
-                wait = limiter.hit(key_id)
-                if wait is not None:
-                    raise ProblemError(
-                        429, ErrorCode.RATE_LIMITED, "this key's request budget is spent for now",
-                        headers={"Retry-After": str(math.ceil(wait))},
-                    )
                 who = authenticator.identity(key_text.strip())
             except KeyRefused as exc:
+                limiter.failed(address)
                 detail = "the key is revoked" if exc.reason == "revoked" else "the key is not valid"
                 raise ProblemError(401, ErrorCode.UNAUTHENTICATED, detail, headers=challenge) from None
+            # Counted once the key is known to be this caller's: an unknown id has no budget.
+            wait = limiter.hit(who.key_id)
+            if wait is not None:
+                raise ProblemError(
+                    429, ErrorCode.RATE_LIMITED, "this key's request budget is spent for now",
+                    headers={"Retry-After": str(math.ceil(wait))},
+                )
             if not who.may(*scopes):
                 raise ProblemError(
                     403, ErrorCode.PERMISSION_DENIED,
@@ -278,7 +342,7 @@ def build_api(service: Service, authenticator: Authenticator, limiter: RateLimit
         who: Identity = producer,
         idempotency_key: IdempotencyKey = None,
     ) -> JSONResponse:
-        raw = await request.body()
+        raw = await request_body(request)
         body, value = read_body(raw, batch_or_envelope)
         digest = body_digest(value, raw)
         answer, replayed = await _in_thread(service.submit, who, body, digest, idempotency_key)
@@ -309,7 +373,7 @@ def build_api(service: Service, authenticator: Authenticator, limiter: RateLimit
         who: Identity = producer,
         idempotency_key: IdempotencyKey = None,
     ) -> JSONResponse:
-        raw = await request.body()
+        raw = await request_body(request)
         body, value = read_body(raw, TurnBody, server_fields=TURN_SERVER_FIELDS)
         digest = body_digest(value, raw, kind="turn\0")
         answer, replayed = await _in_thread(service.start_turn, who, body, digest, idempotency_key)
@@ -338,7 +402,7 @@ def build_api(service: Service, authenticator: Authenticator, limiter: RateLimit
 
     @v1.post("/approvals/{approval_id}/approve", response_model=DecisionOut, openapi_extra=decision_body)
     async def approve(request: Request, approval_id: IdPath, who: Identity = approver) -> DecisionOut:
-        body, _ = read_body(await request.body(), DecisionBody, empty_ok=True)
+        body, _ = read_body(await request_body(request, empty_ok=True), DecisionBody, empty_ok=True)
         decided: DecisionOut = await _in_thread(
             service.decide, who, approval_id, ApprovalDecision.APPROVE, body.reason
         )
@@ -346,7 +410,7 @@ def build_api(service: Service, authenticator: Authenticator, limiter: RateLimit
 
     @v1.post("/approvals/{approval_id}/deny", response_model=DecisionOut, openapi_extra=decision_body)
     async def deny(request: Request, approval_id: IdPath, who: Identity = approver) -> DecisionOut:
-        body, _ = read_body(await request.body(), DecisionBody, empty_ok=True)
+        body, _ = read_body(await request_body(request, empty_ok=True), DecisionBody, empty_ok=True)
         decided: DecisionOut = await _in_thread(
             service.decide, who, approval_id, ApprovalDecision.DENY, body.reason
         )
@@ -365,7 +429,7 @@ def build_api(service: Service, authenticator: Authenticator, limiter: RateLimit
         }}},
     )
     async def resolve(request: Request, operation_id: IdPath, who: Identity = operator) -> ResolveOut:
-        body, _ = read_body(await request.body(), ResolveBody)
+        body, _ = read_body(await request_body(request), ResolveBody)
         resolved: ResolveOut = await _in_thread(
             service.resolve, who, operation_id, body.outcome, body.reference, body.note
         )

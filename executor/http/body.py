@@ -10,6 +10,7 @@ and bytes that are not UTF-8.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -77,6 +78,29 @@ class BodySizeLimit:
         await response(scope, receive, send)
 
 
+JSON_MEDIA_TYPES = ("application/json",)
+
+
+def require_json(content_type: str | None, raw: bytes, *, empty_ok: bool = False) -> None:
+    """ProblemError 415 unless a body is declared JSON (`application/json` or a
+    `+json` type, `charset` UTF-8 if named). An empty body where `empty_ok` needs no type."""
+    if empty_ok and not raw.strip():
+        return
+    media, _, parameters = (content_type or "").partition(";")
+    media = media.strip().lower()
+    charset = ""
+    for parameter in parameters.split(";"):
+        name, _, value = parameter.partition("=")
+        if name.strip().lower() == "charset":
+            charset = value.strip().strip('"').lower()
+    is_json = media in JSON_MEDIA_TYPES or (media.startswith("application/") and media.endswith("+json"))
+    if not is_json or charset not in ("", "utf-8", "utf8"):
+        raise ProblemError(
+            415, ErrorCode.INVALID_REQUEST, "request bodies are JSON (Content-Type: application/json)",
+            errors=[ProblemDetail(path="", code="unsupported_media_type", expected="application/json")],
+        )
+
+
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     found: dict[str, Any] = {}
     for key, value in pairs:
@@ -131,8 +155,24 @@ def _depth(value: Any, limit: int) -> int:
     return deepest
 
 
-def strict_json(raw: bytes, *, max_depth: int = MAX_DEPTH) -> Any:
-    """The JSON value of a request body; ProblemError 400 invalid_request otherwise."""
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def mend_text(value: Any, fields: frozenset[str]) -> Any:
+    """`value` with each lone surrogate in its top-level `fields` (a person's free text)
+    replaced by U+FFFD, as a UTF-8 decoder does. After parsing, a valid pair is one
+    character, so any surrogate left is a lone one."""
+    if isinstance(value, dict):
+        for name in fields & value.keys():
+            if isinstance(value[name], str):
+                value[name] = _SURROGATE.sub("\ufffd", value[name])
+    return value
+
+
+def strict_json(raw: bytes, *, max_depth: int = MAX_DEPTH, mend: frozenset[str] = frozenset()) -> Any:
+    """The JSON value of a request body; ProblemError 400 invalid_request otherwise.
+    Lone surrogates in the top-level text members named by `mend` are replaced
+    (`mend_text`); anywhere else they are refused."""
 
     def refuse(code: str, expected: str) -> ProblemError:
         return ProblemError(
@@ -152,6 +192,7 @@ def strict_json(raw: bytes, *, max_depth: int = MAX_DEPTH) -> Any:
         raise refuse("too_deep", f"at most {max_depth} levels of nesting") from None
     except ValueError:
         raise refuse("invalid_json", "a JSON document") from None
+    value = mend_text(value, mend)
     try:
         too_deep = _depth(value, max_depth) > max_depth
     except _Refused as exc:

@@ -1,11 +1,17 @@
 """The operator console under `/console`: server-rendered pages, plain forms.
 
 A person signs in with an `approve` or `operate` key. The session cookie
-(HttpOnly, SameSite=Strict, Secure over HTTPS) carries the key's id, an expiry
-and an HMAC over both, never the key; the key's row is read on every page, so a
-revoked key's session ends at once. Every form carries a CSRF token, an HMAC of
-the session cookie, checked on every POST. The pages show only the signed-in
-key's tenant; actions go through the same Service the API uses.
+(HttpOnly, SameSite=Strict, Secure over HTTPS) carries the key's id, a random
+session id, an expiry and an HMAC over them, never the key; the key's row is
+read on every page, so a revoked key's session ends at once. Signing out
+records the session id as ended (a durable row, kept until the session would
+have expired), so a copy of the cookie is refused afterwards, across restarts.
+Every form carries a CSRF token, an HMAC of the session cookie, checked on every
+POST; the sign-in form's token is an HMAC of a random pre-session cookie set
+with the form (double submit). Failed sign-ins count against the client
+address's failed-authentication budget, as the API's do. The pages show only
+the signed-in key's tenant; actions go through the same Service the API uses.
+A page shows messages from closed sets, by code: never text from the URL.
 """
 
 from __future__ import annotations
@@ -14,7 +20,9 @@ import base64
 import hashlib
 import hmac
 import json
+import secrets
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlencode
@@ -23,13 +31,18 @@ from fastapi import FastAPI, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
-from executor.core.approvers import ApprovalDecision
-from executor.http.api import RateLimiter
-from executor.http.keys import Authenticator, Identity, KeyRefused, KeyScope, split_key
+from executor.core.approvers import ApprovalDecision, ApproverRefusal
+from executor.core.sanitize import sanitize_text
+from executor.http.api import RateLimiter, client_address
+from executor.http.keys import Authenticator, Identity, KeyRefused, KeyScope
 from executor.http.problems import ProblemError
 from executor.http.service import Service
+from executor.store.api_keys import console_session_revoked, revoke_console_session
+from executor.store.engine import read_only
 
 COOKIE = "toolfence_session"
+# The sign-in form's pre-session cookie: its HMAC is the form's CSRF token.
+LOGIN_COOKIE = "toolfence_login"
 TEMPLATES = Path(__file__).parent / "templates"
 
 # Messages a redirect may ask a page to show, by code: never text from the URL.
@@ -49,11 +62,28 @@ REFUSALS = {
     "upstream_unavailable": "Your roles or the approver policy could not be checked just now; "
     "it stays pending, try again",
 }
+# Why the approver policy refused, by ApproverRefusal code (every member has a line).
+WHYS = {
+    ApproverRefusal.OTHER_TENANT.value: "the approval is another tenant's",
+    ApproverRefusal.SELF_APPROVAL.value: "you may not decide your own call",
+    ApproverRefusal.ROLE_NOT_ALLOWED.value: "none of your roles may decide it",
+    ApproverRefusal.PREDICATE_REFUSED.value: "the tool's approver rule refused you",
+    ApproverRefusal.POLICY_FAILED.value: "the approver policy failed; it stays pending",
+    ApproverRefusal.NO_APPROVER_POLICY.value: "the tool declares no approver policy",
+}
 SIGN_IN_REFUSALS = {
     "invalid": "That key is not valid (or revoked).",
+    "csrf": "The sign-in form expired; try again.",
     "scope": "Sign in with a key that has the approve or operate scope.",
     "rate_limited": "Too many attempts; wait a minute.",
 }
+
+
+@dataclass(frozen=True)
+class Session:
+    key_id: str
+    session_id: str
+    expires_at: float
 
 
 class _Sessions:
@@ -66,11 +96,14 @@ class _Sessions:
 
     def issue(self, key_id: str) -> str:
         payload = base64.urlsafe_b64encode(
-            json.dumps({"k": key_id, "exp": time.time() + self._lifetime}).encode()
+            json.dumps(
+                {"k": key_id, "s": secrets.token_hex(16), "exp": time.time() + self._lifetime}
+            ).encode()
         ).decode()
         return f"{payload}.{self._mac(payload)}"
 
-    def key_id(self, cookie: str | None) -> str | None:
+    def read(self, cookie: str | None) -> Session | None:
+        """The session a cookie names, if its MAC holds and it has not expired."""
         if not cookie or "." not in cookie:
             return None
         payload, _, mac = cookie.rpartition(".")
@@ -80,13 +113,20 @@ class _Sessions:
             data = json.loads(base64.urlsafe_b64decode(payload.encode()))
         except ValueError:
             return None
-        if not isinstance(data, dict) or float(data.get("exp", 0)) < time.time():
+        if not isinstance(data, dict):
             return None
-        key_id = data.get("k")
-        return key_id if isinstance(key_id, str) else None
+        key_id, session_id, expires = data.get("k"), data.get("s"), data.get("exp")
+        if not isinstance(key_id, str) or not isinstance(session_id, str) or len(session_id) != 32:
+            return None
+        if not isinstance(expires, int | float) or expires < time.time():
+            return None
+        return Session(key_id, session_id, float(expires))
 
     def csrf(self, cookie: str) -> str:
         return self._mac("csrf:" + cookie)[:40]
+
+    def login_csrf(self, nonce: str) -> str:
+        return self._mac("login:" + nonce)[:40]
 
 
 def _age(seconds: float) -> str:
@@ -114,15 +154,20 @@ def mount_console(
     templates = Jinja2Templates(directory=str(TEMPLATES))
     templates.env.filters["age"] = _age
     templates.env.filters["pretty"] = lambda v: json.dumps(v, indent=2, sort_keys=True)
+    # What a person reads of text the server did not write (a key's principal): sanitised.
+    templates.env.filters["shown"] = lambda v: sanitize_text(str(v), 200)[0]
     sessions = _Sessions(http.session_secret, http.session_seconds)
 
     def signed_in(request: Request) -> tuple[Identity, str] | None:
         cookie = request.cookies.get(COOKIE)
-        key_id = sessions.key_id(cookie)
-        if key_id is None or cookie is None:
+        session = sessions.read(cookie)
+        if session is None or cookie is None:
             return None
+        with read_only(service.engine).connect() as conn:
+            if console_session_revoked(conn, session.session_id):
+                return None
         try:
-            return authenticator.by_key_id(key_id), cookie
+            return authenticator.by_key_id(session.key_id), cookie
         except KeyRefused:
             return None
 
@@ -130,9 +175,9 @@ def mount_console(
              **context: Any) -> HTMLResponse:
         notice = NOTICES.get(request.query_params.get("notice", ""))
         refused = REFUSALS.get(request.query_params.get("refused", ""))
-        why = request.query_params.get("why", "")
-        if refused and why.replace("_", "").isalnum() and len(why) <= 40:
-            refused = f"{refused} ({why})"
+        why = WHYS.get(request.query_params.get("why", ""))
+        if refused and why:
+            refused = f"{refused}: {why}"
         response = templates.TemplateResponse(
             request, name,
             {"who": who, "csrf": sessions.csrf(cookie), "notice": notice, "refused": refused, **context},
@@ -164,20 +209,32 @@ def mount_console(
     def login_page(request: Request) -> Response:
         refused = SIGN_IN_REFUSALS.get(request.query_params.get("refused", ""))
         notice = NOTICES.get(request.query_params.get("notice", ""))
+        nonce = secrets.token_hex(16)
         response = templates.TemplateResponse(
-            request, "login.html", {"refused": refused, "notice": notice, "who": None}
+            request, "login.html",
+            {"refused": refused, "notice": notice, "who": None, "csrf": sessions.login_csrf(nonce)},
+        )
+        response.set_cookie(
+            LOGIN_COOKIE, nonce, max_age=3600, httponly=True, samesite="strict",
+            secure=request.url.scheme == "https", path="/console",
         )
         _harden(response)
         return response
 
     @app.post("/console/login", include_in_schema=False)
-    def login(request: Request, key: str = Form("", max_length=300)) -> Response:
+    def login(
+        request: Request, key: str = Form("", max_length=300), csrf: str = Form("", max_length=100)
+    ) -> Response:
+        nonce = request.cookies.get(LOGIN_COOKIE, "")
+        if not nonce or not hmac.compare_digest(sessions.login_csrf(nonce), csrf):
+            return back("/console/login", refused="csrf")
+        address = client_address(request)
+        if limiter.failures_spent(address) is not None:
+            return back("/console/login", refused="rate_limited")
         try:
-            key_id, _ = split_key(key.strip())
-            if limiter.hit(key_id) is not None:
-                return back("/console/login", refused="rate_limited")
             who = authenticator.identity(key.strip())
         except KeyRefused:
+            limiter.failed(address)
             return back("/console/login", refused="invalid")
         if not who.may(KeyScope.APPROVE, KeyScope.OPERATE):
             return back("/console/login", refused="scope")
@@ -186,13 +243,19 @@ def mount_console(
             COOKIE, sessions.issue(who.key_id), max_age=int(http.session_seconds), httponly=True,
             samesite="strict", secure=request.url.scheme == "https", path="/console",
         )
+        response.delete_cookie(LOGIN_COOKIE, path="/console")
         return response
 
     @app.post("/console/logout", include_in_schema=False)
     def logout(request: Request, csrf: str = Form("")) -> Response:
-        session = signed_in(request)
-        if session is not None and not check_csrf(session[1], csrf):
-            return back("/console/approvals", refused="csrf")
+        cookie = request.cookies.get(COOKIE)
+        session = sessions.read(cookie)
+        if session is not None and cookie is not None:
+            if not check_csrf(cookie, csrf):
+                return back("/console/approvals", refused="csrf")
+            # Ended server-side: a copy of this cookie is refused from now on.
+            with service.engine.begin() as conn:
+                revoke_console_session(conn, session.session_id, session.expires_at)
         response = back("/console/login", notice="signed_out")
         response.delete_cookie(COOKIE, path="/console")
         return response

@@ -6,6 +6,11 @@ created and stored only as an argon2id hash. Verifying a hash costs tens of
 milliseconds on purpose, so a process remembers, per key id, the SHA-256 of the
 secret it last verified and compares later requests' with it in constant time;
 the row itself is read on every request, so a revocation holds at once.
+
+An unknown key id costs the same as a known one with a wrong secret: its secret
+is verified against a dummy hash made with the same argon2 parameters, and a
+revoked key is called revoked only once its secret matched. So neither the
+answer nor its time says which key ids exist (decision 0199).
 """
 
 from __future__ import annotations
@@ -121,16 +126,23 @@ class Authenticator:
         self._engine = read_only(engine)
         self._verified: dict[str, bytes] = {}
         self._lock = threading.Lock()
+        # What an unknown key id's secret is checked against: the same parameters, so
+        # the same cost as a known id's wrong secret. No secret verifies against it.
+        self._dummy_hash = _HASHER.hash(secrets.token_urlsafe(32))
 
     def identity(self, key_text: str) -> Identity:
         key_id, secret = split_key(key_text)
         with self._engine.connect() as conn:
             record = api_key(conn, key_id)
         if record is None:
+            try:
+                _HASHER.verify(self._dummy_hash, secret)
+            except (VerificationError, InvalidHashError):
+                pass
             raise KeyRefused("unknown")
+        self._check_secret(record, secret)
         if record.revoked:
             raise KeyRefused("revoked")
-        self._check_secret(record, secret)
         return identity_of(record)
 
     def by_key_id(self, key_id: str) -> Identity:

@@ -3,20 +3,56 @@
 Request bodies forbid unknown fields, and none of them has a field for who the
 caller is: identity comes from the API key (a body naming `tenant`,
 `principal`, `roles` or `scopes` is refused before it is validated).
+
+Every response field a person reads (who asked, who decided, reasons, notes,
+impact, errors, a turn's answer) is `Shown`/`ShownJson`: passed through the
+project's one sanitiser (executor/core/sanitize.py) as the response is built,
+so a secret-shaped principal or a control character in a reason never reaches
+a screen raw, whatever wrote it (decision 0201). Identifiers are not rewritten:
+a client sends them back.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from executor.core.sanitize import sanitize_json, sanitize_text
 from executor.core.types import CallStatus
+
+SHOWN_MAX_CHARS = 1_000
+SHOWN_OUTPUT_MAX_CHARS = 100_000
+SHOWN_JSON_MAX_CHARS = 16_000
+
+
+def _shown(text: str) -> str:
+    return sanitize_text(text, SHOWN_MAX_CHARS)[0]
+
+
+def _shown_output(text: str) -> str:
+    return sanitize_text(text, SHOWN_OUTPUT_MAX_CHARS)[0]
+
+
+def _shown_json(value: Any) -> Any:
+    return sanitize_json(value, SHOWN_JSON_MAX_CHARS)
+
+
+Shown = Annotated[str, AfterValidator(_shown)]
+"""Text a person reads (a principal, a reason, a note), sanitised."""
+ShownOutput = Annotated[str, AfterValidator(_shown_output)]
+"""A turn's answer, sanitised, with room for a long one."""
+ShownJson = Annotated[dict[str, Any], AfterValidator(_shown_json)]
+"""A JSON object a person reads (an impact, an error), sanitised with its structure kept."""
 
 ProviderName = Literal["openai-chat", "openai-responses", "anthropic", "gemini", "gemini-interactions"]
 """The provider surfaces (executor.providers.SURFACES; a unit test keeps them equal)."""
 
 IDENTITY_FIELDS = frozenset({"tenant", "principal", "roles", "scopes"})
+
+# What a turn runs on is the server's to decide: a `driver` (or its options) in a
+# body is refused, not ignored (a scripted driver names a file the worker reads).
+TURN_SERVER_FIELDS = frozenset({"driver", "options", "max_steps", "scope", "when_busy"})
 
 MAX_CALLS = 256
 MAX_WAIT_SECONDS = 30.0
@@ -24,6 +60,26 @@ MAX_WAIT_SECONDS = 30.0
 
 # Ids and names: printable text (no control characters), as the database stores them.
 ID_PATTERN = r"^[^\x00-\x1f\x7f]+$"
+# What the document says of text: the strict reader (executor/http/body.py) refuses
+# NUL in any string (the database cannot hold it), which each text field's pattern
+# states. A lone surrogate (a `\ud800` escape) in a person's free text (`reason`,
+# `note`, `message`: MENDED_TEXT_FIELDS) is replaced by U+FFFD, as a UTF-8 decoder
+# does; anywhere else it is refused 400 `invalid_text`, which the descriptions say
+# (a JSON Schema pattern cannot name surrogates portably: Rust and ECMA engines
+# refuse the range) (decision 0201).
+TEXT_DOC_PATTERN = r"^[^\u0000]*$"
+MENDED_TEXT_FIELDS = frozenset({"reason", "note", "message"})
+_ID_DOC: dict[str, Any] = {
+    "description": "printable text (no control, format, private-use or unassigned character: "
+    "400 not_printable); a lone surrogate is refused (400 invalid_text)"
+}
+_TEXT_DOC: dict[str, Any] = {
+    "pattern": TEXT_DOC_PATTERN,
+    "description": "free text without NUL; a lone surrogate is read as U+FFFD",
+}
+_FREE_FORM = (
+    " Strings anywhere in it hold no NUL and no lone surrogate (400 invalid_text)."
+)
 
 
 class _Body(BaseModel):
@@ -31,30 +87,40 @@ class _Body(BaseModel):
 
 
 class NeutralCall(_Body):
-    call_id: str = Field(min_length=1, max_length=200, pattern=ID_PATTERN)
-    tool_name: str = Field(min_length=1, max_length=200, pattern=ID_PATTERN)
+    call_id: str = Field(min_length=1, max_length=200, pattern=ID_PATTERN, json_schema_extra=_ID_DOC)
+    tool_name: str = Field(min_length=1, max_length=200, pattern=ID_PATTERN, json_schema_extra=_ID_DOC)
     arguments: str | dict[str, Any] = Field(
-        description="the arguments as the model wrote them: JSON text, or an object"
+        description="the arguments as the model wrote them: JSON text, or an object." + _FREE_FORM
     )
 
 
 class NeutralBatch(_Body):
     """Calls in toolfence's neutral format."""
 
-    calls: list[NeutralCall] = Field(min_length=1, max_length=MAX_CALLS)
-    conversation_id: str | None = Field(default=None, min_length=1, max_length=200, pattern=ID_PATTERN)
+    calls: list[NeutralCall] = Field(
+        min_length=1, max_length=MAX_CALLS,
+        description="each call_id once in a batch (two alike: 400 duplicate_call_id)",
+    )
+    conversation_id: str | None = Field(
+        default=None, min_length=1, max_length=200, pattern=ID_PATTERN, json_schema_extra=_ID_DOC
+    )
 
 
 class ProviderEnvelope(_Body):
     """A provider's response, as its API returned it; `provider` names the surface."""
 
     provider: ProviderName
-    response: dict[str, Any]
-    conversation_id: str | None = Field(default=None, min_length=1, max_length=200, pattern=ID_PATTERN)
+    response: dict[str, Any] = Field(
+        description="the provider's response as its API returned it; what its adapter cannot "
+        "read is refused (400, errors[].path /response)." + _FREE_FORM
+    )
+    conversation_id: str | None = Field(
+        default=None, min_length=1, max_length=200, pattern=ID_PATTERN, json_schema_extra=_ID_DOC
+    )
 
 
 class DecisionBody(_Body):
-    reason: str | None = Field(default=None, max_length=1000)
+    reason: str | None = Field(default=None, max_length=1000, json_schema_extra=_TEXT_DOC)
 
 
 TURN_MESSAGE_MAX_CHARS = 100_000
@@ -64,17 +130,37 @@ class TurnBody(_Body):
     """A user message to run as a turn. There is no `driver` field: the model a turn
     runs on is the server's setting (TOOLFENCE_TURN_DRIVER), never the caller's."""
 
-    conversation_id: str = Field(min_length=1, max_length=200, pattern=ID_PATTERN)
-    message: str = Field(min_length=1, max_length=TURN_MESSAGE_MAX_CHARS)
+    conversation_id: str = Field(
+        min_length=1, max_length=200, pattern=ID_PATTERN, json_schema_extra=_ID_DOC
+    )
+    message: str = Field(min_length=1, max_length=TURN_MESSAGE_MAX_CHARS, json_schema_extra=_TEXT_DOC)
 
 
 class ResolveBody(_Body):
+    """How an operation waiting for a person ended. `succeeded` needs the downstream's
+    `reference` (the schema says so with `if`/`then`; a body without one is 422)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "if": {"properties": {"outcome": {"const": "succeeded"}}, "required": ["outcome"]},
+            "then": {"required": ["reference"], "properties": {"reference": {"type": "string"}}},
+        },
+    )
+
     outcome: Literal["succeeded", "failed", "requeue"]
     reference: str | None = Field(
         default=None, min_length=1, max_length=200, pattern=ID_PATTERN,
-        description="the downstream's id for the effect (needed for succeeded)",
+        description="the downstream's id for the effect (needed for succeeded); a lone "
+        "surrogate is refused (400 invalid_text)",
     )
-    note: str | None = Field(default=None, max_length=1000)
+    note: str | None = Field(default=None, max_length=1000, json_schema_extra=_TEXT_DOC)
+
+    @model_validator(mode="after")
+    def _succeeded_names_its_reference(self) -> ResolveBody:
+        if self.outcome == "succeeded" and self.reference is None:
+            raise ValueError("resolving as succeeded needs the downstream's reference")
+        return self
 
 
 class RequestAnswer(BaseModel):
@@ -97,8 +183,8 @@ class ApprovalOut(BaseModel):
     request_id: str
     call_id: str | None
     tool: str
-    requester: str
-    impact: dict[str, Any]
+    requester: Shown
+    impact: ShownJson
     resources: list[str] | None
     intent_hash: str
     requested_at: float
@@ -113,16 +199,16 @@ class ApprovalList(BaseModel):
 class DecisionOut(BaseModel):
     approval_id: str
     decision: Literal["approved", "denied"]
-    decided_by: str
+    decided_by: Shown
     operation_id: str | None
     state: str | None
 
 
 class ReceiptOut(BaseModel):
-    receipt: str
+    receipt: Shown
     generation: int
     accepted: bool
-    source: str
+    source: Shown
 
 
 class PendingOut(BaseModel):
@@ -132,7 +218,7 @@ class PendingOut(BaseModel):
     tool: str
     generation: int
     since: float
-    reason: str | None
+    reason: Shown | None
     cause: str | None
     receipts: list[ReceiptOut]
 
@@ -147,7 +233,7 @@ class AuditEventOut(BaseModel):
     to_state: str
     decision: str
     generation: int
-    actor: str | None
+    actor: Shown | None
 
 
 class RequestCallOut(BaseModel):
@@ -167,7 +253,7 @@ class OperationOut(BaseModel):
     attempts: int
     error_code: str | None
     cause: str | None
-    receipt: str | None
+    receipt: Shown | None
     receipts: list[ReceiptOut]
     side_effects: int = Field(description="distinct accepted receipts (I1: at most one)")
     audit: list[AuditEventOut]
@@ -177,7 +263,7 @@ class OperationOut(BaseModel):
 class ResolveOut(BaseModel):
     operation_id: str
     state: str
-    resolved_by: str
+    resolved_by: Shown
 
 
 class TurnStarted(BaseModel):
@@ -206,8 +292,8 @@ class TurnStepOut(BaseModel):
     outcome: Literal["tool_calls", "final", "nothing", "contract_error", "audit"]
     verdict: str | None
     usage: TurnUsageOut
-    final_output: str | None
-    error: dict[str, Any] | None
+    final_output: ShownOutput | None
+    error: ShownJson | None
     proposed: list[TurnCallOut] = Field(description="the calls the model proposed in this step")
     calls: list[CallStatus] = Field(description="each proposed call's status and result")
 
@@ -218,12 +304,12 @@ class TurnOut(BaseModel):
 
     turn_id: str
     conversation_id: str
-    principal: str
+    principal: Shown
     state: Literal["queued", "running", "waiting_approval", "succeeded", "failed", "fallback"]
     terminal: bool
     end_reason: str | None
-    final_output: str | None
-    error: dict[str, Any] | None
+    final_output: ShownOutput | None
+    error: ShownJson | None
     generation: int
     steps: list[TurnStepOut]
     created_at: float

@@ -5,6 +5,8 @@ executor/settings/variables.py, read when the server starts):
 
 - `TOOLFENCE_HTTP_MAX_BODY_BYTES` (default 1 MiB): larger bodies are 413;
 - `TOOLFENCE_HTTP_RATE_LIMIT` (default `600/minute`): per key, `limits` syntax;
+- `TOOLFENCE_HTTP_AUTH_FAILURE_LIMIT` (default `30/minute`): failed authentications
+  per client address (API and console sign-in), `limits` syntax;
 - `TOOLFENCE_HTTP_RATE_LIMIT_STORAGE` (default `memory://`): `redis://…` to share
   the budget between several server processes;
 - `TOOLFENCE_HTTP_SESSION_SECRET`: signs console sessions and CSRF tokens (unset:
@@ -43,6 +45,7 @@ from executor.store.engine import get_engine
 class HttpSettings:
     max_body_bytes: int = 1024 * 1024
     rate_limit: str = "600/minute"
+    auth_failure_limit: str = "30/minute"
     rate_limit_storage: str = "memory://"
     session_secret: bytes = b""
     session_seconds: float = 8 * 3600.0
@@ -57,17 +60,19 @@ class HttpSettings:
         settings = cls(
             max_body_bytes=int(number("TOOLFENCE_HTTP_MAX_BODY_BYTES", cls.max_body_bytes)),
             rate_limit=read("TOOLFENCE_HTTP_RATE_LIMIT") or cls.rate_limit,
+            auth_failure_limit=read("TOOLFENCE_HTTP_AUTH_FAILURE_LIMIT") or cls.auth_failure_limit,
             rate_limit_storage=read("TOOLFENCE_HTTP_RATE_LIMIT_STORAGE") or cls.rate_limit_storage,
             session_secret=secret.encode() if secret else secrets.token_bytes(32),
             session_seconds=number("TOOLFENCE_HTTP_SESSION_SECONDS", cls.session_seconds),
             drain_seconds=number("TOOLFENCE_HTTP_DRAIN_SECONDS", cls.drain_seconds),
         )
         try:
-            RateLimiter(settings.rate_limit, settings.rate_limit_storage)
+            RateLimiter(settings.rate_limit, settings.rate_limit_storage, settings.auth_failure_limit)
         except Exception as exc:
             raise SettingsError(
                 f"TOOLFENCE_HTTP_RATE_LIMIT={settings.rate_limit!r} / _STORAGE="
-                f"{settings.rate_limit_storage!r}: {exc}"
+                f"{settings.rate_limit_storage!r} / TOOLFENCE_HTTP_AUTH_FAILURE_LIMIT="
+                f"{settings.auth_failure_limit!r}: {exc}"
             ) from None
         return settings
 
@@ -86,7 +91,7 @@ def create_app(
     engine = engine or get_engine(settings.database_url)
     service = Service(settings, engine, registry, hosted_policy)
     authenticator = Authenticator(engine)
-    limiter = RateLimiter(http.rate_limit, http.rate_limit_storage)
+    limiter = RateLimiter(http.rate_limit, http.rate_limit_storage, http.auth_failure_limit)
     app = build_api(service, authenticator, limiter)
     mount_console(app, service, authenticator, limiter, http)
     app.add_middleware(BodySizeLimit, max_bytes=http.max_body_bytes)

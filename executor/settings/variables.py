@@ -236,6 +236,10 @@ DECLARED: tuple[Variable, ...] = (
     Variable("TOOLFENCE_HTTP_MAX_BODY_BYTES", NUMBER, 1024 * 1024, "largest request body"),
     Variable("TOOLFENCE_HTTP_RATE_LIMIT", TEXT, "600/minute", "requests per API key (limits' notation)"),
     Variable(
+        "TOOLFENCE_HTTP_AUTH_FAILURE_LIMIT", TEXT, "30/minute",
+        "failed authentications per client address (limits' notation)",
+    ),
+    Variable(
         "TOOLFENCE_HTTP_RATE_LIMIT_STORAGE", URL, "memory://",
         "where rate-limit counters live (memory://, redis://…)",
     ),

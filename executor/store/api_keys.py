@@ -1,4 +1,5 @@
-"""API keys of `toolfence serve` and the HTTP Idempotency-Key map: their statements.
+"""API keys of `toolfence serve`, the HTTP Idempotency-Key map and the console's
+ended sessions: their statements.
 
 The store never sees a key's secret: callers hash it (executor/http/keys.py) and
 hand over the hash. A key is found by its public `key_id` (the lookup prefix);
@@ -11,11 +12,11 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, insert, select, update
+from sqlalchemy import Connection, delete, insert, select, update
 
 from executor.store.clock import DATABASE_CLOCK, Clock
 from executor.store.engine import insert_ignore
-from executor.store.schema import api_keys, http_idempotency
+from executor.store.schema import api_keys, console_revocations, http_idempotency
 
 
 @dataclass(frozen=True)
@@ -127,3 +128,26 @@ def claim_idempotency_key(
         )
     ).one()
     return IdempotencyClaim(row.request_id, row.body_digest, created)
+
+
+def revoke_console_session(conn: Connection, session_id: str, expires_at: float) -> None:
+    """Remember that a console session ended before `expires_at` (again: no change);
+    sessions that have expired by now are forgotten on the way."""
+    insert_ignore(
+        conn, console_revocations, {"session_id": session_id, "expires_at": expires_at},
+        key=["session_id"],
+    )
+    prune_console_revocations(conn)
+
+
+def prune_console_revocations(conn: Connection, clock: Clock = DATABASE_CLOCK) -> int:
+    """Drop the rows of sessions that have expired anyway; how many."""
+    result = conn.execute(delete(console_revocations).where(console_revocations.c.expires_at < clock.now()))
+    return int(result.rowcount or 0)
+
+
+def console_session_revoked(conn: Connection, session_id: str) -> bool:
+    row = conn.execute(
+        select(console_revocations.c.session_id).where(console_revocations.c.session_id == session_id)
+    ).first()
+    return row is not None

@@ -418,3 +418,15 @@ http_idempotency = Table(
     Column("body_digest", String(64), nullable=False),
     Column("created_at", Float, nullable=False),
 )
+
+# Console sessions signed out before they expired (migration 0009): the cookie is
+# signed, so a copy of it stays valid until its expiry unless the server remembers
+# that it was ended. One row per ended session, kept until the session would have
+# expired (then `prune_console_revocations` drops it).
+console_revocations = Table(
+    "toolfence_console_revocations",
+    metadata,
+    Column("session_id", String(64), primary_key=True),
+    Column("expires_at", Float, nullable=False),
+)
+Index("ix_toolfence_console_revocations_expiry", console_revocations.c.expires_at)

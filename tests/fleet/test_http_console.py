@@ -276,6 +276,13 @@ def test_console__approve_a_transfer_and_resolve_an_unsafe_write__in_chromium(
             expect(page.locator("[data-testid=side-effects]")).to_have_text("1")
             expect(page.locator("body")).to_contain_text("notice-4711")
             expect(page.locator("[data-testid=audit]")).to_contain_text("resolved_succeeded")
+            # When she signs out, a copy of her session cookie is refused (recorded server-side)
+            page.click("button:has-text('Sign out')")
+            expect(page.locator(".notice")).to_contain_text("Signed out")
+            copied = httpx.get(
+                f"{server}/console/approvals", cookies={"toolfence_session": cookie["value"]}
+            )
+            assert copied.status_code == 303 and copied.headers["location"] == "/console/login"
 
             # When a key of another tenant signs in
             other = browser.new_context().new_page()

@@ -538,7 +538,8 @@ def test_resolve__operate_key__pending_operation_settled_with_receipt(
     # Then the queue showed its cause and generation; the resolution needs the reference,
     # is recorded once as olga's, with the reference as its one receipt
     assert (pending["cause"], pending["generation"]) == ("reconciliation_pending", 1)
-    assert_problem(missing, 400, "invalid_request")
+    # (422: the document's if/then says succeeded needs a reference, decision 0201)
+    assert_problem(missing, 422, "invalid_request")
     assert resolved.json() == {
         "operation_id": acme_world["pending"],
         "state": "succeeded",

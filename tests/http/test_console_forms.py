@@ -21,11 +21,18 @@ from tests.netkit import REFUSED_PASSWORD, Directory
 A, OP, P = KeyScope.APPROVE, KeyScope.OPERATE, KeyScope.PRODUCE
 
 
+def sign_in(client: httpx.Client, key: str) -> httpx.Response:
+    """Sign in as a browser does: the form (its token and pre-session cookie), then the POST."""
+    form = client.get("/console/login")
+    return client.post("/console/login", data={"key": key, "csrf": csrf_of(form.text)})
+
+
 @contextmanager
 def signed_in(served: Served, key: str) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=served.url, timeout=30) as client:
-        answer = client.post("/console/login", data={"key": key})
+        answer = sign_in(client, key)
         assert answer.status_code == 303, answer.text
+        assert answer.headers["location"] == "/console/approvals", answer.headers["location"]
         yield client
 
 
@@ -58,8 +65,8 @@ def pending_transfer(served: Served) -> dict[str, str]:
 def test_login__key_without_approve_or_operate__refused(served: Served) -> None:
     # Given a produce-only key, a wrong key; when each signs in
     with httpx.Client(base_url=served.url) as client:
-        produce = client.post("/console/login", data={"key": served.key("acme", "alice", P)})
-        wrong = client.post("/console/login", data={"key": "tfk_0123456789abcdef_nope"})
+        produce = sign_in(client, served.key("acme", "alice", P))
+        wrong = sign_in(client, "tfk_0123456789abcdef_nope")
         page = client.get("/console/approvals")
     # Then neither gets a session, and the pages send them to sign in
     assert produce.headers["location"] == "/console/login?refused=scope"
@@ -81,7 +88,7 @@ def test_approve_form__requester_decides_own_call__policy_refusal_shown_and_audi
             follow_redirects=True,
         )
     # Then the page shows the approver policy's refusal, and the approval is still pending
-    assert "The approver policy refused you (self_approval)" in answer.text
+    assert "The approver policy refused you: you may not decide your own call" in answer.text
     assert call["approval_id"] in answer.text
     carol = served.key("acme", "carol", KeyScope.READ)
     with served.client(carol) as client:
@@ -152,7 +159,7 @@ def test_pages__another_tenants_items__neither_listed_nor_shown(served: Served) 
 
 def test_pages__security_headers_and_cookie_flags(served: Served) -> None:
     with httpx.Client(base_url=served.url) as client:
-        answer = client.post("/console/login", data={"key": served.key("acme", "carol", OP)})
+        answer = sign_in(client, served.key("acme", "carol", OP))
         page = client.get("/console/pending")
     cookie = answer.headers["set-cookie"].lower()
     assert "httponly" in cookie and "samesite=strict" in cookie and "path=/console" in cookie

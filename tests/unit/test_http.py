@@ -104,10 +104,12 @@ def test_console_session__tampered_or_expired__no_key_id() -> None:
 
     sessions = _Sessions(b"k" * 32, lifetime=60)
     cookie = sessions.issue("0123456789abcdef")
-    assert sessions.key_id(cookie) == "0123456789abcdef"
+    read = sessions.read(cookie)
+    assert read is not None and read.key_id == "0123456789abcdef" and len(read.session_id) == 32
+    assert sessions.read(sessions.issue("0123456789abcdef")) != read  # each sign-in its own session
     payload, _, mac = cookie.rpartition(".")
-    assert sessions.key_id(payload + "." + "0" * len(mac)) is None
-    assert _Sessions(b"x" * 32, lifetime=60).key_id(cookie) is None  # another secret
+    assert sessions.read(payload + "." + "0" * len(mac)) is None
+    assert _Sessions(b"x" * 32, lifetime=60).read(cookie) is None  # another secret
     expired = _Sessions(b"k" * 32, lifetime=-1).issue("0123456789abcdef")
-    assert sessions.key_id(expired) is None
+    assert sessions.read(expired) is None
     assert sessions.csrf(cookie) != sessions.csrf(sessions.issue("0123456789abcdef") + "x")
