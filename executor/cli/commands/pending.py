@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
         [
             {
                 "operation_id": r.operation_id,
-                "tenant": r.tenant,
+                "tenant": shown(r.tenant),
                 "tool": r.tool_name,
                 "request_id": shown(r.request_id),
                 "call_id": shown(r.call_id),
