@@ -9,15 +9,18 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
+import os
 import signal
+import stat
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from sqlalchemy import make_url
 
-from executor.core.sanitize import sanitize_error_text
+from executor.core.sanitize import shown_text
 from executor.core.strictjson import StrictJSONError, loads_strict
 from executor.core.tools import Registry
 from executor.errors import CommandError
@@ -35,7 +38,44 @@ EXIT_FAILURE = 1
 
 
 class UserError(CommandError):
-    """A mistake the user can fix; printed as one line."""
+    """A mistake the user can fix; printed as one line. The exit status is 1, or
+    2 (`EXIT_USAGE`) for a value given on the command line that the command cannot
+    take (a negative interval, a port out of range, a file that is not a file)."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_FAILURE) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def usage_error(message: str) -> UserError:
+    """A command-line value the command cannot take: one line, exit 2."""
+    return UserError(message, EXIT_USAGE)
+
+
+MAX_INTERVAL_SECONDS = 86_400.0
+"""The longest interval or wait a command takes (a day): beyond it, a typo."""
+
+
+def seconds(value: float, flag: str, *, maximum: float = MAX_INTERVAL_SECONDS) -> float:
+    """`value` as a number of seconds a command may wait or loop on: finite, 0 or
+    more, at most `maximum`. A negative or NaN interval made `reconcile --every`
+    spin (`Event.wait` returns at once), an infinite one overflows it."""
+    if not math.isfinite(value) or not 0 <= value <= maximum:
+        raise usage_error(f"{flag} must be a number of seconds from 0 to {maximum:g}, not {value!r}")
+    return value
+
+
+def port(value: int, flag: str = "--port") -> int:
+    """A TCP port to listen on: 0 (any free port) to 65535."""
+    if not 0 <= value <= 65_535:
+        raise usage_error(f"{flag} must be a TCP port from 0 to 65535, not {value}")
+    return value
+
+
+def positive_count(value: int, flag: str) -> int:
+    if value < 1:
+        raise usage_error(f"{flag} must be 1 or more, not {value}")
+    return value
 
 
 def settings() -> Settings:
@@ -138,11 +178,20 @@ def print_json(value: Any) -> None:
     print(json.dumps(value, indent=2, sort_keys=False, default=str, ensure_ascii=True))
 
 
+@overload
+def shown(text: str) -> str: ...
+
+
+@overload
+def shown(text: None) -> None: ...
+
+
 def shown(text: str | None) -> str | None:
     """Text from a producer's server context or an approver (request id, call id,
-    actor) as an operator's output shows it: through the sanitiser, so a secret an
-    application put there is redacted (and a control character dropped)."""
-    return None if text is None else sanitize_error_text(text, 200)
+    actor, principal, tenant, key label) as an operator's output shows it: through
+    the sanitiser (`shown_text`, the rule the API and the console apply too), so a
+    secret an application put there is redacted (and a control character dropped)."""
+    return None if text is None else shown_text(text)
 
 
 def safe_url(url: str) -> str:
@@ -181,6 +230,26 @@ _ENVELOPE_DEPTH = 16
 """Nesting a provider envelope adds around a call's arguments."""
 
 
+def _read_regular_file(path: str) -> bytes:
+    """At most `MAX_INPUT_FILE_BYTES` + 1 bytes of the regular file at `path`.
+
+    Anything else is refused before a byte is read: a FIFO (opening one for reading
+    waits for a writer, reading it waits for its data, and `enqueue <fifo>` blocked
+    forever), a device (`/dev/zero`, a terminal), a directory. Opened without
+    blocking, then checked on the descriptor itself, so a file swapped for a FIFO
+    between a check and the open cannot block either. Standard input is `-`.
+    """
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            raise usage_error(f"{path} is not a regular file (for standard input, give -)")
+        os.set_blocking(descriptor, True)
+        with os.fdopen(descriptor, "rb", closefd=False) as handle:
+            return handle.read(MAX_INPUT_FILE_BYTES + 1)
+    finally:
+        os.close(descriptor)
+
+
 def read_json_file(path: str, max_argument_depth: int) -> Any:
     """An input file, parsed strictly: at most `MAX_INPUT_FILE_BYTES`, nested at most
     the argument depth plus an envelope's, each key once (an object-form argument
@@ -193,8 +262,7 @@ def read_json_file(path: str, max_argument_depth: int) -> Any:
                 else sys.stdin.read(MAX_INPUT_FILE_BYTES + 1).encode("utf-8", "surrogatepass")
             )
         else:
-            with Path(path).open("rb") as handle:
-                data = handle.read(MAX_INPUT_FILE_BYTES + 1)
+            data = _read_regular_file(path)
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror}") from None
     try:

@@ -74,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with using(Settings.from_loaded(loaded)):
             return int(args.func(args))
     except UserError as exc:
-        return _fail(str(exc), EXIT_FAILURE, verbose)
+        return _fail(str(exc), exc.exit_code, verbose)
     except (SettingsError, DatabaseSettingError, SchemaNotReady) as exc:
         return _fail(str(exc), EXIT_USAGE, verbose)
     except ArgumentError as exc:

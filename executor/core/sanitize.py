@@ -132,8 +132,40 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
-def redact(text: str) -> str:
-    """Replace anything shaped like a credential with `[REDACTED]`."""
+REDACT_MAX_CHARS = 65_536
+"""The most text `redact` keeps of one string, and `redact_json` of all of a value's
+strings and names together: the patterns are linear, but about 0.6 µs a character
+(1.6 MB of an MCP server's `structuredContent` held the GIL for 2.1 s)."""
+# A secret that crosses the pre-cut is cut before it is scanned, so a pattern may
+# not recognise its head; the margin keeps such a head past the final cap.
+_PRE_CUT_MARGIN = 1_024
+
+
+def redact(text: str, limit: int = REDACT_MAX_CHARS) -> str:
+    """Replace anything shaped like a credential with `[REDACTED]`.
+
+    Text longer than `limit` characters is cut (ending in `TRUNCATION_MARK`), and
+    cut *before* it is scanned, so a hostile multi-megabyte string costs what
+    `limit` characters cost, as in `sanitize_text`.
+    """
+    pre_cut = len(text) > limit + _PRE_CUT_MARGIN
+    if pre_cut:
+        text = text[: limit + _PRE_CUT_MARGIN]
+    return _finish(_redact(text), limit, pre_cut, _PRE_CUT_MARGIN)[0]
+
+
+def _finish(text: str, limit: int, pre_cut: bool, margin: int) -> tuple[str, bool]:
+    """`text`, scanned, capped at `limit`. When the raw text was pre-cut, its last
+    `margin` characters may hold the head of a secret the cut made unrecognisable:
+    they are dropped too, and the mark always says the text was cut (redaction and
+    dropped controls can leave the scanned text shorter than `limit`)."""
+    if pre_cut:
+        keep = max(0, min(limit, len(text) - margin) - len(TRUNCATION_MARK))
+        return text[:keep] + TRUNCATION_MARK, True
+    return cap(text, limit)
+
+
+def _redact(text: str) -> str:
     for pattern, replacement in _PATTERNS:
         text = pattern.sub(replacement, text)
     return text
@@ -157,33 +189,19 @@ def sanitize_text(text: str, limit: int) -> tuple[str, bool]:
     pre_cut = len(text) > 4 * limit + 256
     if pre_cut:
         text = text[: 4 * limit + 256]
-    text = redact(_CONTROL_RE.sub("", text))
-    text, cut = cap(text, limit)
-    return text, cut or pre_cut
+    return _finish(_redact(_CONTROL_RE.sub("", text)), limit, pre_cut, 256)
 
 
 def sanitize_error_text(text: str, limit: int = 500) -> str:
     return sanitize_text(text, limit)[0]
 
 
-def redact_json(value: Any, *, max_depth: int = 64) -> Any:
-    """A JSON value with secret-named members and secret-shaped strings redacted."""
-    if max_depth <= 0:
-        return REDACTED
-    if isinstance(value, str):
-        return redact(_CONTROL_RE.sub("", value))
-    if isinstance(value, Mapping):
-        return {
-            str(key): (
-                REDACTED
-                if _is_secret_member(str(key), item)
-                else redact_json(item, max_depth=max_depth - 1)
-            )
-            for key, item in value.items()
-        }
-    if isinstance(value, list | tuple):
-        return [redact_json(item, max_depth=max_depth - 1) for item in value]
-    return value
+def redact_json(value: Any, *, max_depth: int = 64, limit: int = REDACT_MAX_CHARS) -> Any:
+    """A JSON value with secret-named members and secret-shaped strings redacted
+    (controls dropped), its structure kept, capped at about `limit` characters of
+    JSON text as `sanitize_json` caps it: what is past the cap is cut before it is
+    scanned, so the cost is bounded by `limit` whatever the value's size."""
+    return seal_json(value, limit, max_depth=max_depth)[0]
 
 
 def _is_secret_member(name: str, item: Any) -> bool:
@@ -211,49 +229,92 @@ def sanitize_json(value: Any, limit: int = MODEL_VIEW_MAX_CHARS) -> Any:
     Each string is pre-cut to what the remaining budget can keep before the
     regexes run, so the cost is linear in what is kept, not in what was sent.
     """
-    return _Sealer(limit).seal(value, 64)
+    return seal_json(value, limit)[0]
+
+
+TRUNCATED_FLAG = "truncated"
+"""A mapping's own marker that part of it was cut (an MCP output's `truncated`)."""
+
+
+def seal_json(value: Any, limit: int, *, max_depth: int = 64) -> tuple[Any, bool]:
+    """`sanitize_json`'s value, and whether anything was cut (or redacted for depth).
+
+    The cap never hides that it cut: in every mapping, the members that are not a
+    string or a container (flags, numbers, null) are kept before the others are
+    given the rest of the budget, so a short flag after a long text survives; and a
+    mapping's boolean `truncated` member (`TRUNCATED_FLAG`) becomes true when
+    anything inside that mapping was cut here. Members keep their order.
+    """
+    sealer = _Sealer(limit)
+    sealed = sealer.seal(value, max_depth)
+    return sealed, sealer.cuts > 0
+
+
+def _is_scalar(value: Any) -> bool:
+    return value is None or isinstance(value, bool | int | float)
 
 
 class _Sealer:
     def __init__(self, limit: int) -> None:
         self.remaining = limit
+        self.cuts = 0
 
     def seal(self, value: Any, depth: int) -> Any:
         if depth <= 0:
             self.remaining -= len(REDACTED) + 2
+            self.cuts += 1
             return REDACTED
         if isinstance(value, str):
-            text, _ = sanitize_text(value, max(self.remaining - 2, 0))
+            text, cut = sanitize_text(value, max(self.remaining - 2, 0))
             self.remaining -= len(text) + 2
+            self.cuts += cut
             return text
         if isinstance(value, Mapping):
-            sealed: dict[str, Any] = {}
-            self.remaining -= 2
-            items = list(value.items())
-            for index, (key, item) in enumerate(items):
-                name = sanitize_text(str(key), 256)[0]
-                if self.remaining <= len(name) + 6:
-                    sealed[TRUNCATION_MARK] = len(items) - index
-                    break
-                self.remaining -= len(name) + 6  # quotes, ": " and ", "
-                if _is_secret_member(str(key), item):
-                    self.remaining -= len(REDACTED) + 2
-                    sealed[name] = REDACTED
-                else:
-                    sealed[name] = self.seal(item, depth - 1)
-            return sealed
+            return self._seal_mapping(value, depth)
         if isinstance(value, list | tuple):
             kept: list[Any] = []
             self.remaining -= 2
             for item in value:
                 if self.remaining <= 0:
                     kept.append(TRUNCATION_MARK)
+                    self.cuts += 1
                     break
                 kept.append(self.seal(item, depth - 1))
                 self.remaining -= 2  # ", "
             return kept
         self.remaining -= len(str(value)) + 1
         return value
+
+    def _seal_mapping(self, value: Mapping[Any, Any], depth: int) -> dict[str, Any]:
+        self.remaining -= 2
+        cuts_before = self.cuts
+        # Scalars first (their cost is known and small), then strings and containers
+        # in order with what is left; assembled in the mapping's own order.
+        members = list(value.items())
+        order = [i for i, (_, item) in enumerate(members) if _is_scalar(item)]
+        order += [i for i, (_, item) in enumerate(members) if not _is_scalar(item)]
+        sealed_at: dict[int, tuple[str, Any]] = {}
+        for position, index in enumerate(order):
+            key, item = members[index]
+            name = sanitize_text(str(key), 256)[0]
+            if self.remaining <= len(name) + 6:
+                self.cuts += 1
+                dropped = len(order) - position
+                break
+            self.remaining -= len(name) + 6  # quotes, ": " and ", "
+            if _is_secret_member(str(key), item):
+                self.remaining -= len(REDACTED) + 2
+                sealed_at[index] = (name, REDACTED)
+            else:
+                sealed_at[index] = (name, self.seal(item, depth - 1))
+        else:
+            dropped = 0
+        sealed = dict(sealed_at[index] for index in sorted(sealed_at))
+        if dropped:
+            sealed[TRUNCATION_MARK] = dropped
+        if self.cuts > cuts_before and isinstance(sealed.get(TRUNCATED_FLAG), bool):
+            sealed[TRUNCATED_FLAG] = True
+        return sealed
 
 
 def seal_error(error: Mapping[str, Any]) -> dict[str, Any]:
@@ -264,6 +325,30 @@ def seal_error(error: Mapping[str, Any]) -> dict[str, Any]:
     if "details" in sealed:
         sealed["details"] = sanitize_json(sealed["details"], 4 * ERROR_MESSAGE_MAX_CHARS)
     return sealed
+
+
+# What a person is shown of one stored name (a principal, a tenant, an actor, a key
+# label, a request or call id in an operator's output) at most: an identifier's length.
+SHOWN_TEXT_MAX_CHARS = 200
+# What is stored (and so shown to anyone) of a turn's final answer at most.
+FINAL_OUTPUT_MAX_CHARS = 100_000
+
+
+def shown_text(text: str, limit: int = SHOWN_TEXT_MAX_CHARS) -> str:
+    """A stored name as a person (an operator's terminal, the console, the API) or a
+    model is shown it: controls dropped, anything shaped like a secret redacted (an
+    application that made a key's principal `sk-…` leaks it in every listing), capped.
+    The one rule for every such field, wherever it is shown."""
+    return sanitize_text(text, limit)[0]
+
+
+def seal_final_output(text: str | None) -> str | None:
+    """A turn's final answer as it is stored, and so as everyone is shown it: the
+    model wrote it, from tool results and a prompt that may hold a credential, and
+    it goes to the user, the console and the API. Sanitised like every model-facing
+    output (controls other than tab and newline dropped, secrets redacted), capped at
+    `FINAL_OUTPUT_MAX_CHARS`."""
+    return None if text is None else sanitize_text(text, FINAL_OUTPUT_MAX_CHARS)[0]
 
 
 LOG_MESSAGE_MAX_CHARS = 300

@@ -47,7 +47,7 @@ from executor.mcp.errors import (
     structured_tool_error,
     tool_error_failure,
 )
-from executor.mcp.sanitize import redact_json, sanitize_text
+from executor.mcp.sanitize import sanitize_text, seal_json
 from executor.mcp.schema import McpArguments, arguments_model, schema_fingerprint, schema_version_of
 from executor.mcp.session import (
     CallOutcome,
@@ -418,11 +418,15 @@ class _Binding:
         blocks, truncated = _content_blocks(result.content, self.policy.max_output_chars)
         structured: Any = None
         if result.structured_content is not None:
+            # Over the cap it is left out whole (a cut structure would not match the
+            # tool's output schema); under it, redacted with the cap as the bound on
+            # what is scanned. Either way a cut sets `truncated`.
             encoded = json.dumps(result.structured_content, default=str)
             if len(encoded) > self.policy.max_structured_chars:
                 truncated = True
             else:
-                structured = redact_json(result.structured_content)
+                structured, cut = seal_json(result.structured_content, self.policy.max_structured_chars)
+                truncated |= cut
         return McpToolOutput(
             source=f"mcp:{self.spec.name}/{self.mcp_tool_name}",
             content=tuple(blocks),

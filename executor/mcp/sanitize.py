@@ -15,6 +15,7 @@ from executor.core.sanitize import (
     redact_json,
     sanitize_error_text,
     sanitize_text,
+    seal_json,
 )
 
 __all__ = [
@@ -25,4 +26,5 @@ __all__ = [
     "redact_json",
     "sanitize_error_text",
     "sanitize_text",
+    "seal_json",
 ]

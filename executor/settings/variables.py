@@ -253,6 +253,11 @@ DECLARED: tuple[Variable, ...] = (
     ),
     # toolfence metrics
     Variable(
+        "TOOLFENCE_METRICS_HOST", TEXT, "127.0.0.1",
+        "the address `toolfence metrics` listens on (0.0.0.0: every interface)",
+    ),
+    Variable("TOOLFENCE_METRICS_PORT", INTEGER, 9464, "the port `toolfence metrics` listens on", minimum=0),
+    Variable(
         "TOOLFENCE_EXPORTER_STUCK_AFTER_SECONDS", NUMBER, 600.0, "an operation overdue this long is stuck",
         minimum=0, above=True,
     ),

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, delete, insert, select, update
 
+from executor.core.identifiers import IdentifierField, check_identifier, identifier_problem
 from executor.store.clock import DATABASE_CLOCK, Clock
 from executor.store.engine import insert_ignore
 from executor.store.schema import api_keys, console_revocations, http_idempotency
@@ -58,6 +59,17 @@ def insert_api_key(
     label: str | None = None,
     clock: Clock = DATABASE_CLOCK,
 ) -> None:
+    """Store a key. Its tenant, principal and roles are identifiers (printable, valid
+    UTF-8, at most 200 characters: `InvalidIdentifier` otherwise, before the insert,
+    so PostgreSQL never aborts the caller's transaction on one); so is its label."""
+    roles = list(roles)
+    check_identifier(IdentifierField.TENANT, tenant)
+    check_identifier(IdentifierField.PRINCIPAL, principal)
+    for role in roles:
+        check_identifier(IdentifierField.ROLE, role)
+    problem = None if label is None else identifier_problem(label)
+    if problem is not None:
+        raise ValueError(f"label is not valid ({problem.value}): printable text of at most 200 characters")
     conn.execute(
         insert(api_keys).values(
             key_id=key_id, tenant=tenant, principal=principal,

@@ -39,6 +39,7 @@ from sqlalchemy import ColumnElement, Connection, Row, and_, exists, insert, or_
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
+from executor.core.sanitize import redact_json, seal_final_output
 from executor.core.states import State, TurnState
 from executor.store.audit import dumps
 from executor.store.clock import DATABASE_CLOCK, Clock
@@ -239,7 +240,8 @@ def record_step(
 ) -> bool:
     """Checkpoint one model step: CAS on the owner *and* on the step count (steps =
     step - 1), then the step row, in one transaction. A stale owner, or a second
-    recording of one step, changes nothing."""
+    recording of one step, changes nothing. The step's final output and error are
+    stored sanitised (`seal_final_output`): every reader is shown the same safe text."""
     now = clock.now()
     won = conn.execute(
         update(turns)
@@ -251,7 +253,7 @@ def record_step(
     conn.execute(
         insert(turn_steps).values(
             turn_id=lease.turn_id, step=step, outcome=outcome, proposals=dumps(list(proposals)),
-            final_output=final_output, error=dumps(dict(error)) if error is not None else None,
+            final_output=seal_final_output(final_output), error=_sealed(error),
             verdict=verdict, usage=dumps(dict(usage)), request_id=request_id,
             generation=lease.generation, recorded_at=now,
         )
@@ -269,7 +271,8 @@ def end_turn(
     error: Mapping[str, Any] | None = None,
     clock: Clock = DATABASE_CLOCK,
 ) -> bool:
-    """running → succeeded | failed | fallback, by the owner."""
+    """running → succeeded | failed | fallback, by the owner; the final output and
+    error stored sanitised, as `record_step` stores a step's."""
     if state not in (TurnState.SUCCEEDED, TurnState.FAILED, TurnState.FALLBACK):
         raise ValueError(f"not an end state: {state}")
     now = clock.now()
@@ -277,8 +280,8 @@ def end_turn(
         update(turns)
         .where(_owner_holds(lease.turn_id, lease.generation, lease.owner_token))
         .values(
-            state=state.value, end_reason=end_reason, final_output=final_output,
-            error=dumps(dict(error)) if error is not None else None,
+            state=state.value, end_reason=end_reason, final_output=seal_final_output(final_output),
+            error=_sealed(error),
             owner_token=None, lease_expires_at=None, updated_at=now, finished_at=now,
         )
         .returning(turns.c.tenant, turns.c.scope_key)
@@ -288,6 +291,12 @@ def end_turn(
     # The scope is free: the turn queued behind this one (if any) runs next.
     promote_queued_turn(conn, row.tenant, row.scope_key, clock)
     return True
+
+
+def _sealed(error: Mapping[str, Any] | None) -> str | None:
+    """A step's or a turn's error as stored: it can quote the model's text (a contract
+    error's excerpt), so it goes through the sanitiser like the final output."""
+    return None if error is None else dumps(redact_json(dict(error)))
 
 
 def wait_for_approval(conn: Connection, lease: TurnLease, clock: Clock = DATABASE_CLOCK) -> bool:

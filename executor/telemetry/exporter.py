@@ -76,6 +76,10 @@ from executor.store.schema import (
 
 log = logging.getLogger(__name__)
 
+LOOPBACK = "127.0.0.1"
+"""Where the exporter listens unless told otherwise (TOOLFENCE_METRICS_HOST): it has no
+authentication, and its series name tenants, tools and error codes."""
+
 INVARIANTS = ("I1", "I2", "I6")
 # States an operation can be stuck in (I2): every active state but
 # reconciliation_pending, which is a settled state waiting for a person.
@@ -595,7 +599,7 @@ class RunningExporter:
 
 
 def start(
-    settings: Settings, port: int, host: str = "0.0.0.0", config: ExporterConfig | None = None
+    settings: Settings, port: int, host: str = LOOPBACK, config: ExporterConfig | None = None
 ) -> RunningExporter:
     """Serve /metrics on a daemon thread and return at once (port 0 picks a free one)."""
     database = DatabaseCollector(settings.database_url, config or ExporterConfig.from_env())
@@ -605,7 +609,7 @@ def start(
 
 
 def serve(
-    settings: Settings, port: int, host: str = "0.0.0.0", config: ExporterConfig | None = None
+    settings: Settings, port: int, host: str = LOOPBACK, config: ExporterConfig | None = None
 ) -> None:
     """Serve /metrics until SIGTERM or Ctrl-C (`toolfence metrics --port N`)."""
     running = start(settings, port, host, config)

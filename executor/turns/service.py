@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
 
+from executor.core.sanitize import redact_json, seal_final_output, shown_text
 from executor.core.types import ErrorCode, ServerContext
 from executor.errors import TurnError
 from executor.store import turns as turn_store
@@ -136,7 +137,10 @@ def get_turn(
 ) -> dict[str, Any] | None:
     """The turn as a JSON-able dict, or None when the tenant has no such turn (another
     tenant's turn is not seen). Steps with their calls' results, the end state,
-    reason and final output. Never the prompts or the model's raw responses."""
+    reason and final output. Never the prompts or the model's raw responses. What a
+    person reads passes the sanitiser (rows stored before the store sealed them too):
+    a secret-shaped principal, a secret in the final output, the message or an error
+    is shown redacted, whoever asks (CLI, API, console)."""
     if isinstance(session, Engine):
         with read_only(session).connect() as conn:
             return get_turn(conn, tenant, turn_id)
@@ -155,21 +159,21 @@ def get_turn(
             "outcome": record.outcome.value,
             "verdict": record.verdict,
             "usage": record.usage.to_json(),
-            "final_output": record.final_output,
-            "error": record.error,
+            "final_output": seal_final_output(record.final_output),
+            "error": redact_json(record.error) if record.error is not None else None,
             "calls": [s.model_dump(mode="json", exclude_none=True) for s in statuses],
             "proposed": [{"call_id": p.call_id, "tool_name": p.tool_name} for p in record.proposals],
         })
     return {
         "turn_id": row.turn_id,
         "tenant": row.tenant,
-        "principal": row.principal,
+        "principal": shown_text(row.principal),
         "conversation_id": row.conversation_id,
         "state": row.state,
         "end_reason": row.end_reason,
-        "final_output": row.final_output,
-        "error": json.loads(row.error) if row.error else None,
-        "message": row.message,
+        "final_output": seal_final_output(row.final_output),
+        "error": redact_json(json.loads(row.error)) if row.error else None,
+        "message": seal_final_output(row.message),
         "generation": row.generation,
         "steps": steps,
         "options": json.loads(row.options),

@@ -28,7 +28,7 @@ EXPECTED_COMMANDS = {
     "relay": ["toolfence", "relay"],
     "worker": ["toolfence", "worker", "--concurrency", "2"],
     "reconciler": ["toolfence", "reconcile", "--every", "15"],
-    "exporter": ["toolfence", "metrics", "--port", "9464"],
+    "exporter": ["toolfence", "metrics", "--host", "0.0.0.0", "--port", "9464"],
     "serve": ["toolfence", "serve", "--host", "0.0.0.0", "--port", "8080"],
 }
 
@@ -162,4 +162,9 @@ def test_compose__exporter_target_matches_prometheus_config() -> None:
     targets = [t for static in job["static_configs"] for t in static["targets"]]
 
     assert targets == ["exporter:9464"]
-    assert "9464:9464" in services()["exporter"]["ports"]
+    exporter = services()["exporter"]
+    # Prometheus scrapes across the compose network: the exporter listens on every
+    # interface of its container (its own default is loopback), and the host sees it
+    # on its loopback only.
+    assert exporter["command"][exporter["command"].index("--host") + 1] == "0.0.0.0"
+    assert exporter["ports"] == ["127.0.0.1:9464:9464"]

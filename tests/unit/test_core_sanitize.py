@@ -21,12 +21,16 @@ from sanitize_timing import assert_linear, costs
 from executor.core.sanitize import (
     AWS_KEY_ID,
     GITHUB_TOKEN,
+    REDACT_MAX_CHARS,
     REDACTED,
     STRIPE_KEYS,
     TRUNCATION_MARK,
     redact,
+    redact_json,
     sanitize_json,
     seal_error,
+    seal_json,
+    shown_text,
 )
 
 # ---------------------------------------------------------------- the corpus
@@ -221,3 +225,77 @@ def test_exception_summary__secret_in_message__type_and_redacted_first_line_only
     assert summary.startswith("ValueError: downstream said api_key=[REDACTED]")
     assert "second line" not in summary
     assert "test_core_sanitize.py:" in summary
+
+
+# ---------------------------------------------------------------- caps before scans
+
+
+def test_redact__text_far_over_its_cap__cut_before_it_is_scanned() -> None:
+    # Given a string 25 times the cap (1.6 MB) and one the size of the cap
+    at_cap = ("api_key=9f8e7d6c5b4a " * (REDACT_MAX_CHARS // 21 + 1))[:REDACT_MAX_CHARS]
+    huge = at_cap * 25
+    # When each is redacted, the cost is about the same: the huge one was cut first
+    shown = redact(huge)
+    cap_cost, huge_cost = costs(at_cap, huge, rounds=3, scan=redact)
+    assert huge_cost / cap_cost < 4, (huge_cost, cap_cost)
+    assert len(shown) <= REDACT_MAX_CHARS and shown.endswith(TRUNCATION_MARK)
+    assert "9f8e7d6c5b4a" not in shown
+
+
+def test_redact__secret_across_the_cap__not_shown_in_part() -> None:
+    secret = "sk-" + "Ab12Cd34Ef56Gh78Ij90" * 5
+    text = "x" * (REDACT_MAX_CHARS - 50) + " " + secret + " tail" * 10_000
+
+    shown = redact(text)
+
+    assert "Ab12Cd34" not in shown and len(shown) <= REDACT_MAX_CHARS
+
+
+def test_redact_json__megabytes_of_structure__capped_and_bounded_in_cost() -> None:
+    # Given structured content the size an MCP server sent (1.6 MB), and a small one
+    def rows(n: int) -> dict[str, object]:
+        return {"items": [{"name": "row", "text": "token=abc user:pw@host " * 3, "n": i} for i in range(n)]}
+
+    small, huge = rows(REDACT_MAX_CHARS // 100), rows(16_000)
+    assert len(json.dumps(huge)) > 1_500_000
+    # When each is redacted
+    shown = redact_json(huge)
+    small_cost, huge_cost = costs(small, huge, rounds=3, scan=redact_json)
+    # Then the huge one cost about what the cap costs, and says where it was cut
+    assert huge_cost / small_cost < 4, (huge_cost, small_cost)
+    text = json.dumps(shown, ensure_ascii=False)
+    assert len(text) <= REDACT_MAX_CHARS + 200 and TRUNCATION_MARK in text
+    assert "token=abc" not in text and f"token={REDACTED}" in text
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"text": "x" * 20_000, "truncated": False},
+        {"content": [{"type": "text", "text": "y" * 20_000}], "structured": None, "truncated": False},
+        {"rows": list(range(10_000)), "truncated": False, "source": "mcp:fx/large"},
+    ],
+    ids=["flag_after_text", "mcp_output_shape", "flag_after_long_list"],
+)
+def test_sanitize_json__flag_after_what_the_cap_cuts__kept_and_set(value: dict[str, object]) -> None:
+    # Given a value whose `truncated` flag comes after what the cap must cut
+    sealed, cut = seal_json(value, 16_000)
+    # Then the flag is still there, says true, and the members keep their order
+    assert cut is True
+    assert sealed["truncated"] is True
+    assert [k for k in sealed if k != TRUNCATION_MARK] == [k for k in value if k in sealed]
+    assert len(json.dumps(sealed, ensure_ascii=False)) <= 16_200
+
+
+def test_sanitize_json__nothing_cut__flag_left_as_it_was() -> None:
+    value = {"text": "short", "truncated": False, "nested": {"truncated": False, "a": [1, 2]}}
+
+    sealed, cut = seal_json(value, 16_000)
+
+    assert cut is False and sealed == value
+
+
+def test_shown_text__secret_shaped_principal_and_controls__redacted_dropped_capped() -> None:
+    assert shown_text("sk-" + "a1B2c3D4e5F6g7H8i9J0") == REDACTED
+    assert shown_text("alice\x1b[31m\nbob") == "alice[31m\nbob"
+    assert len(shown_text("p" * 1_000)) == 200

@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
             {
                 "approval_id": r.approval_id,
                 "operation_id": r.operation_id,
-                "tenant": r.tenant,
+                "tenant": shown(r.tenant),
                 "tool": r.tool_name,
                 "impact": r.impact,
                 "intent_hash": r.intent_hash,
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         + [
             {
                 "approval_id": h.approval_id,
-                "tenant": h.tenant,
+                "tenant": shown(h.tenant),
                 "request_id": shown(h.request_id),
                 "surface": h.surface,
                 "tool": store.HOSTED_APPROVAL_TOOL,

@@ -6,7 +6,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from executor import store
-from executor.cli.common import UserError, engine_of, hosted_policy_of, registry_of, settings
+from executor.cli.common import UserError, engine_of, hosted_policy_of, registry_of, settings, shown
 from executor.core.approvers import ApprovalDecision
 from executor.core.strictjson import loads_strict
 from executor.core.tools import Registry
@@ -79,7 +79,7 @@ def decide(args: argparse.Namespace, verb: ApprovalDecision) -> store.Decision:
     if decision.outcome is store.DecisionOutcome.APPROVER_NOT_ALLOWED:
         reason = decision.refusal.value if decision.refusal else "refused"
         raise UserError(
-            f"approver_not_allowed: {who.principal} may not {verb.value} "
+            f"approver_not_allowed: {shown(who.principal)} may not {verb.value} "
             f"{args.approval_id} ({reason}); it stays pending"
         )
     if decision.outcome is store.DecisionOutcome.NOT_PENDING:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from executor.cli.common import UserError, engine_of, print_json, settings
+from executor.cli.common import UserError, engine_of, print_json, settings, shown, usage_error
+from executor.core.identifiers import InvalidIdentifier
 
 HELP = "API keys of `toolfence serve`."
 
@@ -40,21 +41,31 @@ def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
 def run_create(args: argparse.Namespace) -> int:
     from executor.http.keys import create_key, parse_scopes
 
-    engine = engine_of(settings())
+    roles = [r for item in args.role for r in item.split(",") if r]
     try:
         scopes = parse_scopes(s for item in args.scope for s in item.split(","))
+    except ValueError as exc:
+        raise usage_error(str(exc)) from None
+    engine = engine_of(settings())
+    try:
         with engine.begin() as conn:
             key = create_key(
-                conn, tenant=args.tenant, principal=args.principal,
-                roles=[r for item in args.role for r in item.split(",") if r],
-                scopes=scopes, label=args.label,
+                conn, tenant=args.tenant, principal=args.principal, roles=roles, scopes=scopes,
+                label=args.label,
             )
+    except InvalidIdentifier as exc:
+        # Checked before the insert (`insert_api_key`); the message names the field,
+        # never the value (a newline or an escape would forge the next output line).
+        raise usage_error(f"--{_FLAGS[exc.field.value]}: {exc}") from None
     except ValueError as exc:
-        raise UserError(str(exc)) from None
+        raise usage_error(str(exc)) from None
     # The only time the secret is shown: it is stored as a hash.
     print(key)
     print("store it now: toolfence keeps only its hash", file=sys.stderr)
     return 0
+
+
+_FLAGS = {"tenant": "tenant", "principal": "principal", "roles": "role"}
 
 
 def run_list(args: argparse.Namespace) -> int:
@@ -66,8 +77,11 @@ def run_list(args: argparse.Namespace) -> int:
     print_json(
         [
             {
-                "key_id": r.key_id, "tenant": r.tenant, "principal": r.principal,
-                "roles": sorted(r.roles), "scopes": sorted(r.scopes), "label": r.label,
+                # What an operator reads goes through the sanitiser: a principal or a
+                # label shaped like a secret (`sk-…`) is shown redacted.
+                "key_id": r.key_id, "tenant": shown(r.tenant), "principal": shown(r.principal),
+                "roles": sorted(shown(role) for role in r.roles), "scopes": sorted(r.scopes),
+                "label": shown(r.label),
                 "created_at": r.created_at, "revoked_at": r.revoked_at,
             }
             for r in records

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from executor.cli.common import settings
+from executor.cli.common import add_argument, port, settings, usage_error
 
 HELP = "Serve Prometheus metrics on /metrics."
 
@@ -12,15 +12,26 @@ HELP = "Serve Prometheus metrics on /metrics."
 def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("metrics", help=HELP, description=HELP)
     parser.set_defaults(func=run)
-    parser.add_argument("--port", type=int, default=9464)
-    parser.add_argument("--host", default="0.0.0.0")
+    add_argument(parser, "--port", envvar="TOOLFENCE_METRICS_PORT")
+    # Loopback by default: the metrics name tenants, tools and error codes, and the
+    # exporter has no authentication. Expose it on purpose (`--host 0.0.0.0` in a
+    # container that Prometheus scrapes over a private network).
+    add_argument(parser, "--host", envvar="TOOLFENCE_METRICS_HOST")
 
 
 def run(args: argparse.Namespace) -> int:
+    loaded = args.loaded
+    chosen_port = port(
+        args.port if args.port is not None else loaded["TOOLFENCE_METRICS_PORT"].value,
+        "--port" if args.port is not None else "TOOLFENCE_METRICS_PORT",
+    )
+    host = args.host if args.host is not None else loaded["TOOLFENCE_METRICS_HOST"].value
+    if not host:
+        raise usage_error("--host must name an address to listen on (127.0.0.1, 0.0.0.0, ::1, …)")
     chosen = settings()
     # No schema check here: the exporter must start (and report the outage through
     # toolfence_exporter_database_up) exactly when the database is unreachable.
     from executor.telemetry.exporter import serve
 
-    serve(chosen, args.port, args.host)
+    serve(chosen, chosen_port, host)
     return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from executor.cli.common import engine_of, print_json, settings
+from executor.cli.common import engine_of, positive_count, print_json, settings, shown
 
 HELP = "List operations waiting for a person (reconciliation_pending)."
 
@@ -19,17 +19,18 @@ def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
 def run(args: argparse.Namespace) -> int:
     from executor.store import operator
 
+    limit = positive_count(args.limit, "--limit")
     engine = engine_of(settings())
     with engine.connect() as conn:
-        rows = operator.reconciliation_pending(conn, tenant=args.tenant, limit=args.limit)
+        rows = operator.reconciliation_pending(conn, tenant=args.tenant, limit=limit)
     print_json(
         [
             {
                 "operation_id": r.operation_id,
-                "tenant": r.tenant,
+                "tenant": shown(r.tenant),
                 "tool": r.tool_name,
-                "request_id": r.request_id,
-                "call_id": r.call_id,
+                "request_id": shown(r.request_id),
+                "call_id": shown(r.call_id),
                 "generation": r.generation,
                 "since": r.updated_at,
                 "reason": operator.operation_reason(r),

@@ -8,7 +8,7 @@ import threading
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from executor.cli.common import engine_of, print_json, registry_of, settings, stop_on_signals
+from executor.cli.common import engine_of, print_json, registry_of, seconds, settings, stop_on_signals
 from executor.core.sanitize import exception_summary
 
 HELP = "Resolve crashed or stuck operations: one sweep (for cron)."
@@ -23,13 +23,14 @@ def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
 
 
 def run(args: argparse.Namespace) -> int:
+    every = seconds(args.every, "--every")
     chosen = settings()
     engine = engine_of(chosen)
     from reconciler.sweep import Reconciler
 
     registry_of(chosen)  # one clear line if the tools do not load
     reconciler = Reconciler.from_settings(chosen, engine)
-    if not args.every:
+    if not every:
         report = reconciler.sweep()
         print_json(report.as_dict())
         return 0
@@ -42,5 +43,5 @@ def run(args: argparse.Namespace) -> int:
                 logging.getLogger("toolfence.reconciler").info("sweep: %s", report.as_dict())
         except SQLAlchemyError as exc:
             logging.getLogger("toolfence.reconciler").error("sweep failed: %s", exception_summary(exc))
-        stop.wait(args.every)
+        stop.wait(every)
     return 0

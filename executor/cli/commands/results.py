@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from executor.cli.common import UserError, engine_of, print_json, settings, surface_of
+from executor.cli.common import UserError, engine_of, print_json, seconds, settings, surface_of
 from executor.core.types import ProposedCall
 
 HELP = "Show one result per call of a request, in proposal order."
@@ -20,6 +20,7 @@ def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
 
 
 def run(args: argparse.Namespace) -> int:
+    wait = seconds(args.wait, "--wait")
     chosen = settings()
     surface = surface_of(args.provider) if args.provider else None
     engine = engine_of(chosen)
@@ -29,8 +30,8 @@ def run(args: argparse.Namespace) -> int:
         if not request_exists(conn, args.tenant, args.request_id):
             raise UserError(f"no request {args.request_id!r} for tenant {args.tenant!r}")
     statuses = (
-        wait_for_results(engine, args.tenant, args.request_id, timeout=args.wait)
-        if args.wait
+        wait_for_results(engine, args.tenant, args.request_id, timeout=wait)
+        if wait
         else results(engine, args.tenant, args.request_id)
     )
     if surface is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from executor.cli.common import engine_of, hosted_policy_of, registry_of, settings
+from executor.cli.common import engine_of, hosted_policy_of, port, registry_of, settings
 
 HELP = "Serve the HTTP API and the operator console (runs until SIGTERM)."
 
@@ -21,6 +21,7 @@ def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
 
 
 def run(args: argparse.Namespace) -> int:
+    port(args.port)
     chosen = settings()
     engine = engine_of(chosen)
     registry = registry_of(chosen)

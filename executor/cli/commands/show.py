@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     print_json(
         {
             "operation_id": row.operation_id,
-            "tenant": row.tenant,
+            "tenant": shown(row.tenant),
             "request_id": shown(row.request_id),
             "call_id": shown(row.call_id),
             "tool": row.tool_name,
