@@ -300,8 +300,8 @@ def hosted_enqueue(engine: Engine, surface_name: str, envelope: Any) -> None:
         except StoreDatabaseError as exc:
             transaction.rollback()
             raise ContractBroken(
-                f"enqueue(hosted=...) raised StoreDatabaseError {exc.sqlstate}: the caller's transaction "
-                "and its row are lost"
+                f"enqueue(hosted=...) raised StoreDatabaseError {exc.sqlstate or '-'} {exc.kind}: "
+                "the caller's transaction and its row are lost"
             ) from exc
         transaction.commit()
     with engine.connect() as conn:

@@ -52,8 +52,13 @@ def test_fuzz_hosted_enqueue__any_envelope__caller_row_survives(surface: str, ca
 
 
 def _approval_request(**fields: Any) -> dict[str, Any]:
-    item = {"type": "mcp_approval_request", "id": "mcpr_1", "server_label": "crm", "name": "update_customer",
-            "arguments": '{"customer_id": "c-42"}'}
+    item = {
+        "type": "mcp_approval_request",
+        "id": "mcpr_1",
+        "server_label": "crm",
+        "name": "update_customer",
+        "arguments": '{"customer_id": "c-42"}',
+    }
     return {"status": "completed", "output": [{**item, **fields}]}
 
 
@@ -64,8 +69,18 @@ REPORTED = [
     pytest.param(_approval_request(id="mcpr_\ud800"), id="approval_id_lone_surrogate"),
     pytest.param(_approval_request(arguments='{"a": "\\ud800"}'), id="approval_arguments_lone_surrogate"),
     pytest.param(
-        {"output": [{"type": "mcp_call", "id": "m1", "server_label": "crm", "name": "update_customer",
-                     "arguments": "{}", "approval_request_id": "mcpr_\ud800"}]},
+        {
+            "output": [
+                {
+                    "type": "mcp_call",
+                    "id": "m1",
+                    "server_label": "crm",
+                    "name": "update_customer",
+                    "arguments": "{}",
+                    "approval_request_id": "mcpr_\ud800",
+                }
+            ]
+        },
         id="mcp_call_approval_request_id_lone_surrogate",
     ),
 ]
