@@ -180,9 +180,9 @@ def _http(kind: str) -> Callable[[bytes], None]:
             LAST["input"] = request
             rig.api(request)
         else:
-            request, signed_in = shapes.console_request(picker, rig.keys, rig.ids, rig.csrf)
-            LAST["input"] = (request, signed_in)
-            rig.console(request, signed_in)
+            request, cookie = shapes.console_request(picker, rig.keys, rig.ids, rig.csrf)
+            LAST["input"] = (request, cookie)
+            rig.console(request, cookie)
 
     return run
 

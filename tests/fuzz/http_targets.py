@@ -245,8 +245,10 @@ class HttpRig:
         ):
             self._remember(answer.json())
 
-    def console(self, request: HttpRequest, signed_in: bool) -> None:
-        answer = self._send(request, self.session if signed_in else "eyJrIjoiMCJ9.0")
+    def console(self, request: HttpRequest, cookie: str) -> None:
+        """`cookie`: `session` (the rig's), `tampered` (its MAC changed), or the value sent."""
+        value = {"session": self.session, "tampered": self.session[:-1] + "0"}.get(cookie, cookie)
+        answer = self._send(request, value or None)
         self._no_server_error(request, answer.status_code)
         kind = answer.headers.get("content-type", "")
         if "text/html" in kind:

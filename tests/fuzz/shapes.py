@@ -585,6 +585,21 @@ def http_request(p: Picker, keys: dict[str, str], ids: dict[str, list[str]]) -> 
 
 # ---------------------------------------------------------------- console forms
 
+COOKIES = [
+    "session",
+    "session",
+    "session",
+    "session",
+    "",
+    "eyJrIjoiMCJ9.0",
+    "x.\u00e9",
+    "\u00e9.\u00e9",
+    "a.b.c",
+    CANARY,
+    "tampered",
+]
+"""The session cookie a console request carries: the rig's signed-in session (`session`),
+that session with its MAC changed (`tampered`), none (``) or the value itself."""
 CONSOLE_GETS = [
     "/console",
     "/console/login",
@@ -610,11 +625,12 @@ def _field(p: Picker, menu: Sequence[str | bytes]) -> str | bytes:
 
 def console_request(
     p: Picker, keys: dict[str, str], ids: dict[str, list[str]], csrf: str
-) -> tuple[HttpRequest, bool]:
-    """A console page or form post; True when it is sent with the signed-in session
-    (else with no cookie or a tampered one, chosen by the caller's `cookie` menu)."""
+) -> tuple[HttpRequest, str]:
+    """A console page or form post, and the session cookie it carries (of `COOKIES`):
+    pages with fuzzed query, sign-in with fuzzed keys, sign-out, approve/deny and
+    resolve with fuzzed fields and CSRF tokens."""
     action = p.count(6)
-    signed_in = p.count(4) > 0
+    cookie = p.pick(COOKIES)
     csrf_value = _field(p, [csrf, csrf, csrf, "", csrf[:-1] + "0", CANARY, csrf + "\x00", "x" * 5_000])
     headers = {"Content-Type": "application/x-www-form-urlencoded"}
     if action == 0:
@@ -629,7 +645,7 @@ def console_request(
         }
         return HttpRequest(
             "GET", path + "?" + _form(dict(_drop_some(p, query))).decode(), route=template
-        ), signed_in
+        ), cookie
     if action == 1:
         key = _field(
             p,
@@ -647,11 +663,11 @@ def console_request(
                 "tf_x." + CANARY,
             ],
         )
-        return HttpRequest("POST", "/console/login", headers, _form({"key": key}), "/console/login"), False
+        return HttpRequest("POST", "/console/login", headers, _form({"key": key}), "/console/login"), ""
     if action == 2:
         return HttpRequest(
             "POST", "/console/logout", headers, _form({"csrf": csrf_value}), "/console/logout"
-        ), signed_in
+        ), cookie
     if action in (3, 4):
         approval = known(p, ids, "approval_id", "apr_x") if p.count(3) else p.pick(PATH_IDS)
         verb = p.pick(["approve", "deny", "approve", "nope", CANARY])
@@ -662,7 +678,7 @@ def console_request(
             headers,
             _form(_drop_some(p, fields)),
             "/console/approvals/{approval_id}/{verb}",
-        ), signed_in
+        ), cookie
     operation = known(p, ids, "operation_id", "op_x") if p.count(3) else p.pick(PATH_IDS)
     fields = {
         "csrf": csrf_value,
@@ -676,4 +692,4 @@ def console_request(
         headers,
         _form(_drop_some(p, fields)),
         "/console/operations/{operation_id}/resolve",
-    ), signed_in
+    ), cookie

@@ -19,9 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.fuzz.http_targets import HttpRig, every_route
-from tests.fuzz.shapes import ROUTES, console_request, http_request
+from tests.fuzz.shapes import ROUTES, HttpRequest, console_request, http_request
 from tests.fuzz.strategies import DataPicker
 
+FORM = {"Content-Type": "application/x-www-form-urlencoded"}
 EXAMPLES = int(os.environ.get("TOOLFENCE_FUZZ_EXAMPLES", "2000"))
 HTTP_FUZZ = settings(
     max_examples=max(1, EXAMPLES // 10),
@@ -60,7 +61,41 @@ def test_fuzz_console__any_form__no_5xx_no_echo(rig: HttpRig) -> None:
     @HTTP_FUZZ
     @given(data=st.data())
     def run(data: st.DataObject) -> None:
-        request, signed_in = console_request(DataPicker(data), rig.keys, rig.ids, rig.csrf)
-        rig.console(request, signed_in)
+        request, cookie = console_request(DataPicker(data), rig.keys, rig.ids, rig.csrf)
+        rig.console(request, cookie)
 
     run()
+
+
+# Failures the fuzzers found that issue #27 did not list, each pinned as found.
+FOUND = [
+    pytest.param(
+        HttpRequest("POST", "/console/logout", FORM, b"csrf=%C2%80", "/console/logout"),
+        id="logout_non_ascii_csrf",
+    ),
+    pytest.param(
+        HttpRequest(
+            "POST",
+            "/console/approvals/apr_x/approve",
+            FORM,
+            b"csrf=%C3%A9&reason=",
+            "/console/approvals/{approval_id}/{verb}",
+        ),
+        id="decide_non_ascii_csrf",
+    ),
+    pytest.param(
+        HttpRequest(
+            "POST",
+            "/console/operations/op_x/resolve",
+            FORM,
+            b"csrf=%C3%A9&outcome=failed",
+            "/console/operations/{operation_id}/resolve",
+        ),
+        id="resolve_non_ascii_csrf",
+    ),
+]
+
+
+@pytest.mark.parametrize("request_", FOUND)
+def test_console__found_input__no_5xx_no_echo(rig: HttpRig, request_: HttpRequest) -> None:
+    rig.console(request_, "session")
