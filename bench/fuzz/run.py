@@ -119,6 +119,12 @@ def _drop_postgres(dsn: str, name: str) -> None:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def _length_flags(target: str) -> list[str]:
+    """The targets that build their input from choices (shapes.py) start at full
+    length: libFuzzer's short first inputs would make every choice the first one."""
+    return ["-len_control=0"] if target.startswith(("hosted:", "http_")) else []
+
+
 def run_target(target: str, seconds: int, workdir: Path, env: dict[str, str]) -> Outcome:
     safe = re.sub(r"[^a-z0-9]+", "_", target)
     corpus = workdir / f"corpus_{safe}"
@@ -132,7 +138,7 @@ def run_target(target: str, seconds: int, workdir: Path, env: dict[str, str]) ->
     run = subprocess.run(
         [sys.executable, "-m", "bench.fuzz.harness", target, str(stats), str(artifacts),
          f"-max_total_time={seconds}", "-rss_limit_mb=2048", "-max_len=4096", "-timeout=20",
-         f"-artifact_prefix={artifacts}/", "-print_final_stats=1", str(corpus)],
+         f"-artifact_prefix={artifacts}/", "-print_final_stats=1", *_length_flags(target), str(corpus)],
         env=env, capture_output=True, text=True, errors="replace", timeout=seconds + 180,
     )
     elapsed = time.monotonic() - started

@@ -241,7 +241,8 @@ class HttpRig:
             self._no_canary(request, "error answer's headers", headers)
         elif (
             answer.headers.get("content-type", "").startswith("application/json")
-            and request.route != "/openapi.json"
+            and answer.content
+            and not request.route.endswith("/openapi.json")
         ):
             self._remember(answer.json())
 

@@ -67,35 +67,56 @@ def test_fuzz_console__any_form__no_5xx_no_echo(rig: HttpRig) -> None:
     run()
 
 
-# Failures the fuzzers found that issue #27 did not list, each pinned as found.
+# Failures the fuzzers found that issue #27 did not list, each pinned as found: a
+# method, a path (`{csrf}` and `{operation_id}` filled from the rig: its session's
+# token, the seeded transfer's operation), a form body and the session cookie sent.
+APPROVE = "/console/approvals/{approval_id}/{verb}"
+RESOLVE = "/console/operations/{operation_id}/resolve"
 FOUND = [
+    pytest.param("GET", "/console/approvals", "", "é.é", "/console/approvals", id="session_mac_non_ascii"),
     pytest.param(
-        HttpRequest("POST", "/console/logout", FORM, b"csrf=%C2%80", "/console/logout"),
-        id="logout_non_ascii_csrf",
+        "POST", "/console/logout", "csrf=%C2%80", "session", "/console/logout", id="logout_csrf_non_ascii"
     ),
     pytest.param(
-        HttpRequest(
-            "POST",
-            "/console/approvals/apr_x/approve",
-            FORM,
-            b"csrf=%C3%A9&reason=",
-            "/console/approvals/{approval_id}/{verb}",
-        ),
-        id="decide_non_ascii_csrf",
+        "POST",
+        "/console/approvals/apr_x/approve",
+        "csrf=%C3%A9&reason=",
+        "session",
+        APPROVE,
+        id="decide_csrf_non_ascii",
     ),
     pytest.param(
-        HttpRequest(
-            "POST",
-            "/console/operations/op_x/resolve",
-            FORM,
-            b"csrf=%C3%A9&outcome=failed",
-            "/console/operations/{operation_id}/resolve",
-        ),
-        id="resolve_non_ascii_csrf",
+        "POST",
+        "/console/operations/op_x/resolve",
+        "csrf=%F4%80%80%80&outcome=failed",
+        "session",
+        RESOLVE,
+        id="resolve_csrf_non_ascii",
+    ),
+    pytest.param(
+        "POST",
+        "/console/approvals/%00/approve",
+        "csrf={csrf}&reason=ok",
+        "session",
+        APPROVE,
+        id="decide_approval_id_nul",
+    ),
+    pytest.param(
+        "POST",
+        "/console/operations/{operation_id}/resolve",
+        "csrf={csrf}&outcome=succeeded&reference=%00",
+        "session",
+        RESOLVE,
+        id="resolve_reference_nul",
     ),
 ]
 
 
-@pytest.mark.parametrize("request_", FOUND)
-def test_console__found_input__no_5xx_no_echo(rig: HttpRig, request_: HttpRequest) -> None:
-    rig.console(request_, "session")
+@pytest.mark.parametrize(("method", "path", "form", "cookie", "route"), FOUND)
+def test_console__found_input__no_5xx_no_echo(
+    rig: HttpRig, method: str, path: str, form: str, cookie: str, route: str
+) -> None:
+    operation = rig.ids["operation_id"][0]
+    path = path.replace("{operation_id}", operation)
+    body = form.replace("{csrf}", rig.csrf).encode()
+    rig.console(HttpRequest(method, path, FORM if body else {}, body, route), cookie)
