@@ -12,7 +12,8 @@ body:
 - every 4xx of the API is `application/problem+json`, a `Problem` whose `status`
   is the answer's and whose `code` is a documented `ErrorCode`;
 - no error answer, no console page and no redirect shows the canary the input
-  held (`shapes.CANARY_MARK`), in its body or its headers.
+  held (`shapes.CANARY_MARK`), in its body or its headers;
+- a body sent with a content type other than JSON is never accepted.
 
 The suite's Hypothesis tests (tests/fuzz/test_fuzz_http.py) and the atheris
 harness (bench/fuzz/harness.py) use the same rig.
@@ -218,6 +219,17 @@ class HttpRig:
                 f"on a {answer.status_code} answer"
             )
 
+    def _json_only(self, request: HttpRequest, status: int) -> None:
+        """A POST's body sent as anything but JSON is refused (415), never read as JSON."""
+        if request.method != "POST":
+            return
+        sent = request.headers.get("Content-Type")
+        media = (sent or "").split(";")[0].strip().lower()
+        if request.body and sent is not None and not re.fullmatch(r"application/([\w.+-]+\+)?json", media):
+            raise ContractBroken(
+                f"{request.method} {request.route} answered {status} to a {media or 'typeless'} body"
+            )
+
     def _remember(self, value: Any) -> None:
         stack = [value]
         while stack:
@@ -239,8 +251,11 @@ class HttpRig:
             self._problem(request, answer)
             self._no_canary(request, "error answer", answer.text)
             self._no_canary(request, "error answer's headers", headers)
-        elif (
-            answer.headers.get("content-type", "").startswith("application/json")
+        else:
+            self._json_only(request, answer.status_code)
+        if (
+            answer.status_code < 400
+            and answer.headers.get("content-type", "").startswith("application/json")
             and answer.content
             and not request.route.endswith("/openapi.json")
         ):

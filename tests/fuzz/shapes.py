@@ -580,7 +580,7 @@ def http_request(p: Picker, keys: dict[str, str], ids: dict[str, list[str]]) -> 
         headers["Content-Length"] = length
     if method == "POST" and not p.count(3):
         headers["Idempotency-Key"] = p.pick(["k1", "k2", "k" * 201, " ", CANARY, "\u00e9"])
-    return HttpRequest(method, path, headers, body, f"{template}" if shape else f"{method} {template}")
+    return HttpRequest(method, path, headers, body, template)
 
 
 # ---------------------------------------------------------------- console forms
