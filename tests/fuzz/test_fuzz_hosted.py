@@ -68,6 +68,8 @@ REPORTED = [
     pytest.param(_approval_request(arguments=DEEP_TEXT), id="approval_arguments_5000_deep"),
     pytest.param(_approval_request(id="mcpr_\ud800"), id="approval_id_lone_surrogate"),
     pytest.param(_approval_request(arguments='{"a": "\\ud800"}'), id="approval_arguments_lone_surrogate"),
+    pytest.param(_approval_request(arguments='{"a": "\ud800"}'), id="approval_arguments_raw_lone_surrogate"),
+    pytest.param(_approval_request(arguments={"a": "\ud800"}), id="approval_arguments_object_lone_surrogate"),
     pytest.param(
         {
             "output": [
