@@ -176,10 +176,14 @@ class HttpRig:
                 f"{request.method} {request.route} answered 500: {type(exc).__name__} escaped the app"
             ) from exc
 
-    def _no_server_error(self, request: HttpRequest, status: int) -> None:
-        if status >= 500:
+    def _no_server_error(self, request: HttpRequest, answer: Any) -> None:
+        if answer.status_code >= 500:
             self.server_errors += 1
-            raise ContractBroken(f"{request.method} {request.route} answered {status}")
+            said = ""
+            if answer.headers.get("content-type", "").startswith("application/problem+json"):
+                problem = answer.json()
+                said = f" ({problem.get('code')}: {str(problem.get('detail'))[:100]})"
+            raise ContractBroken(f"{request.method} {request.route} answered {answer.status_code}{said}")
 
     def _no_canary(self, request: HttpRequest, where: str, text: str) -> None:
         if CANARY_MARK in text:
@@ -220,15 +224,14 @@ class HttpRig:
             )
 
     def _json_only(self, request: HttpRequest, status: int) -> None:
-        """A POST's body sent as anything but JSON is refused (415), never read as JSON."""
+        """A POST's body sent as anything but JSON is refused (415), never read as JSON
+        (a body sent with no type, or an empty one, is left to the server)."""
         if request.method != "POST":
             return
         sent = request.headers.get("Content-Type")
         media = (sent or "").split(";")[0].strip().lower()
-        if request.body and sent is not None and not re.fullmatch(r"application/([\w.+-]+\+)?json", media):
-            raise ContractBroken(
-                f"{request.method} {request.route} answered {status} to a {media or 'typeless'} body"
-            )
+        if request.body and media and not re.fullmatch(r"application/([\w.+-]+\+)?json", media):
+            raise ContractBroken(f"{request.method} {request.route} answered {status} to a {media} body")
 
     def _remember(self, value: Any) -> None:
         stack = [value]
@@ -245,7 +248,7 @@ class HttpRig:
 
     def api(self, request: HttpRequest) -> None:
         answer = self._send(request, None)
-        self._no_server_error(request, answer.status_code)
+        self._no_server_error(request, answer)
         headers = "\n".join(f"{k}: {v}" for k, v in answer.headers.items())
         if answer.status_code >= 400:
             self._problem(request, answer)
@@ -265,7 +268,7 @@ class HttpRig:
         """`cookie`: `session` (the rig's), `tampered` (its MAC changed), or the value sent."""
         value = {"session": self.session, "tampered": self.session[:-1] + "0"}.get(cookie, cookie)
         answer = self._send(request, value or None)
-        self._no_server_error(request, answer.status_code)
+        self._no_server_error(request, answer)
         kind = answer.headers.get("content-type", "")
         if "text/html" in kind:
             self._no_canary(request, "page", answer.text)
