@@ -109,6 +109,14 @@ FOUND = [
         RESOLVE,
         id="resolve_reference_nul",
     ),
+    pytest.param(
+        "POST",
+        "/console/operations/%00/resolve",
+        "csrf={csrf}&outcome=succeeded&reference=r",
+        "session",
+        RESOLVE,
+        id="resolve_operation_id_nul",
+    ),
 ]
 
 
