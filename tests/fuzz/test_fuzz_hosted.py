@@ -87,6 +87,22 @@ REPORTED = [
         },
         id="mcp_call_approval_request_id_lone_surrogate",
     ),
+    # Found by the hosted fuzzer: the same look-up with NUL (DataError, the caller's row lost).
+    pytest.param(
+        {
+            "output": [
+                {
+                    "type": "mcp_call",
+                    "id": "m1",
+                    "server_label": "crm",
+                    "name": "update_customer",
+                    "arguments": "{}",
+                    "approval_request_id": "id\x00",
+                }
+            ]
+        },
+        id="mcp_call_approval_request_id_nul",
+    ),
 ]
 
 
