@@ -45,7 +45,9 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.run
 
 # Coverage-guided fuzzing (atheris) of every entry point for FUZZ_SECONDS each, one
-# after another (about 10 x FUZZ_SECONDS in all); writes bench/FUZZ.md. Needs PostgreSQL.
+# after another (17 targets: about 17 x FUZZ_SECONDS in all), the hosted path and
+# `toolfence serve` included; writes bench/FUZZ.md. Needs PostgreSQL.
+# `python -m bench.fuzz.run --targets a,b` runs some of them (--help lists them).
 FUZZ_SECONDS ?= 80
 fuzz: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[test,fuzz]'

@@ -8,11 +8,14 @@ the long `make fuzz` run (bench/fuzz), which draws from the same shapes.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
 from hypothesis import strategies as st
 
 from executor.providers.common import NAME_MARKER
+
+T = TypeVar("T")
 
 # Text as JSON can carry it: any code point, lone surrogates included (`"\ud800"`
 # parses), NUL and controls, and the escape shapes tool-name decoding reads.
@@ -412,3 +415,29 @@ cli_files = st.one_of(
     ),
     st.text(any_char, max_size=60),
 )
+
+
+# ---------------------------------------------------------------- choices (tests/fuzz/shapes.py)
+
+
+class DataPicker:
+    """A `shapes.Picker` drawing from Hypothesis data: the shapes atheris explores,
+    shrunk by Hypothesis when one fails."""
+
+    def __init__(self, data: st.DataObject) -> None:
+        self._data = data
+
+    def pick(self, menu: Sequence[T]) -> T:
+        return self._data.draw(st.sampled_from(menu))
+
+    def text(self, most: int) -> str:
+        return self._data.draw(st.text(any_char, max_size=most))
+
+    def count(self, most: int) -> int:
+        return self._data.draw(st.integers(min_value=0, max_value=most))
+
+    def flag(self) -> bool:
+        return self._data.draw(st.booleans())
+
+    def raw(self, most: int) -> bytes:
+        return self._data.draw(st.binary(max_size=most))

@@ -14,9 +14,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Engine
 
 from executor.core.admission import Admitted, Rejected, admit
+from executor.core.approvers import ApproverPolicy
 from executor.core.identifiers import InvalidIdentifier
 from executor.core.tools import Access, Approval, Effect, Mode, Registry, RunContext, Tool, Written
 from executor.core.types import (
@@ -29,8 +30,8 @@ from executor.core.types import (
 )
 from executor.providers import SURFACES, AdapterError
 from executor.providers.common import ToolResult
-
-CANARY = "sk-fuzzCANARYfuzzCANARY0123456789"
+from executor.providers.hosted import HostedPolicy, HostedServer
+from tests.fuzz.shapes import CANARY
 
 
 class ContractBroken(AssertionError):
@@ -230,3 +231,94 @@ def json_or_none(data: bytes) -> Any:
         return json.loads(data.decode("utf-8", "surrogatepass"))
     except (ValueError, RecursionError, UnicodeDecodeError):
         return None
+
+
+# ---------------------------------------------------------------- the hosted path
+
+HOSTED_POLICY = HostedPolicy(
+    servers=(
+        HostedServer(
+            label="crm",
+            url="https://crm.example/mcp",
+            allowed_tools=frozenset({"update_customer", "lookup_customer"}),
+            approval_required=frozenset({"update_customer"}),
+            approvers=ApproverPolicy.for_roles("support-lead"),
+        ),
+    ),
+    builtin_tools=frozenset({"web_search", "code_execution"}),
+)
+"""One MCP server with a tool routed to approval (`record_hosted_approval`), one
+allowed outright, and two built-in tools allowed: every branch of `_record_hosted`."""
+
+BUSINESS_TABLE = "fuzz_business_rows"
+
+
+def create_business_table(engine: Engine) -> None:
+    """The caller's own table, where each example writes its row before `enqueue`."""
+    from sqlalchemy import text
+
+    with engine.begin() as conn:
+        conn.execute(text(f"CREATE TABLE IF NOT EXISTS {BUSINESS_TABLE} (note TEXT NOT NULL)"))
+
+
+def hosted_enqueue(engine: Engine, surface_name: str, envelope: Any) -> None:
+    """`read_hosted_calls` and `read_proposals` of one envelope, then `enqueue(hosted=…)`
+    the way a producer calls it: in its own transaction, after writing its own row,
+    committed after. Whatever the envelope holds, enqueue answers a status per call
+    or raises `InvalidBatch`/`InvalidIdentifier` (documented to leave the caller's
+    transaction as it was), and the caller's row is there once committed. Any other
+    exception (a `StoreDatabaseError` aborts the caller's transaction) is a crash."""
+    import uuid
+
+    from sqlalchemy import text
+
+    from executor.core.identifiers import InvalidIdentifier
+    from executor.store.errors import StoreDatabaseError
+    from outbox.producer import HostedCalls, InvalidBatch, enqueue
+
+    surface = SURFACES[surface_name]
+    try:
+        hosted = surface.read_hosted_calls(envelope)
+    except AdapterError as exc:
+        _adapter_refusal(exc)
+        return
+    try:
+        proposals = surface.read_proposals(envelope, known_names=REGISTRY.names())
+    except AdapterError as exc:
+        _adapter_refusal(exc)
+        proposals = []
+    mark = uuid.uuid4().hex
+    context = CONTEXT.model_copy(update={"request_id": f"req-{mark}", "roles": frozenset({"member"})})
+    handle = None
+    with engine.connect() as conn:
+        transaction = conn.begin()
+        conn.execute(text(f"INSERT INTO {BUSINESS_TABLE} (note) VALUES (:mark)"), {"mark": mark})
+        try:
+            handle = enqueue(conn, proposals, context, REGISTRY, hosted=HostedCalls(hosted, HOSTED_POLICY))
+        except (InvalidBatch, InvalidIdentifier):
+            pass
+        except StoreDatabaseError as exc:
+            transaction.rollback()
+            raise ContractBroken(
+                f"enqueue(hosted=...) raised StoreDatabaseError {exc.sqlstate or '-'} {exc.kind}: "
+                "the caller's transaction and its row are lost"
+            ) from exc
+        transaction.commit()
+    with engine.connect() as conn:
+        mine = conn.execute(
+            text(f"SELECT count(*) FROM {BUSINESS_TABLE} WHERE note = :mark"), {"mark": mark}
+        ).scalar_one()
+    if mine != 1:
+        raise ContractBroken("the caller's own row is gone after enqueue(hosted=...) and commit")
+    if handle is None:
+        return
+    if [c.call_id for c in handle.calls][: len(proposals)] != [c.call_id for c in proposals]:
+        raise ContractBroken("enqueue lost the correlation of a call")
+    for status in (c.status for c in handle.calls):
+        if not isinstance(status, Pending | FailedTerminal | Succeeded):
+            raise ContractBroken(f"unexpected status {type(status).__name__}")
+        if isinstance(status, FailedTerminal):
+            if status.error.code not in ErrorCode:
+                raise ContractBroken("an error code outside ErrorCode")
+            if CANARY in status.error.model_dump_json():
+                raise ContractBroken("a hosted call's refusal echoes the provider's text")
