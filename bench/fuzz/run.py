@@ -215,6 +215,7 @@ def write_report(path: Path, outcomes: list[Outcome], seconds: int, hypothesis_n
                 f"| `{target}` | `{shown}` | {value.get('count')} | `{value.get('reproducer')}` | `{first}` |"
             )
     lines += ["", hypothesis_note, ""]
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines))
 
 

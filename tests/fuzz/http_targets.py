@@ -224,9 +224,9 @@ class HttpRig:
             )
 
     def _json_only(self, request: HttpRequest, status: int) -> None:
-        """A POST's body sent as anything but JSON is refused (415), never read as JSON
+        """A POST's body sent as anything but JSON is refused (415), never accepted (2xx)
         (a body sent with no type, or an empty one, is left to the server)."""
-        if request.method != "POST":
+        if request.method != "POST" or not 200 <= status < 300:
             return
         sent = request.headers.get("Content-Type")
         media = (sent or "").split(";")[0].strip().lower()
