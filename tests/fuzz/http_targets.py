@@ -141,7 +141,12 @@ class HttpRig:
     def sign_in(self) -> None:
         """A console session of the full key, and the CSRF token of its pages."""
         self.client.cookies.clear()
-        answer = self.client.post("/console/login", data={"key": self.keys["full"]})
+        form = self.client.get("/console/login")
+        login_csrf = re.search(r'name="csrf" value="([^"]+)"', form.text)
+        assert login_csrf, "the sign-in form carries a CSRF token"
+        answer = self.client.post(
+            "/console/login", data={"key": self.keys["full"], "csrf": login_csrf.group(1)}
+        )
         assert answer.status_code == 303, answer.text
         self.session = answer.cookies.get("toolfence_session") or ""
         self.client.cookies.clear()
