@@ -86,6 +86,16 @@ class Session:
     expires_at: float
 
 
+def same_text(expected: str, given: str) -> bool:
+    """A constant-time comparison of a MAC or token with what the browser sent.
+    `hmac.compare_digest` raises TypeError on a non-ASCII str, so both sides are
+    compared as UTF-8 bytes (a lone surrogate encoded by escape): a forged cookie or
+    token is a refusal, never a 500."""
+    return hmac.compare_digest(
+        expected.encode("utf-8", "backslashreplace"), given.encode("utf-8", "backslashreplace")
+    )
+
+
 class _Sessions:
     def __init__(self, secret: bytes, lifetime: float) -> None:
         self._secret = secret
@@ -107,7 +117,7 @@ class _Sessions:
         if not cookie or "." not in cookie:
             return None
         payload, _, mac = cookie.rpartition(".")
-        if not hmac.compare_digest(mac, self._mac(payload)):
+        if not same_text(mac, self._mac(payload)):
             return None
         try:
             data = json.loads(base64.urlsafe_b64decode(payload.encode()))
@@ -193,7 +203,7 @@ def mount_console(
         return RedirectResponse(f"{path}?{urlencode(query)}" if query else path, status_code=303)
 
     def check_csrf(cookie: str, token: str) -> bool:
-        return hmac.compare_digest(sessions.csrf(cookie), token)
+        return same_text(sessions.csrf(cookie), token)
 
     stylesheet = (TEMPLATES / "console.css").read_text(encoding="utf-8")
 
@@ -226,7 +236,7 @@ def mount_console(
         request: Request, key: str = Form("", max_length=300), csrf: str = Form("", max_length=100)
     ) -> Response:
         nonce = request.cookies.get(LOGIN_COOKIE, "")
-        if not nonce or not hmac.compare_digest(sessions.login_csrf(nonce), csrf):
+        if not nonce or not same_text(sessions.login_csrf(nonce), csrf):
             return back("/console/login", refused="csrf")
         address = client_address(request)
         if limiter.failures_spent(address) is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 import threading
 import time
 import uuid
@@ -25,10 +26,12 @@ from executor import store
 from executor.core.approvers import ApprovalDecision
 from executor.core.canonical import NotCanonicalizable, canonical_json
 from executor.core.identifiers import InvalidIdentifier, check_server_context
+from executor.core.strictjson import contains_lone_surrogate
 from executor.core.tools import Registry
 from executor.core.types import CallStatus, ErrorCode, ProposedCall, ServerContext
 from executor.http.keys import Identity
 from executor.http.models import (
+    ID_PATTERN,
     ApprovalOut,
     AuditEventOut,
     DecisionOut,
@@ -56,6 +59,22 @@ from outbox.producer import HostedCalls, InvalidBatch, enqueue
 from outbox.results import final, request_exists, results, settled
 
 POLL_SECONDS = 0.05
+
+
+_PRINTABLE = re.compile(ID_PATTERN)
+
+
+def storable(value: str, limit: int = 200) -> bool:
+    """An id or reference the store can hold: 1 to `limit` characters, no control
+    character, no lone surrogate. The API's models check the same before a request
+    reaches the service; the console's forms and paths reach it unchecked, so every
+    method that takes one from the caller asks this first (a NUL would otherwise be
+    refused by PostgreSQL as a `DataError`, a 500)."""
+    return (
+        0 < len(value) <= limit
+        and _PRINTABLE.fullmatch(value) is not None
+        and not contains_lone_surrogate(value)
+    )
 
 
 def not_found(what: str) -> ProblemError:
@@ -309,6 +328,8 @@ class Service:
     def _decide(
         self, who: Identity, approval_id: str, verb: ApprovalDecision, reason: str | None
     ) -> tuple[store.Decision, str | None]:
+        if not storable(approval_id):
+            raise not_found("approval")
         approver = who.context("http-approval")
         hosted = approval_id.startswith(store.HOSTED_APPROVAL_PREFIX)
         operation_id: str | None = None
@@ -401,6 +422,13 @@ class Service:
                 400, ErrorCode.INVALID_REQUEST, "resolving as succeeded needs the downstream's reference",
                 errors=[ProblemDetail(path="/reference", code="missing", expected="the downstream's id")],
             )
+        if reference is not None and not storable(reference):
+            raise ProblemError(
+                400, ErrorCode.INVALID_REQUEST, "the reference must be printable text of at most 200 characters",
+                errors=[ProblemDetail(path="/reference", code="not_printable", expected="the downstream's id")],
+            )
+        if not storable(operation_id):
+            raise not_found("operation")
         with self.engine.begin() as conn:
             row = store.get_operation(conn, operation_id)
             if row is None or row.tenant != who.tenant:
@@ -416,6 +444,8 @@ class Service:
         return ResolveOut(operation_id=operation_id, state=resolved.state, resolved_by=who.principal)
 
     def operation(self, who: Identity, operation_id: str) -> OperationOut:
+        if not storable(operation_id):
+            raise not_found("operation")
         with read_only(self.engine).connect() as conn:
             record = operator.operation_record(conn, operation_id, tenant=who.tenant)
         if record is None:
