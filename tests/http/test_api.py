@@ -715,10 +715,18 @@ def test_metrics__responses__counted_by_route_template_and_status(served: Served
         client.get("/v2/nothing")
     with served.client() as anonymous:
         anonymous.post("/v1/requests", json={"calls": [balance("c1")]})
-    # Then each is counted under its route template (never the id), refusals included
-    after = (
-        count("/v1/requests/{request_id}", "404"),
-        count("unmatched", "404"),
-        count("/v1/requests", "401"),
-    )
-    assert [a - b for a, b in zip(after, before, strict=True)] == [1.0, 1.0, 1.0]
+    # Then each is counted under its route template (never the id), refusals included.
+    # The server counts an answer after its last byte is sent, so the client may read
+    # the counters first: wait (bounded) for the last one to land.
+    def after() -> list[float]:
+        now = (
+            count("/v1/requests/{request_id}", "404"),
+            count("unmatched", "404"),
+            count("/v1/requests", "401"),
+        )
+        return [a - b for a, b in zip(now, before, strict=True)]
+
+    deadline = time.monotonic() + 10
+    while after() != [1.0, 1.0, 1.0] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert after() == [1.0, 1.0, 1.0]

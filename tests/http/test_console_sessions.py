@@ -29,7 +29,8 @@ def test_refusal_page__why_outside_its_closed_set__never_rendered(served: Served
     # Then neither the text nor a word of it appears; the known code shows its own sentence
     for page in (hostile.text, plain.text):
         assert "The approver policy refused you" in page
-        assert "555" not in page and "sk-live" not in page and "CallNow" not in page
+        # (words with letters outside hex: the page's CSRF token is 40 hex digits)
+        assert "+1-555" not in page and "sk-live" not in page and "CallNow" not in page
     assert f"The approver policy refused you: {WHYS['role_not_allowed']}" in known.text
 
 
