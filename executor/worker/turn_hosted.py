@@ -86,9 +86,9 @@ def record_hosted(
             "calls": refused[:MAX_LISTED],
         }
     if any(c.kind == APPROVAL_REQUEST and not c.is_result for c in calls):
-        # The provider waits for an answer the turn cannot send, whether or not the
-        # request could be recorded as an approval (one without an id, server or tool
-        # cannot be answered at all).
+        # The provider waits for an answer the turn cannot send. (A request whose id,
+        # server or tool is no valid identifier was refused above by the policy check,
+        # decision 0191: it could be neither recorded nor answered.)
         pending = [
             a.approval_id for a in store.hosted_approvals_of_request(conn, context.tenant, context.request_id)
             if a.state is ApprovalState.PENDING

@@ -195,13 +195,16 @@ def test_native_turn__mcp_approval_request__approval_recorded_and_the_turn_ends_
 def test_native_turn__approval_request_without_an_id__still_ends_the_turn_saying_so(
     engine: Engine, settings: Settings, ledger: Ledger, tmp_path: Path
 ) -> None:
-    # An approval request nobody can answer (no id) is not an empty success either
+    # An approval request nobody can answer (no id) is not an empty success either:
+    # an id that is no valid identifier cannot be recorded as an approval nor answered,
+    # so the hosted policy refuses the request (decision 0191) and the turn says so
     request = {"type": "mcp_approval_request", "server_label": "crm", "name": "update", "arguments": "{}"}
     script = write_script(tmp_path / "turn.jsonl", [responses(request)])
     turn_id = start(engine, f"scripted+openai-responses:{script}")
     assert drive(engine, settings, registry, turn_id, hosted_policy=CRM) == "fallback"
     view = view_of(engine, turn_id)
-    assert (view["end_reason"], view["error"]["approvals"]) == ("hosted_approval_required", [])
+    assert view["end_reason"] == "hosted_call_not_allowed"
+    assert len(view["error"]["calls"]) == 1
     assert len(hosted_rows(engine, turn_id)) == 1
 
 
