@@ -7,7 +7,6 @@ clear line on stderr and a non-zero exit, never a traceback.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import math
 import os
@@ -140,22 +139,15 @@ def registry_of(settings: Settings) -> Registry:
 
 def hosted_policy_of(settings: Settings) -> HostedPolicy:
     """The HostedPolicy named by TOOLFENCE_HOSTED_POLICY (`module:attribute`); unset,
-    NO_HOSTED_TOOLS: every provider-run call is reported."""
-    from executor.providers.hosted import NO_HOSTED_TOOLS, HostedPolicy
+    NO_HOSTED_TOOLS: every provider-run call is reported. One that cannot be loaded
+    is the command's usage error."""
+    from executor.errors import ConfigurationError
+    from executor.providers.hosted import load_hosted_policy
 
-    if settings.hosted_policy is None:
-        return NO_HOSTED_TOOLS
-    refused = f"cannot load the hosted-tool policy TOOLFENCE_HOSTED_POLICY={settings.hosted_policy!r}"
-    module_name, _, attribute = settings.hosted_policy.partition(":")
-    if not module_name or not attribute:
-        raise UserError(f"{refused}: expected module:attribute")
     try:
-        policy = getattr(importlib.import_module(module_name), attribute)
-    except Exception as exc:
-        raise UserError(f"{refused}: {type(exc).__name__}: {first_line(exc)}") from exc
-    if not isinstance(policy, HostedPolicy):
-        raise UserError(f"{refused}: {type(policy).__name__}, not a HostedPolicy")
-    return policy
+        return load_hosted_policy(settings.hosted_policy)
+    except ConfigurationError as exc:
+        raise UserError(str(exc)) from exc
 
 
 def surface_of(name: str) -> Surface:

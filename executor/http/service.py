@@ -424,8 +424,11 @@ class Service:
             )
         if reference is not None and not storable(reference):
             raise ProblemError(
-                400, ErrorCode.INVALID_REQUEST, "the reference must be printable text of at most 200 characters",
-                errors=[ProblemDetail(path="/reference", code="not_printable", expected="the downstream's id")],
+                400, ErrorCode.INVALID_REQUEST,
+                "the reference must be printable text of at most 200 characters",
+                errors=[
+                    ProblemDetail(path="/reference", code="not_printable", expected="the downstream's id")
+                ],
             )
         if not storable(operation_id):
             raise not_found("operation")

@@ -17,6 +17,7 @@ rewrote it, a provider bug) is reported, never dropped.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from executor.core.canonical import NotCanonicalizable, canonical_json
 from executor.core.identifiers import MAX_IDENTIFIER_CHARS, identifier_problem
 from executor.core.strictjson import StrictJSONError, loads_strict
 from executor.core.types import ErrorCode, ErrorDetail, ToolError
+from executor.errors import ConfigurationError
 
 
 @dataclass(frozen=True)
@@ -201,6 +203,27 @@ class HostedPolicy:
 
 NO_HOSTED_TOOLS = HostedPolicy(servers=(), builtin_tools=frozenset())
 """Nothing provider-run may happen: every hosted call is a violation."""
+
+
+def load_hosted_policy(spec: str | None) -> HostedPolicy:
+    """The HostedPolicy a `module:attribute` spec names (TOOLFENCE_HOSTED_POLICY, read
+    by `enqueue`, `serve`, `approve`/`deny` and the worker's turns); NO_HOSTED_TOOLS
+    when unset. A policy that cannot be loaded is a `ConfigurationError`, never an
+    empty policy (nor a permissive one)."""
+    if spec is None:
+        return NO_HOSTED_TOOLS
+    refused = f"cannot load the hosted-tool policy TOOLFENCE_HOSTED_POLICY={spec!r}"
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise ConfigurationError(f"{refused}: expected module:attribute")
+    try:
+        policy = getattr(importlib.import_module(module_name), attribute)
+    except Exception as exc:
+        why = str(exc).splitlines()[0] if str(exc) else ""
+        raise ConfigurationError(f"{refused}: {type(exc).__name__}" + (f": {why}" if why else "")) from exc
+    if not isinstance(policy, HostedPolicy):
+        raise ConfigurationError(f"{refused}: {type(policy).__name__}, not a HostedPolicy")
+    return policy
 
 
 # ---------------------------------------------------------------- approvals

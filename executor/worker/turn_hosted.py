@@ -22,7 +22,6 @@ run (`NO_HOSTED_TOOLS`).
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,35 +31,13 @@ from executor import store
 from executor.core.states import ApprovalState
 from executor.core.tools import Registry
 from executor.core.types import ErrorCode, FailedTerminal, ServerContext
-from executor.errors import ConfigurationError
-from executor.providers.hosted import NO_HOSTED_TOOLS, HostedCall, HostedPolicy
-from executor.settings import Settings
+from executor.providers.hosted import HostedCall, HostedPolicy
 from executor.turns.loop import HOSTED
 from executor.turns.values import EndReason
 from outbox.producer import HostedCalls, enqueue
 
 MAX_LISTED = 20
 APPROVAL_REQUEST = "mcp_approval_request"
-
-
-def load_hosted_policy(settings: Settings) -> HostedPolicy:
-    """The HostedPolicy TOOLFENCE_HOSTED_POLICY names; NO_HOSTED_TOOLS when unset. A
-    policy that cannot be loaded is a configuration error, never an empty policy
-    (nor a permissive one)."""
-    spec = settings.hosted_policy
-    if spec is None:
-        return NO_HOSTED_TOOLS
-    refused = f"cannot load the hosted-tool policy TOOLFENCE_HOSTED_POLICY={spec!r}"
-    module_name, _, attribute = spec.partition(":")
-    if not module_name or not attribute:
-        raise ConfigurationError(f"{refused}: expected module:attribute")
-    try:
-        policy = getattr(importlib.import_module(module_name), attribute)
-    except Exception as exc:
-        raise ConfigurationError(f"{refused}: {type(exc).__name__}") from exc
-    if not isinstance(policy, HostedPolicy):
-        raise ConfigurationError(f"{refused}: {type(policy).__name__}, not a HostedPolicy")
-    return policy
 
 
 def record_hosted(

@@ -46,7 +46,7 @@ from executor.core.tools import Mode, Registry, Tool
 from executor.core.types import CallStatus, ServerContext
 from executor.faults import Faults
 from executor.providers import SURFACES
-from executor.providers.hosted import HostedCall, HostedPolicy
+from executor.providers.hosted import HostedCall, HostedPolicy, load_hosted_policy
 from executor.settings import Settings
 from executor.store import new_owner_token
 from executor.store import turns as turn_store
@@ -79,7 +79,7 @@ from executor.turns.values import (
     Usage,
     step_request_id,
 )
-from executor.worker.turn_hosted import load_hosted_policy, record_hosted
+from executor.worker.turn_hosted import record_hosted
 from outbox.producer import AdmissionUnavailable, enqueue
 from outbox.results import final, results
 
@@ -155,7 +155,9 @@ class TurnRunner:
     ) -> None:
         self.settings = settings
         # Loaded once per process, like the registry: TOOLFENCE_HOSTED_POLICY's.
-        self.hosted_policy = hosted_policy if hosted_policy is not None else load_hosted_policy(settings)
+        self.hosted_policy = (
+            hosted_policy if hosted_policy is not None else load_hosted_policy(settings.hosted_policy)
+        )
         self.registry = registry
         self.engine = engine
         self.reader = read_only(engine)

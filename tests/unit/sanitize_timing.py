@@ -38,7 +38,7 @@ def assert_linear(shape: str, make: Callable[[int], str], n: int = 32_000) -> No
     # Noise only ever adds time, but a busy spell can outlast all seven rounds of
     # one text (it did under make test's three tiers: 8.7 once, 4.0 alone), so a
     # shape gets three measurements; a quadratic one fails every one of them.
-    for attempt in range(3):
+    for _ in range(3):
         plain_cost, hostile, hostile_quadrupled = costs(plain(n), make(n), make(4 * n))
         # 8 keeps clear of both 4 (linear) and 16 (quadratic) on a loaded machine.
         if hostile / plain_cost < 30 and hostile_quadrupled / hostile < 8:

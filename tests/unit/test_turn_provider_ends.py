@@ -20,15 +20,13 @@ from executor.core.states import TurnState
 from executor.errors import ConfigurationError
 from executor.providers import SURFACES, encode_tool_name
 from executor.providers.common import AdapterError, AdapterErrorCode
-from executor.providers.hosted import NO_HOSTED_TOOLS, HostedPolicy
-from executor.settings import Settings
+from executor.providers.hosted import NO_HOSTED_TOOLS, HostedPolicy, load_hosted_policy
 from executor.turns import sdk
 from executor.turns.contract import PROVIDER, ContractError, Final, ToolCalls, parse_native
 from executor.turns.drivers import DriverError
 from executor.turns.loop import HOSTED, End, next_action
 from executor.turns.native import hosted_calls, parse_response
 from executor.turns.values import EndReason, ModelRequest, StepOutcome, StepRecord, TurnOptions, Usage
-from executor.worker.turn_hosted import load_hosted_policy
 from ledger.tools import registry
 
 
@@ -211,11 +209,9 @@ NOT_A_POLICY = {"builtin_tools": ["web_search"]}
 
 
 def test_load_hosted_policy__named_unset_or_broken() -> None:
-    settings = Settings.from_env()
-    assert load_hosted_policy(settings.with_(hosted_policy=None)) is NO_HOSTED_TOOLS
-    named = settings.with_(hosted_policy=f"{__name__}:HOSTED_POLICY")
-    assert load_hosted_policy(named) is HOSTED_POLICY
+    assert load_hosted_policy(None) is NO_HOSTED_TOOLS
+    assert load_hosted_policy(f"{__name__}:HOSTED_POLICY") is HOSTED_POLICY
     # A policy that cannot be loaded is a configuration error, never an empty or open policy
     for spec in (f"{__name__}:NOT_A_POLICY", f"{__name__}:MISSING", "no_such_module_here:P", "no-colon"):
         with pytest.raises(ConfigurationError):
-            load_hosted_policy(settings.with_(hosted_policy=spec))
+            load_hosted_policy(spec)
