@@ -99,9 +99,9 @@ def _enqueue(url_variable: str) -> Callable[[bytes], None]:
     from executor.store.engine import make_engine
 
     engine = make_engine(os.environ[url_variable])
-    conn = engine.connect()
-    conn.begin()
-    conn.execute(text("CREATE TABLE IF NOT EXISTS fuzz_business_rows (note TEXT NOT NULL)"))
+    with engine.begin() as setup:
+        setup.execute(text("CREATE TABLE IF NOT EXISTS fuzz_business_rows (note TEXT NOT NULL)"))
+    conn = engine.connect()  # each input runs in a transaction of its own on it
 
     def run(data: bytes) -> None:
         fdp = atheris.FuzzedDataProvider(data)

@@ -176,14 +176,18 @@ def neutral_calls(value: Any) -> None:
 
 
 def enqueue_in_rolled_back_transaction(conn: Connection, calls: list[ProposedCall]) -> None:
-    """enqueue inside the caller's transaction (a savepoint rolled back after): a
-    status per call, or `InvalidBatch`/`InvalidIdentifier` before any write; the
-    caller's own row, written first, is still there after."""
+    """enqueue inside the caller's transaction (begun here on `conn`, which holds
+    none, and rolled back after): a status per call, or `InvalidBatch`/
+    `InvalidIdentifier` before any write; the caller's own row, written first, is
+    still there after. A whole transaction per input, not a savepoint in one long
+    one: PostgreSQL keeps a savepoint after ROLLBACK TO, so each input nested one
+    level deeper and held one more transaction-id lock, until a long `make fuzz`
+    exhausted the server's lock table ("out of shared memory")."""
     from sqlalchemy import text
 
     from outbox.producer import InvalidBatch, enqueue
 
-    savepoint = conn.begin_nested()
+    transaction = conn.begin()
     try:
         conn.execute(text("INSERT INTO fuzz_business_rows (note) VALUES ('mine')"))
         try:
@@ -202,7 +206,7 @@ def enqueue_in_rolled_back_transaction(conn: Connection, calls: list[ProposedCal
         if mine < 1:
             raise ContractBroken("the caller's own row is gone")
     finally:
-        savepoint.rollback()
+        transaction.rollback()
 
 
 def cli_input(data: bytes) -> None:
