@@ -52,7 +52,7 @@ from executor.providers.common import (
     parameters_schema,
     result_text,
 )
-from executor.providers.endings import Endings, refuse_unless_finished
+from executor.providers.endings import Ending, Endings, refuse_unless_finished
 from executor.providers.hosted import (
     HostedCall,
     HostedPolicy,
@@ -77,8 +77,12 @@ ENDINGS = Endings(
 )
 
 
+PAUSE_TURN = "pause_turn"
+
+
 def paused(response: Mapping[str, Any]) -> bool:
-    """Did the server pause a long-running turn (`stop_reason: "pause_turn"`)?
+    """Did the server pause a long-running turn (`stop_reason: "pause_turn"`,
+    `ENDINGS`' one paused end)?
 
     Not a refusal and not a finished turn: `read_proposals` reads the message
     as usual (usually no `tool_use` block; its server-tool blocks are read by
@@ -86,7 +90,7 @@ def paused(response: Mapping[str, Any]) -> bool:
     assistant turn, unchanged, for the server to continue it. A turn that
     treats it as the final answer ends with a partial one.
     """
-    return isinstance(response, Mapping) and response.get("stop_reason") == "pause_turn"
+    return isinstance(response, Mapping) and ENDINGS.classify(response.get("stop_reason")) is Ending.PAUSED
 
 
 def _refuse(code: AdapterErrorCode, message: str, call_id: str | None = None) -> AdapterError:

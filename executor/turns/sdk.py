@@ -33,7 +33,7 @@ from executor.turns.drivers import DriverError
 from executor.turns.values import JSON_MODE, ModelRequest, ModelResponse, Usage
 
 MAX_OUTPUT_TOKENS = 4096
-PAUSE_TURN = "pause_turn"  # executor.turns.native.PAUSE_TURN, without importing the parser
+PAUSE_TURN = "pause_turn"  # executor.providers.anthropic_messages.PAUSE_TURN, without importing the adapters
 
 
 def _error(exc: Exception) -> DriverError:
