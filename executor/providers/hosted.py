@@ -65,8 +65,9 @@ class HostedCall:
     unknown: bool = False
 
 
-UNKNOWN_KIND_CHARS = 80
-"""How much of an unknown item's provider-written type is kept as its `kind`."""
+UNKNOWN_KIND_CHARS = 64
+"""How much of an unknown item's provider-written type is kept as its `kind`: the
+width of `toolfence_hosted_calls.kind`, so what is reported is what is stored."""
 
 
 def unknown_item(surface: str, kind: object, item_id: object = None) -> HostedCall:
@@ -81,7 +82,7 @@ def unknown_item(surface: str, kind: object, item_id: object = None) -> HostedCa
     """
     if not isinstance(kind, str) or not kind:
         text = "<no type>"
-    elif kind.isprintable():  # a lone surrogate (category Cs) is not printable either
+    elif kind[:UNKNOWN_KIND_CHARS].isprintable():  # a lone surrogate (Cs) is not printable either
         text = kind[:UNKNOWN_KIND_CHARS]
     else:
         digest = hashlib.sha256(kind.encode("utf-8", "surrogatepass")).hexdigest()[:16]

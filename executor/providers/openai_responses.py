@@ -51,6 +51,7 @@ from executor.providers.common import (
     one_of,
     order_results,
     parameters_schema,
+    quote,
     result_text,
     strict_parameters_schema,
     truncated,
@@ -158,9 +159,8 @@ def _refuse_if_truncated(
         )
     # Incomplete with every call item completed still ended early: the model may
     # have meant more calls than these, or more text than this.
-    refuse_unless_finished(
-        SURFACE, ENDINGS, status, detail=text_or_none(reason) or "" if status == "incomplete" else ""
-    )
+    detail = quote(reason) if status == "incomplete" and reason is not None else ""
+    refuse_unless_finished(SURFACE, ENDINGS, status, detail=detail)
 
 
 def _read_call(item: Mapping[str, Any], where: str, *, known_names: Iterable[str]) -> ProposedCall:
