@@ -198,7 +198,7 @@ def read_proposals(
     refuse_unless_finished(
         SURFACE, ENDINGS, finish_reason,
         call_id=proposals[-1].call_id if proposals else None,
-        detail=f"{len(proposals)} call(s), the last one may be cut" if proposals else "",
+        detail=f"{len(proposals)} call(s)" if proposals else "",
     )
     check_unique_ids(proposals, surface=SURFACE)
     return proposals
