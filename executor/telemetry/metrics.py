@@ -124,23 +124,27 @@ class _Closed:
     def closed_values(
         self, labelnames: Iterable[str], values: tuple[object, ...], named: Mapping[str, object]
     ) -> tuple[str, ...]:
+        """The label values, positional or named (not both, all of them, as
+        prometheus_client asks), each through its `Domain`."""
         names = tuple(labelnames)
+        if named and values:
+            raise ValueError("can't pass both *args and **kwargs")
         if named:
-            values = tuple(named.get(name, "") for name in names)
-        return tuple(self.domains[name].admit(value) for name, value in zip(names, values, strict=False))
+            if set(named) != set(names):
+                raise ValueError("incorrect label names")
+            values = tuple(named[name] for name in names)
+        if len(values) != len(names):
+            raise ValueError("incorrect label count")
+        return tuple(self.domains[name].admit(value) for name, value in zip(names, values, strict=True))
 
 
 class ClosedCounter(_Closed, Counter):
     def labels(self, *labelvalues: object, **labelkwargs: object) -> ClosedCounter:
-        if labelkwargs and set(labelkwargs) != set(self._labelnames):
-            raise ValueError("incorrect label names")
         return super().labels(*self.closed_values(self._labelnames, labelvalues, labelkwargs))
 
 
 class ClosedHistogram(_Closed, Histogram):
     def labels(self, *labelvalues: object, **labelkwargs: object) -> ClosedHistogram:
-        if labelkwargs and set(labelkwargs) != set(self._labelnames):
-            raise ValueError("incorrect label names")
         return super().labels(*self.closed_values(self._labelnames, labelvalues, labelkwargs))
 
 

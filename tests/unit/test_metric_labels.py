@@ -171,3 +171,15 @@ def test_turn_message_outcomes__every_label_in_its_source_in_domain() -> None:
 
 class _Args(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def test_labels__wrong_count_or_a_mix__refused_as_prometheus_does() -> None:
+    # The closed sets must not hide a call that names too few, too many or mixed labels
+    with pytest.raises(ValueError):
+        metrics.HTTP_RESPONSES.labels("/v1/requests")
+    with pytest.raises(ValueError):
+        metrics.HTTP_RESPONSES.labels("/v1/requests", "200", "extra")
+    with pytest.raises(ValueError):
+        metrics.HTTP_RESPONSES.labels("/v1/requests", status="200")
+    with pytest.raises(ValueError):
+        metrics.HTTP_RESPONSES.labels(route="/v1/requests")
