@@ -113,6 +113,15 @@ def read_proposals(
     if not isinstance(content, list):
         raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, "the message has no content list")
     stop_reason = response.get("stop_reason")
+    # The end first, whatever the blocks hold: a cut response's last block may be
+    # malformed because it was cut, and is refused as cut (0196).
+    tool_uses = sum(1 for b in content if isinstance(b, Mapping) and b.get("type") == "tool_use")
+    last = content[-1] if content else None
+    refuse_unless_finished(
+        SURFACE, ENDINGS, stop_reason,
+        call_id=last.get("id") if isinstance(last, Mapping) and last.get("type") == "tool_use" else None,
+        detail=f"{tool_uses} tool_use block(s)" if tool_uses else "",
+    )
     proposals: list[ProposedCall] = []
     for index, block in enumerate(content):
         where = f"content[{index}]"
@@ -121,12 +130,6 @@ def read_proposals(
         if block.get("type") != "tool_use":
             continue
         proposals.append(_read_call(block, where, known_names=known_names))
-    last = content[-1] if content else None
-    refuse_unless_finished(
-        SURFACE, ENDINGS, stop_reason,
-        call_id=last.get("id") if isinstance(last, Mapping) and last.get("type") == "tool_use" else None,
-        detail=f"{len(proposals)} tool_use block(s)" if proposals else "",
-    )
     if not proposals and stop_reason == "tool_use":
         raise _refuse(
             AdapterErrorCode.TOOL_CALLS_WITHOUT_CALLS,

@@ -225,6 +225,24 @@ def test_responses__filtered_with_calls__refused_as_filtered() -> None:
     assert excinfo.value.code is AdapterErrorCode.FILTERED_RESPONSE
 
 
+def test_cut_response__its_last_call_malformed__refused_as_cut_not_as_malformed() -> None:
+    # A response cut mid-call may end with a call that does not parse: the end is
+    # read first, so the refusal says it was cut (what happened), not malformed
+    anthropic = anthropic_response(
+        [Call("toolu_1", "get_weather", {"city": "Oslo"})], stop_reason="max_tokens"
+    )
+    anthropic["content"][-1]["input"] = "not an object"
+    responses = openai_responses_response([Call("call_1", "get_weather", '{"city":"Oslo"}')])
+    responses["status"] = "incomplete"
+    responses["incomplete_details"] = {"reason": "max_output_tokens"}
+    del responses["output"][-1]["call_id"]
+    for read, response in ((anthropic_messages.read_proposals, anthropic),
+                           (openai_responses.read_proposals, responses)):
+        with pytest.raises(AdapterError) as excinfo:
+            read(response)
+        assert excinfo.value.code is AdapterErrorCode.TRUNCATED_RESPONSE, excinfo.value
+
+
 # ---------------------------------------------------------------- Anthropic pause_turn
 
 
