@@ -394,7 +394,7 @@ def _record_hosted(
                 )
             continue
         violations = [] if call.is_result else hosted_violations([call], hosted.policy, granted, limits)
-        if not call.is_result and not violations and call.kind == "mcp_approval_request":
+        if call.requests_approval and not violations:
             _request_hosted_approval(conn, context, call, hosted.approval_ttl_seconds, limits)
         call_id: str | None = None
         if violations:

@@ -64,6 +64,12 @@ class HostedCall:
     approval_request_id: str | None = None
     unknown: bool = False
 
+    @property
+    def requests_approval(self) -> bool:
+        """An approval request the provider waits on (`mcp_approval_request`), not a
+        result reporting one."""
+        return self.kind in _APPROVAL_REQUEST_KINDS and not self.is_result
+
 
 UNKNOWN_KIND_CHARS = 64
 """How much of an unknown item's provider-written type is kept as its `kind`: the
