@@ -380,7 +380,6 @@ def _record_hosted(
             conn, context.tenant,
             (c.approval_request_id for c in hosted.calls if c.approval_request_id and not c.is_result),
         ),
-        limits,
     )
     handles: list[CallHandle] = []
     for key, call in zip(_hosted_keys(hosted.calls), hosted.calls, strict=True):

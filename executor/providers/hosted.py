@@ -298,8 +298,6 @@ class GrantedApprovals:
 
     tenant: str
     intents: Mapping[str, str]
-    limits: Limits | None = None
-    """The argument limits the approvals' intents were computed under (`enqueue`'s)."""
 
 
 # ---------------------------------------------------------------- the check
@@ -367,7 +365,7 @@ def _approval_request_refusal(call: HostedCall, limits: Limits | None) -> Hosted
 
 
 def _check(
-    call: HostedCall, policy: HostedPolicy, granted: GrantedApprovals | None
+    call: HostedCall, policy: HostedPolicy, granted: GrantedApprovals | None, limits: Limits | None
 ) -> HostedViolation | None:
     if call.unknown:
         return _violation(
@@ -412,12 +410,13 @@ def _check(
             "approval_request_id", "approval_missing", "the id of a granted approval request",
         )
     if needs_approval and granted is not None and call.approval_request_id:
-        return _check_granted(call, call.server_label, call.approval_request_id, granted)
+        return _check_granted(call, call.server_label, call.approval_request_id, granted, limits)
     return None
 
 
 def _check_granted(
-    call: HostedCall, server_label: str, approval_request_id: str, granted: GrantedApprovals
+    call: HostedCall, server_label: str, approval_request_id: str, granted: GrantedApprovals,
+    limits: Limits | None,
 ) -> HostedViolation | None:
     granted_intent = granted.intents.get(approval_request_id)
     if granted_intent is None:
@@ -428,7 +427,7 @@ def _check_granted(
             "approval_request_id", "approval_not_granted", "the id of an approval toolfence granted",
         )
     intent = hosted_intent_hash(
-        granted.tenant, server_label, call.tool_name or "", call.arguments, granted.limits
+        granted.tenant, server_label, call.tool_name or "", call.arguments, limits
     )
     if intent != granted_intent:
         return _violation(
@@ -465,7 +464,7 @@ def hosted_violations(
     for call in calls:
         if call.is_result:
             continue
-        violation = _check(call, policy, granted)
+        violation = _check(call, policy, granted, limits)
         if violation is None and call.kind in _APPROVAL_REQUEST_KINDS:
             # Within the policy: still refused when toolfence cannot record or answer it.
             violation = _approval_request_refusal(call, limits)
