@@ -380,7 +380,6 @@ def _record_hosted(
             conn, context.tenant,
             (c.approval_request_id for c in hosted.calls if c.approval_request_id and not c.is_result),
         ),
-        limits,
     )
     handles: list[CallHandle] = []
     for key, call in zip(_hosted_keys(hosted.calls), hosted.calls, strict=True):
@@ -394,7 +393,7 @@ def _record_hosted(
                 )
             continue
         violations = [] if call.is_result else hosted_violations([call], hosted.policy, granted, limits)
-        if not call.is_result and not violations and call.kind == "mcp_approval_request":
+        if call.requests_approval and not violations:
             _request_hosted_approval(conn, context, call, hosted.approval_ttl_seconds, limits)
         call_id: str | None = None
         if violations:

@@ -32,7 +32,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from executor.core.approvers import ApprovalDecision, ApproverRefusal
-from executor.core.sanitize import sanitize_text
+from executor.core.sanitize import shown_text
 from executor.http.api import RateLimiter, client_address
 from executor.http.keys import Authenticator, Identity, KeyRefused, KeyScope
 from executor.http.problems import ProblemError
@@ -165,7 +165,7 @@ def mount_console(
     templates.env.filters["age"] = _age
     templates.env.filters["pretty"] = lambda v: json.dumps(v, indent=2, sort_keys=True)
     # What a person reads of text the server did not write (a key's principal): sanitised.
-    templates.env.filters["shown"] = lambda v: sanitize_text(str(v), 200)[0]
+    templates.env.filters["shown"] = lambda v: shown_text(str(v))
     sessions = _Sessions(http.session_secret, http.session_seconds)
 
     def signed_in(request: Request) -> tuple[Identity, str] | None:

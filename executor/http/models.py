@@ -5,11 +5,12 @@ caller is: identity comes from the API key (a body naming `tenant`,
 `principal`, `roles` or `scopes` is refused before it is validated).
 
 Every response field a person reads (who asked, who decided, reasons, notes,
-impact, errors, a turn's answer) is `Shown`/`ShownJson`: passed through the
-project's one sanitiser (executor/core/sanitize.py) as the response is built,
-so a secret-shaped principal or a control character in a reason never reaches
-a screen raw, whatever wrote it (decision 0201). Identifiers are not rewritten:
-a client sends them back.
+impact) is `Shown`/`ShownJson`: passed through the project's one sanitiser
+(executor/core/sanitize.py) as the response is built, so a secret-shaped
+principal or a control character in a reason never reaches a screen raw,
+whatever wrote it (decision 0201). A turn's principal, answer and errors come
+sanitised from `get_turn`, the one reader every surface uses (0202), and are not
+scanned twice. Identifiers are not rewritten: a client sends them back.
 """
 
 from __future__ import annotations
@@ -18,20 +19,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from executor.core.sanitize import sanitize_json, sanitize_text
+from executor.core.sanitize import sanitize_json, shown_text
 from executor.core.types import CallStatus
 
 SHOWN_MAX_CHARS = 1_000
-SHOWN_OUTPUT_MAX_CHARS = 100_000
 SHOWN_JSON_MAX_CHARS = 16_000
 
 
 def _shown(text: str) -> str:
-    return sanitize_text(text, SHOWN_MAX_CHARS)[0]
-
-
-def _shown_output(text: str) -> str:
-    return sanitize_text(text, SHOWN_OUTPUT_MAX_CHARS)[0]
+    return shown_text(text, SHOWN_MAX_CHARS)
 
 
 def _shown_json(value: Any) -> Any:
@@ -39,9 +35,8 @@ def _shown_json(value: Any) -> Any:
 
 
 Shown = Annotated[str, AfterValidator(_shown)]
-"""Text a person reads (a principal, a reason, a note), sanitised."""
-ShownOutput = Annotated[str, AfterValidator(_shown_output)]
-"""A turn's answer, sanitised, with room for a long one."""
+"""Text a person reads (a principal, a reason, a note), sanitised (`shown_text`,
+with room for a reason)."""
 ShownJson = Annotated[dict[str, Any], AfterValidator(_shown_json)]
 """A JSON object a person reads (an impact, an error), sanitised with its structure kept."""
 
@@ -292,8 +287,8 @@ class TurnStepOut(BaseModel):
     outcome: Literal["tool_calls", "final", "nothing", "contract_error", "audit"]
     verdict: str | None
     usage: TurnUsageOut
-    final_output: ShownOutput | None
-    error: ShownJson | None
+    final_output: str | None = Field(description="sanitised where it is stored and read (get_turn)")
+    error: dict[str, Any] | None = Field(description="sanitised where it is read (get_turn)")
     proposed: list[TurnCallOut] = Field(description="the calls the model proposed in this step")
     calls: list[CallStatus] = Field(description="each proposed call's status and result")
 
@@ -304,12 +299,12 @@ class TurnOut(BaseModel):
 
     turn_id: str
     conversation_id: str
-    principal: Shown
+    principal: str = Field(description="sanitised where it is read (get_turn)")
     state: Literal["queued", "running", "waiting_approval", "succeeded", "failed", "fallback"]
     terminal: bool
     end_reason: str | None
-    final_output: ShownOutput | None
-    error: ShownJson | None
+    final_output: str | None = Field(description="sanitised where it is stored and read (get_turn)")
+    error: dict[str, Any] | None = Field(description="sanitised where it is read (get_turn)")
     generation: int
     steps: list[TurnStepOut]
     created_at: float

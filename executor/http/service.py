@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import re
 import threading
 import time
 import uuid
@@ -25,13 +24,11 @@ from starlette.concurrency import run_in_threadpool
 from executor import store
 from executor.core.approvers import ApprovalDecision
 from executor.core.canonical import NotCanonicalizable, canonical_json
-from executor.core.identifiers import InvalidIdentifier, check_server_context
-from executor.core.strictjson import contains_lone_surrogate
+from executor.core.identifiers import InvalidIdentifier, check_server_context, identifier_problem
 from executor.core.tools import Registry
 from executor.core.types import CallStatus, ErrorCode, ProposedCall, ServerContext
 from executor.http.keys import Identity
 from executor.http.models import (
-    ID_PATTERN,
     ApprovalOut,
     AuditEventOut,
     DecisionOut,
@@ -61,20 +58,13 @@ from outbox.results import final, request_exists, results, settled
 POLL_SECONDS = 0.05
 
 
-_PRINTABLE = re.compile(ID_PATTERN)
-
-
 def storable(value: str, limit: int = 200) -> bool:
-    """An id or reference the store can hold: 1 to `limit` characters, no control
-    character, no lone surrogate. The API's models check the same before a request
-    reaches the service; the console's forms and paths reach it unchecked, so every
-    method that takes one from the caller asks this first (a NUL would otherwise be
-    refused by PostgreSQL as a `DataError`, a 500)."""
-    return (
-        0 < len(value) <= limit
-        and _PRINTABLE.fullmatch(value) is not None
-        and not contains_lone_surrogate(value)
-    )
+    """An id or reference the store can hold (`identifier_problem`: 1 to `limit`
+    printable characters, no NUL, no lone surrogate). The API's models check ids
+    before a request reaches the service; the console's forms and paths reach it
+    unchecked, so every method that takes one from the caller asks this first (a NUL
+    would otherwise be refused by PostgreSQL as a `DataError`, a 500)."""
+    return identifier_problem(value, limit) is None
 
 
 def not_found(what: str) -> ProblemError:

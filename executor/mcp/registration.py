@@ -418,15 +418,12 @@ class _Binding:
         blocks, truncated = _content_blocks(result.content, self.policy.max_output_chars)
         structured: Any = None
         if result.structured_content is not None:
-            # Over the cap it is left out whole (a cut structure would not match the
-            # tool's output schema); under it, redacted with the cap as the bound on
-            # what is scanned. Either way a cut sets `truncated`.
-            encoded = json.dumps(result.structured_content, default=str)
-            if len(encoded) > self.policy.max_structured_chars:
-                truncated = True
-            else:
-                structured, cut = seal_json(result.structured_content, self.policy.max_structured_chars)
-                truncated |= cut
+            # Redacted with the cap as the bound on what is scanned (one walk); a
+            # structure the cap had to cut is left out whole, since it would no longer
+            # match the tool's output schema, and sets `truncated`.
+            sealed, cut = seal_json(result.structured_content, self.policy.max_structured_chars)
+            structured = None if cut else sealed
+            truncated |= cut
         return McpToolOutput(
             source=f"mcp:{self.spec.name}/{self.mcp_tool_name}",
             content=tuple(blocks),

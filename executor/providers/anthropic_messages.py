@@ -52,7 +52,7 @@ from executor.providers.common import (
     parameters_schema,
     result_text,
 )
-from executor.providers.endings import Endings, refuse_unless_finished
+from executor.providers.endings import Ending, Endings, refuse_unless_finished
 from executor.providers.hosted import (
     HostedCall,
     HostedPolicy,
@@ -77,8 +77,12 @@ ENDINGS = Endings(
 )
 
 
+PAUSE_TURN = "pause_turn"
+
+
 def paused(response: Mapping[str, Any]) -> bool:
-    """Did the server pause a long-running turn (`stop_reason: "pause_turn"`)?
+    """Did the server pause a long-running turn (`stop_reason: "pause_turn"`,
+    `ENDINGS`' one paused end)?
 
     Not a refusal and not a finished turn: `read_proposals` reads the message
     as usual (usually no `tool_use` block; its server-tool blocks are read by
@@ -86,7 +90,7 @@ def paused(response: Mapping[str, Any]) -> bool:
     assistant turn, unchanged, for the server to continue it. A turn that
     treats it as the final answer ends with a partial one.
     """
-    return isinstance(response, Mapping) and response.get("stop_reason") == "pause_turn"
+    return isinstance(response, Mapping) and ENDINGS.classify(response.get("stop_reason")) is Ending.PAUSED
 
 
 def _refuse(code: AdapterErrorCode, message: str, call_id: str | None = None) -> AdapterError:
@@ -109,6 +113,15 @@ def read_proposals(
     if not isinstance(content, list):
         raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, "the message has no content list")
     stop_reason = response.get("stop_reason")
+    # The end first, whatever the blocks hold: a cut response's last block may be
+    # malformed because it was cut, and is refused as cut (0196).
+    tool_uses = sum(1 for b in content if isinstance(b, Mapping) and b.get("type") == "tool_use")
+    last = content[-1] if content else None
+    refuse_unless_finished(
+        SURFACE, ENDINGS, stop_reason,
+        call_id=last.get("id") if isinstance(last, Mapping) and last.get("type") == "tool_use" else None,
+        detail=f"{tool_uses} tool_use block(s)" if tool_uses else "",
+    )
     proposals: list[ProposedCall] = []
     for index, block in enumerate(content):
         where = f"content[{index}]"
@@ -117,12 +130,6 @@ def read_proposals(
         if block.get("type") != "tool_use":
             continue
         proposals.append(_read_call(block, where, known_names=known_names))
-    last = content[-1] if content else None
-    refuse_unless_finished(
-        SURFACE, ENDINGS, stop_reason,
-        call_id=last.get("id") if isinstance(last, Mapping) and last.get("type") == "tool_use" else None,
-        detail=f"{len(proposals)} tool_use block(s)" if proposals else "",
-    )
     if not proposals and stop_reason == "tool_use":
         raise _refuse(
             AdapterErrorCode.TOOL_CALLS_WITHOUT_CALLS,

@@ -198,7 +198,7 @@ def read_proposals(
     refuse_unless_finished(
         SURFACE, ENDINGS, finish_reason,
         call_id=proposals[-1].call_id if proposals else None,
-        detail=f"{len(proposals)} call(s), the last one may be cut" if proposals else "",
+        detail=f"{len(proposals)} call(s)" if proposals else "",
     )
     check_unique_ids(proposals, surface=SURFACE)
     return proposals
@@ -356,7 +356,8 @@ def _server_tool_part(part: Mapping[str, Any], where: str) -> list[HostedCall]:
         tool_type = _get(call, "tool_type", "toolType", where)
         tool = _SERVER_TOOL_TYPES.get(tool_type) if isinstance(tool_type, str) else None
         if tool is None:
-            found.append(unknown_item(SURFACE, f"tool_call {tool_type}", call.get("id")))
+            named = f"tool_call {tool_type}" if isinstance(tool_type, str) else "tool_call"
+            found.append(unknown_item(SURFACE, named, call.get("id")))
         else:
             found.append(
                 HostedCall(

@@ -64,9 +64,16 @@ class HostedCall:
     approval_request_id: str | None = None
     unknown: bool = False
 
+    @property
+    def requests_approval(self) -> bool:
+        """An approval request the provider waits on (`mcp_approval_request`), not a
+        result reporting one."""
+        return self.kind in _APPROVAL_REQUEST_KINDS and not self.is_result
 
-UNKNOWN_KIND_CHARS = 80
-"""How much of an unknown item's provider-written type is kept as its `kind`."""
+
+UNKNOWN_KIND_CHARS = 64
+"""How much of an unknown item's provider-written type is kept as its `kind`: the
+width of `toolfence_hosted_calls.kind`, so what is reported is what is stored."""
 
 
 def unknown_item(surface: str, kind: object, item_id: object = None) -> HostedCall:
@@ -81,7 +88,7 @@ def unknown_item(surface: str, kind: object, item_id: object = None) -> HostedCa
     """
     if not isinstance(kind, str) or not kind:
         text = "<no type>"
-    elif kind.isprintable():  # a lone surrogate (category Cs) is not printable either
+    elif kind[:UNKNOWN_KIND_CHARS].isprintable():  # a lone surrogate (Cs) is not printable either
         text = kind[:UNKNOWN_KIND_CHARS]
     else:
         digest = hashlib.sha256(kind.encode("utf-8", "surrogatepass")).hexdigest()[:16]
@@ -291,8 +298,6 @@ class GrantedApprovals:
 
     tenant: str
     intents: Mapping[str, str]
-    limits: Limits | None = None
-    """The argument limits the approvals' intents were computed under (`enqueue`'s)."""
 
 
 # ---------------------------------------------------------------- the check
@@ -360,7 +365,7 @@ def _approval_request_refusal(call: HostedCall, limits: Limits | None) -> Hosted
 
 
 def _check(
-    call: HostedCall, policy: HostedPolicy, granted: GrantedApprovals | None
+    call: HostedCall, policy: HostedPolicy, granted: GrantedApprovals | None, limits: Limits | None
 ) -> HostedViolation | None:
     if call.unknown:
         return _violation(
@@ -405,12 +410,13 @@ def _check(
             "approval_request_id", "approval_missing", "the id of a granted approval request",
         )
     if needs_approval and granted is not None and call.approval_request_id:
-        return _check_granted(call, call.server_label, call.approval_request_id, granted)
+        return _check_granted(call, call.server_label, call.approval_request_id, granted, limits)
     return None
 
 
 def _check_granted(
-    call: HostedCall, server_label: str, approval_request_id: str, granted: GrantedApprovals
+    call: HostedCall, server_label: str, approval_request_id: str, granted: GrantedApprovals,
+    limits: Limits | None,
 ) -> HostedViolation | None:
     granted_intent = granted.intents.get(approval_request_id)
     if granted_intent is None:
@@ -421,7 +427,7 @@ def _check_granted(
             "approval_request_id", "approval_not_granted", "the id of an approval toolfence granted",
         )
     intent = hosted_intent_hash(
-        granted.tenant, server_label, call.tool_name or "", call.arguments, granted.limits
+        granted.tenant, server_label, call.tool_name or "", call.arguments, limits
     )
     if intent != granted_intent:
         return _violation(
@@ -458,7 +464,7 @@ def hosted_violations(
     for call in calls:
         if call.is_result:
             continue
-        violation = _check(call, policy, granted)
+        violation = _check(call, policy, granted, limits)
         if violation is None and call.kind in _APPROVAL_REQUEST_KINDS:
             # Within the policy: still refused when toolfence cannot record or answer it.
             violation = _approval_request_refusal(call, limits)

@@ -112,7 +112,7 @@ def read_proposals(
     refuse_unless_finished(
         SURFACE, ENDINGS, finish_reason,
         call_id=last.get("id") if isinstance(last, Mapping) else None,
-        detail=f"{len(raw_calls)} call(s), the last one cut off" if raw_calls else "",
+        detail=f"{len(raw_calls)} call(s)" if raw_calls else "",
     )
     if isinstance(message.get("refusal"), str) and message.get("refusal"):
         # Structured Outputs' refusal: the model declined, and `content` is null.

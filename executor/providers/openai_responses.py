@@ -51,6 +51,7 @@ from executor.providers.common import (
     one_of,
     order_results,
     parameters_schema,
+    quote,
     result_text,
     strict_parameters_schema,
     truncated,
@@ -102,6 +103,9 @@ def read_proposals(
     output = response.get("output")
     if not isinstance(output, list):
         raise _refuse(AdapterErrorCode.MALFORMED_ENVELOPE, "the response has no output list")
+    # The end first, whatever the items hold: a cut response's last call may be
+    # malformed because it was cut, and is refused as cut (0196).
+    _refuse_unless_finished(response, output)
     proposals: list[ProposedCall] = []
     for index, item in enumerate(output):
         where = f"output[{index}]"
@@ -117,7 +121,6 @@ def read_proposals(
             )
         if kind == "function_call":
             proposals.append(_read_call(item, where, known_names=known_names))
-    _refuse_if_truncated(response, output, proposals)
     check_unique_ids(proposals, surface=SURFACE)
     return proposals
 
@@ -138,11 +141,14 @@ _FILTERED_INCOMPLETE_REASONS = frozenset({"content_filter"})
 _UNFINISHED_ITEM_STATUSES = frozenset({"incomplete", "in_progress"})
 
 
-def _refuse_if_truncated(
-    response: Mapping[str, Any], output: list[Any], proposals: list[ProposedCall]
-) -> None:
-    for item in output if proposals else ():
-        if item.get("type") == "function_call" and one_of(item.get("status"), _UNFINISHED_ITEM_STATUSES):
+def _refuse_unless_finished(response: Mapping[str, Any], output: list[Any]) -> None:
+    """Refuse a response that did not finish: a call item still being written, a
+    content filter, or any end but `completed`."""
+    for item in output:
+        if (
+            isinstance(item, Mapping) and item.get("type") == "function_call"
+            and one_of(item.get("status"), _UNFINISHED_ITEM_STATUSES)
+        ):
             raise truncated(
                 SURFACE,
                 f"a function_call item has status {item.get('status')}",
@@ -158,9 +164,8 @@ def _refuse_if_truncated(
         )
     # Incomplete with every call item completed still ended early: the model may
     # have meant more calls than these, or more text than this.
-    refuse_unless_finished(
-        SURFACE, ENDINGS, status, detail=text_or_none(reason) or "" if status == "incomplete" else ""
-    )
+    detail = quote(reason) if status == "incomplete" and reason is not None else ""
+    refuse_unless_finished(SURFACE, ENDINGS, status, detail=detail)
 
 
 def _read_call(item: Mapping[str, Any], where: str, *, known_names: Iterable[str]) -> ProposedCall:

@@ -435,7 +435,7 @@ def pending_hosted_approvals(
     """Pending hosted approvals, oldest first: one tenant's, or (`None`) every tenant's."""
     query = (
         select(hosted_approvals)
-        .where(hosted_approvals.c.state == ApprovalState.PENDING.value)
+        .where(hosted_approvals.c.state == sql_literal(ApprovalState.PENDING))  # ix_…_pending
         .order_by(hosted_approvals.c.requested_at, hosted_approvals.c.approval_id)
     )
     if tenant is not None:
@@ -603,7 +603,9 @@ def expired_hosted_approvals(
         conn.execute(
             select(hosted_approvals.c.approval_id)
             .where(
-                hosted_approvals.c.state == ApprovalState.PENDING.value,
+                # ix_toolfence_hosted_approvals_pending: a literal, so a prepared
+                # statement's generic plan still matches the partial index (0194)
+                hosted_approvals.c.state == sql_literal(ApprovalState.PENDING),
                 hosted_approvals.c.expires_at <= clock.now(),
             )
             .limit(limit)

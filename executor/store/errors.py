@@ -13,8 +13,10 @@ SQLSTATE and the error's class, never its text, and not chained to it.
 What an error says about trying again is `database_fault`'s, by SQLSTATE class
 (decision 0193): a lost connection is `transient`, a value the database refused
 (a NUL character in text, a constraint) is `bad_data`, an answer about the call.
-Every place that catches a hook's, a tool's or the store's database errors reads
-them through it.
+Every place that catches a hook's or a tool's database errors reads them through
+it, and so does the store boundary's `StoreDatabaseError`. (The worker's own
+bookkeeping statements retry any database error a few times before they give up,
+then read back what happened.)
 """
 
 from __future__ import annotations
@@ -49,7 +51,10 @@ class DatabaseFault(StrEnum):
       back.
     - `other`: anything else the database said (a missing table, a syntax error, an
       internal error). An operator can fix it (migrate, deploy); nothing is
-      answered for good meanwhile, so callers treat it as `transient`.
+      answered for good meanwhile, so a hook's or a tool's is handled as
+      `transient` (`AdmissionUnavailable`, `retry_wait`). At the store boundary it
+      is no `connection_error` (`StoreDatabaseError`): trying the same statement
+      again does not help until someone acts, and `serve` answers 500.
     """
 
     TRANSIENT = "transient"
@@ -135,9 +140,8 @@ class StoreDatabaseError(StoreError):
     @classmethod
     def from_dbapi(cls, exc: DBAPIError) -> StoreDatabaseError:
         orig = exc.orig
-        sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
         return cls(
-            sqlstate=sqlstate if isinstance(sqlstate, str) else None,
+            sqlstate=_sqlstate(orig),
             kind=type(orig).__name__ if orig is not None else type(exc).__name__,
             connection_error=database_fault(exc) is DatabaseFault.TRANSIENT,
         )

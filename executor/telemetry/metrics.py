@@ -25,6 +25,7 @@ from executor.core.budgets import Budget, Scope
 from executor.core.states import State, TurnState
 from executor.core.tools import Effect, is_declared_tool_name
 from executor.core.types import ErrorCode
+from executor.store.approvals import HOSTED_APPROVAL_TOOL
 from executor.store.records import Decision, DecisionOutcome
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
@@ -66,8 +67,9 @@ def _effect_sets() -> frozenset[str]:
     )
 
 
-TOOL = Domain(frozenset({"unknown"}), declared=is_declared_tool_name)
-"""A registered tool's name; `unknown` where a call named none (producer, approvals)."""
+TOOL = Domain(frozenset({"unknown", HOSTED_APPROVAL_TOOL}), declared=is_declared_tool_name)
+"""A registered tool's name; `unknown` where a call named none (producer, approvals);
+`hosted.mcp_approval_request` for a hosted approval's decisions."""
 ERROR_CODE = _domain(code.value for code in ErrorCode)
 OPERATION_STATE = _domain(state.value for state in State)
 TURN_STATE = _domain(state.value for state in TurnState)
@@ -122,23 +124,27 @@ class _Closed:
     def closed_values(
         self, labelnames: Iterable[str], values: tuple[object, ...], named: Mapping[str, object]
     ) -> tuple[str, ...]:
+        """The label values, positional or named (not both, all of them, as
+        prometheus_client asks), each through its `Domain`."""
         names = tuple(labelnames)
+        if named and values:
+            raise ValueError("can't pass both *args and **kwargs")
         if named:
-            values = tuple(named.get(name, "") for name in names)
-        return tuple(self.domains[name].admit(value) for name, value in zip(names, values, strict=False))
+            if set(named) != set(names):
+                raise ValueError("incorrect label names")
+            values = tuple(named[name] for name in names)
+        if len(values) != len(names):
+            raise ValueError("incorrect label count")
+        return tuple(self.domains[name].admit(value) for name, value in zip(names, values, strict=True))
 
 
 class ClosedCounter(_Closed, Counter):
     def labels(self, *labelvalues: object, **labelkwargs: object) -> ClosedCounter:
-        if labelkwargs and set(labelkwargs) != set(self._labelnames):
-            raise ValueError("incorrect label names")
         return super().labels(*self.closed_values(self._labelnames, labelvalues, labelkwargs))
 
 
 class ClosedHistogram(_Closed, Histogram):
     def labels(self, *labelvalues: object, **labelkwargs: object) -> ClosedHistogram:
-        if labelkwargs and set(labelkwargs) != set(self._labelnames):
-            raise ValueError("incorrect label names")
         return super().labels(*self.closed_values(self._labelnames, labelvalues, labelkwargs))
 
 

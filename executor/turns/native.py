@@ -22,8 +22,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from executor.providers import SURFACES
+from executor.providers.anthropic_messages import PAUSE_TURN, paused
 from executor.providers.hosted import HostedCall
-from executor.turns.contract import PROVIDER, ContractError, Final, Nothing, Parsed, excerpt, parse_native
+from executor.turns.contract import PROVIDER, ContractError, Parsed, excerpt, parse_native
 
 
 def _joined(parts: Iterable[Any]) -> str:
@@ -86,41 +87,16 @@ READ_TEXT: Mapping[str, Callable[[Mapping[str, Any]], str]] = {
 }
 
 
-def _cut(response: Mapping[str, Any]) -> bool:
-    """Did the provider say it cut the response off (a token limit)? Its adapter
-    refuses cut tool calls; a cut *answer* must not pass as the final text either."""
-    candidates = response.get("candidates") or response.get("choices") or [{}]
-    first = candidates[0] if isinstance(candidates[0], dict) else {}
-    reason = first.get("finish_reason") or first.get("finishReason")
-    return (
-        reason in ("length", "MAX_TOKENS")
-        or response.get("stop_reason") == "max_tokens"
-        or response.get("status") == "incomplete"
-    )
-
-
-PAUSE_TURN = "pause_turn"
-
-
-def paused(response: Mapping[str, Any]) -> bool:
-    """Did the provider pause the response mid-turn (Anthropic `pause_turn`: a
-    long-running server tool), expecting it to be sent back to continue?"""
-    return response.get("stop_reason") == PAUSE_TURN
-
-
 def parse_response(surface: str, response: Mapping[str, Any], known_names: Iterable[str]) -> Parsed:
     """A native response: its calls through the surface's adapter, else its text."""
     parsed = parse_native(response, SURFACES[surface].read_proposals, READ_TEXT[surface], known_names)
     if isinstance(parsed, ContractError):
         return parsed
-    if paused(response):
+    if surface == "anthropic" and paused(response):
         return ContractError(
             PAUSE_TURN, "the provider paused the response and it was not continued",
             excerpt(json.dumps(response, default=str)), source=PROVIDER,
         )
-    if isinstance(parsed, Final | Nothing) and _cut(response):
-        text = excerpt(json.dumps(response, default=str))
-        return ContractError("truncated_response", "the provider cut the response off", text, source=PROVIDER)
     return parsed
 
 

@@ -18,8 +18,9 @@ the assistant's turn, as the API expects, at most `request.max_continuations`
 times (what is left of the turn's step budget), and answers with every round's
 content in order (the provider-run calls of each round included) and the
 tokens of all of them. Still paused after that, the turn ends
-`response_refused` (`pause_turn`); the `+json` variant, whose contract sees only
-the text, raises a retryable `DriverError` `pause_turn` instead.
+`response_refused` (`pause_turn`), as it does when a continuation fails (the
+rounds before it are answered, never lost); the `+json` variant, whose contract
+sees only the text, raises a permanent `DriverError` `pause_turn` instead.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from executor.turns.drivers import DriverError
 from executor.turns.values import JSON_MODE, ModelRequest, ModelResponse, Usage
 
 MAX_OUTPUT_TOKENS = 4096
-PAUSE_TURN = "pause_turn"  # executor.turns.native.PAUSE_TURN, without importing the parser
+PAUSE_TURN = "pause_turn"  # executor.providers.anthropic_messages.PAUSE_TURN, without importing the adapters
 
 
 def _error(exc: Exception) -> DriverError:
@@ -163,7 +164,13 @@ class AnthropicDriver:
                     model=self.model, max_tokens=MAX_OUTPUT_TOKENS, messages=messages, **kwargs,
                 )
             except Exception as exc:
-                raise _error(exc) from None
+                if not round_:
+                    raise _error(exc) from None
+                # A continuation failed: the rounds before it happened (their server
+                # tools ran), so they are answered, still paused, for the turn to record
+                # their hosted calls and end `pause_turn`; raising would lose them, and
+                # a retry would run them again.
+                break
             raw = _dump(message)
             usage = raw.get("usage") or {}
             input_tokens += int(usage.get("input_tokens") or 0)
@@ -177,7 +184,7 @@ class AnthropicDriver:
                 # an answer: say so (the native mode's adapter path refuses it itself).
                 raise DriverError(
                     PAUSE_TURN, f"the response was still paused after {request.max_continuations} "
-                    "continuations", retryable=True,
+                    "continuations", retryable=False,  # a retry would run the paused tools again
                 )
         raw = {**raw, "content": content,
                "usage": {**usage, "input_tokens": input_tokens, "output_tokens": output_tokens}}

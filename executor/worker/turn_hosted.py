@@ -37,7 +37,6 @@ from executor.turns.values import EndReason
 from outbox.producer import HostedCalls, enqueue
 
 MAX_LISTED = 20
-APPROVAL_REQUEST = "mcp_approval_request"
 
 
 def record_hosted(
@@ -62,7 +61,7 @@ def record_hosted(
             "message": "the provider ran a hosted call the hosted-tool policy does not allow",
             "calls": refused[:MAX_LISTED],
         }
-    if any(c.kind == APPROVAL_REQUEST and not c.is_result for c in calls):
+    if any(c.requests_approval for c in calls):
         # The provider waits for an answer the turn cannot send. (A request whose id,
         # server or tool is no valid identifier was refused above by the policy check,
         # decision 0191: it could be neither recorded nor answered.)

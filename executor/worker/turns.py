@@ -66,7 +66,7 @@ from executor.turns.drivers import Driver, DriverError
 from executor.turns.loop import Audit, AwaitCalls, CallModel, End, Enqueue, WaitApproval, next_action
 from executor.turns.native import hosted_calls, parse_response
 from executor.turns.prompt import CompletedStep, assemble_prompt, audit_prompt, tool_specs
-from executor.turns.service import step_record
+from executor.turns.service import TURN_ID_MAX_CHARS, step_record
 from executor.turns.specs import load_driver
 from executor.turns.values import (
     JSON_MODE,
@@ -85,7 +85,6 @@ from outbox.results import final, results
 
 log = logging.getLogger("toolfence.turns")
 
-MAX_TURN_ID_LENGTH = 64
 POLL_SECONDS = 0.1
 DRIVER_ATTEMPTS = 3
 RELEASE_DELAY_SECONDS = 0.5
@@ -181,7 +180,7 @@ class TurnRunner:
         return outcome
 
     def _handle(self, turn_id: object) -> TurnOutcome:
-        if not isinstance(turn_id, str) or not 0 < len(turn_id) <= MAX_TURN_ID_LENGTH:
+        if not isinstance(turn_id, str) or not 0 < len(turn_id) <= TURN_ID_MAX_CHARS:
             return TurnOutcome("bad_message")
         with self.reader.connect() as conn:
             row = turn_store.get_turn(conn, turn_id)
@@ -405,10 +404,10 @@ class TurnRunner:
         request_id = step_request_id(lease.turn_id, action.step)
         with self.engine.connect() as conn, conn.begin() as transaction:
             # The owner's fence first: a stale owner records no hosted call either.
-            if not turn_store.renew_turn(
+            if hosted and not turn_store.renew_turn(
                 conn, lease.turn_id, lease.generation, lease.owner_token, self.settings.lease_seconds
             ):
-                return False
+                return False  # (no hosted calls: record_step's own owner check fences the step)
             stop = record_hosted(
                 conn, self.registry, context.model_copy(update={"request_id": request_id}), hosted,
                 self.hosted_policy,

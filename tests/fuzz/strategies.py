@@ -8,12 +8,31 @@ the long `make fuzz` run (bench/fuzz), which draws from the same shapes.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from executor.providers.common import NAME_MARKER
+
+EXAMPLES = int(os.environ.get("TOOLFENCE_FUZZ_EXAMPLES", "2000"))
+"""Examples per in-memory target (`TOOLFENCE_FUZZ_EXAMPLES`, 2,000 by default)."""
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.filter_too_much,
+        HealthCheck.function_scoped_fixture,
+    ],
+)
+DB_FUZZ = settings(FUZZ, max_examples=max(1, EXAMPLES // 2))
+"""An example is a rolled-back enqueue."""
+SLOW_FUZZ = settings(FUZZ, max_examples=max(1, EXAMPLES // 10))
+"""An example is a commit on PostgreSQL (the hosted path) or a request to the app."""
 
 T = TypeVar("T")
 

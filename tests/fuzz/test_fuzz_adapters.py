@@ -4,25 +4,16 @@ surface's own checks chose (never the boundary's net: that is a crash here)."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from executor.providers import SURFACES, AdapterError, AdapterErrorCode
 from executor.providers.common import decode_tool_name
 from tests.fuzz import targets
-from tests.fuzz.strategies import ENVELOPES, nested
-
-EXAMPLES = int(os.environ.get("TOOLFENCE_FUZZ_EXAMPLES", "2000"))
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    derandomize=False,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
-)
+from tests.fuzz.strategies import ENVELOPES, FUZZ, nested
 
 
 @pytest.mark.parametrize("surface", sorted(SURFACES))

@@ -4,18 +4,19 @@ savepoint rolled back after each example, the caller's own row checked)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy import Connection, Engine, text
 
 from executor.core.types import ProposedCall
 from tests.fuzz import targets
 from tests.fuzz.strategies import (
+    DB_FUZZ,
+    FUZZ,
     argument_objects,
     argument_texts,
     call_ids,
@@ -23,19 +24,6 @@ from tests.fuzz.strategies import (
     neutral_call_lists,
     tool_names,
 )
-
-EXAMPLES = int(os.environ.get("TOOLFENCE_FUZZ_EXAMPLES", "2000"))
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=[
-        HealthCheck.too_slow,
-        HealthCheck.data_too_large,
-        HealthCheck.filter_too_much,
-        HealthCheck.function_scoped_fixture,
-    ],
-)
-DB_FUZZ = settings(FUZZ, max_examples=max(1, EXAMPLES // 2))
 
 proposed_calls = st.builds(
     ProposedCall,

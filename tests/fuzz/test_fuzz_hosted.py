@@ -10,29 +10,17 @@ surface (200 by default)."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy import Engine
 
 from executor.providers import SURFACES
 from tests.fuzz import targets
 from tests.fuzz.shapes import DEEP_TEXT, hosted_envelope
-from tests.fuzz.strategies import DataPicker
-
-EXAMPLES = int(os.environ.get("TOOLFENCE_FUZZ_EXAMPLES", "2000"))
-HOSTED_FUZZ = settings(
-    max_examples=max(1, EXAMPLES // 10),
-    deadline=None,
-    suppress_health_check=[
-        HealthCheck.too_slow,
-        HealthCheck.data_too_large,
-        HealthCheck.function_scoped_fixture,
-    ],
-)
+from tests.fuzz.strategies import SLOW_FUZZ, DataPicker
 
 
 @pytest.fixture
@@ -43,7 +31,7 @@ def caller_db(pg_engine: Engine) -> Engine:
 
 @pytest.mark.parametrize("surface", sorted(SURFACES))
 def test_fuzz_hosted_enqueue__any_envelope__caller_row_survives(surface: str, caller_db: Engine) -> None:
-    @HOSTED_FUZZ
+    @SLOW_FUZZ
     @given(data=st.data())
     def run(data: st.DataObject) -> None:
         targets.hosted_enqueue(caller_db, surface, hosted_envelope(surface, DataPicker(data)))

@@ -10,29 +10,18 @@ Each example is a request through the whole app and its database:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.fuzz.http_targets import HttpRig, every_route
 from tests.fuzz.shapes import ROUTES, HttpRequest, console_request, http_request
-from tests.fuzz.strategies import DataPicker
+from tests.fuzz.strategies import SLOW_FUZZ, DataPicker
 
 FORM = {"Content-Type": "application/x-www-form-urlencoded"}
-EXAMPLES = int(os.environ.get("TOOLFENCE_FUZZ_EXAMPLES", "2000"))
-HTTP_FUZZ = settings(
-    max_examples=max(1, EXAMPLES // 10),
-    deadline=None,
-    suppress_health_check=[
-        HealthCheck.too_slow,
-        HealthCheck.data_too_large,
-        HealthCheck.function_scoped_fixture,
-    ],
-)
 
 
 @pytest.fixture
@@ -49,7 +38,7 @@ def test_fuzz_targets__every_api_route__fuzzed(rig: HttpRig) -> None:
 
 
 def test_fuzz_api__any_request__no_5xx_problem_json_no_echo(rig: HttpRig) -> None:
-    @HTTP_FUZZ
+    @SLOW_FUZZ
     @given(data=st.data())
     def run(data: st.DataObject) -> None:
         rig.api(http_request(DataPicker(data), rig.keys, rig.ids))
@@ -58,7 +47,7 @@ def test_fuzz_api__any_request__no_5xx_problem_json_no_echo(rig: HttpRig) -> Non
 
 
 def test_fuzz_console__any_form__no_5xx_no_echo(rig: HttpRig) -> None:
-    @HTTP_FUZZ
+    @SLOW_FUZZ
     @given(data=st.data())
     def run(data: st.DataObject) -> None:
         request, cookie = console_request(DataPicker(data), rig.keys, rig.ids, rig.csrf)

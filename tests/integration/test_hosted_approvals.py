@@ -17,15 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from notekit import REGISTRY
 from openai.types.responses import Response, ResponseInputItemParam
-from pydantic import BaseModel, ConfigDict, TypeAdapter
+from pydantic import TypeAdapter
 from sqlalchemy import Engine, select
 
 from executor import store
 from executor.cli.main import main
 from executor.core.approvers import ApproverPolicy, ApproverRefusal
 from executor.core.states import ApprovalState
-from executor.core.tools import Access, Approval, Mode, Registry, RunContext, Tool
 from executor.core.types import ErrorCode, FailedTerminal, ServerContext
 from executor.providers import openai_responses
 from executor.providers.hosted import HostedPolicy, HostedServer, hosted_intent_hash
@@ -42,27 +42,6 @@ ARGUMENTS_RESPELT = '{"api_key":"sk-live-abcdefghijklmnop","customer_id":"c-42",
 OTHER_ARGUMENTS = '{"customer_id": "c-43", "email": "new@example.com", "api_key": "sk-live-abcdefghijklmnop"}'
 RESPONSES = openai_responses.SURFACE
 
-
-class NoteArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    text: str
-
-
-class Out(BaseModel):
-    text: str
-
-
-def _read(args: NoteArgs, ctx: RunContext) -> Out:
-    return Out(text=args.text)
-
-
-REGISTRY = Registry([
-    Tool(
-        name="notes.read", description="read a note", mode=Mode.READ, input_model=NoteArgs,
-        output_model=Out, run=_read, access=Access.public_tool(), untrusted_output=False,
-        approval=Approval.never(),
-    ),
-])
 
 POLICY = HostedPolicy(
     servers=(

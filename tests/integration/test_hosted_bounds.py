@@ -18,14 +18,13 @@ from typing import Any
 
 import anthropic.types.beta as anthropic_beta
 import pytest
+from notekit import REGISTRY
 from openai.types.responses import Response
-from pydantic import BaseModel, ConfigDict
 from sqlalchemy import Engine, select, text
 
 from executor import store
 from executor.core.approvers import ApproverPolicy
 from executor.core.identifiers import InvalidIdentifier
-from executor.core.tools import Access, Approval, Mode, Registry, RunContext, Tool
 from executor.core.types import ErrorCode, FailedTerminal, Pending, ProposedCall, ServerContext
 from executor.providers import anthropic_messages, openai_responses
 from executor.providers.hosted import HostedCall, HostedPolicy, HostedServer
@@ -36,28 +35,6 @@ from outbox.results import results
 RESPONSES = openai_responses.SURFACE
 DEEP = "[" * 5000 + "]" * 5000
 ARGUMENTS = '{"customer_id": "c-42"}'
-
-
-class NoteArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    text: str
-
-
-class Out(BaseModel):
-    text: str
-
-
-def _read(args: NoteArgs, ctx: RunContext) -> Out:
-    return Out(text=args.text)
-
-
-REGISTRY = Registry([
-    Tool(
-        name="notes.read", description="read a note", mode=Mode.READ, input_model=NoteArgs,
-        output_model=Out, run=_read, access=Access.public_tool(), untrusted_output=False,
-        approval=Approval.never(),
-    ),
-])
 
 
 def policy(label: str = "crm", tool: str = "update_customer") -> HostedPolicy:

@@ -9,14 +9,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from notekit import REGISTRY
 from prometheus_client import REGISTRY as METRICS
-from pydantic import BaseModel, ConfigDict
 from sqlalchemy import Engine, select
 
 from executor.core import invariants
 from executor.core.admission import Gate
 from executor.core.budgets import BudgetLimits, Budgets
-from executor.core.tools import Access, Approval, Mode, Registry, RunContext, Tool
 from executor.core.types import ErrorCode, FailedTerminal, Pending, ProposedCall, ServerContext
 from executor.providers.hosted import NO_HOSTED_TOOLS, HostedCall, HostedPolicy, HostedServer
 from executor.store.schema import calls as calls_table
@@ -27,27 +26,6 @@ from outbox.results import results
 SECRET_ARGUMENTS = '{"scope": "every customer", "token": "sk-hosted-arguments"}'
 SECRET_DIGEST = "d" * 64
 
-
-class NoteArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    text: str
-
-
-class Out(BaseModel):
-    text: str
-
-
-def _read(args: NoteArgs, ctx: RunContext) -> Out:
-    return Out(text=args.text)
-
-
-REGISTRY = Registry([
-    Tool(
-        name="notes.read", description="read a note", mode=Mode.READ, input_model=NoteArgs,
-        output_model=Out, run=_read, access=Access.public_tool(), untrusted_output=False,
-        approval=Approval.never(),
-    ),
-])
 
 POLICY = HostedPolicy(
     servers=(

@@ -9,17 +9,14 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from sqlalchemy import Engine, select
 from turnkit import drive, write_script
 
 from executor.core.sanitize import REDACTED
 from executor.core.types import ServerContext
 from executor.settings import Settings
-from executor.store.engine import make_engine
 from executor.store.schema import turn_steps, turns
 from executor.turns.service import get_turn, start_turn
 from ledger.tools import registry
@@ -28,21 +25,6 @@ ROOT = Path(__file__).resolve().parents[2]
 SECRET = "Ab12Cd34Ef56Gh78Ij90Kl12"
 PRINCIPAL = f"sk-{SECRET}"  # a valid identifier, shaped like an OpenAI key
 ANSWER = f"Your key is sk-proj-{SECRET}\x1b]0;owned\x07 and the db password=hunter2hunter2.\nBye."
-
-
-@pytest.fixture
-def engine(db_url: str) -> Iterator[Engine]:
-    eng = make_engine(db_url)
-    yield eng
-    eng.dispose()
-
-
-@pytest.fixture
-def settings(db_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Settings:
-    monkeypatch.setenv("TOOLFENCE_DATABASE_URL", db_url)
-    monkeypatch.setenv("TOOLFENCE_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("TOOLFENCE_FAULT_POINTS", raising=False)
-    return Settings.from_env().with_(lease_seconds=1.0, turn_wait_seconds=0.05)
 
 
 def _toolfence(database_url: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:

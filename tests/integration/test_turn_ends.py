@@ -11,7 +11,6 @@ worker subprocesses with TOOLFENCE_HOSTED_POLICY.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +24,10 @@ from executor.core.types import ServerContext
 from executor.providers import SURFACES, encode_tool_name
 from executor.providers.hosted import HostedPolicy, HostedServer
 from executor.settings import Settings
-from executor.store.engine import make_engine
 from executor.store.schema import hosted_approvals, hosted_calls, operations
 from executor.turns.drivers import DriverError
 from executor.turns.service import get_turn, start_turn
 from executor.turns.values import ModelRequest, ModelResponse, step_request_id
-from ledger import service as ledger_service
 from ledger.service import Ledger
 from ledger.tools import registry
 from outbox.results import results
@@ -44,32 +41,6 @@ CRM = HostedPolicy(
     ),),
     builtin_tools=frozenset({"web_search"}),
 )
-
-
-@pytest.fixture
-def engine(db_url: str) -> Iterator[Engine]:
-    eng = make_engine(db_url)
-    yield eng
-    eng.dispose()
-
-
-@pytest.fixture
-def settings(db_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Settings:
-    monkeypatch.setenv("TOOLFENCE_DATABASE_URL", db_url)
-    monkeypatch.setenv("TOOLFENCE_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("TOOLFENCE_FAULT_POINTS", raising=False)
-    monkeypatch.delenv("TOOLFENCE_HOSTED_POLICY", raising=False)
-    return Settings.from_env().with_(lease_seconds=1.0, turn_wait_seconds=0.05)
-
-
-@pytest.fixture
-def ledger(db_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Ledger]:
-    book = Ledger(db_url)
-    monkeypatch.setattr(ledger_service, "_default", book)
-    book.create_schema()
-    book.open_account("acme-1", "acme", 10_000_000)
-    yield book
-    book.engine.dispose()
 
 
 def start(engine: Engine, driver: str) -> str:

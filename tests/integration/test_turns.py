@@ -9,7 +9,6 @@ the same loop in worker subprocesses with SIGKILLs.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -40,33 +39,6 @@ ALICE = ServerContext(
     principal="alice", tenant="acme", roles=frozenset({"member", "vip-admin"}), request_id="turn"
 )
 APPROVER = ServerContext(principal="bob", tenant="acme", roles=frozenset({"approver"}), request_id="ap")
-
-
-@pytest.fixture
-def engine(db_url: str) -> Iterator[Engine]:
-    eng = make_engine(db_url)
-    yield eng
-    eng.dispose()
-
-
-@pytest.fixture
-def settings(db_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Settings:
-    monkeypatch.setenv("TOOLFENCE_DATABASE_URL", db_url)
-    monkeypatch.setenv("TOOLFENCE_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("TOOLFENCE_FAULT_POINTS", raising=False)
-    # Short waits: in one process the operations run between the turn job's passes.
-    return Settings.from_env().with_(lease_seconds=1.0, turn_wait_seconds=0.05)
-
-
-@pytest.fixture
-def ledger(db_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Ledger]:
-    book = Ledger(db_url)
-    monkeypatch.setattr(ledger_service, "_default", book)
-    book.create_schema()
-    book.open_account("acme-1", "acme", 10_000_000)
-    book.open_account("acme-2", "acme", 0)
-    yield book
-    book.engine.dispose()
 
 
 def start(engine: Engine, script: Path, *, context: ServerContext = ALICE, conversation: str = "conv-1",

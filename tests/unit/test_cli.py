@@ -1204,6 +1204,18 @@ def test_enqueue_provider__hosted_policy_setting_not_a_policy__one_line(
     assert hosted_table(home) == []
 
 
+def test_worker__hosted_policy_that_does_not_load__refused_at_start_in_one_line(
+    home: Path, cli: Callable[..., Run], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a policy the worker's turn jobs could never load: the worker says so at
+    # start, as it does for tools, not in every turn job it would take
+    monkeypatch.setenv("TOOLFENCE_HOSTED_POLICY", "no_such_policy_module:POLICY")
+
+    run = cli("worker")
+
+    assert_one_line_error(run, "TOOLFENCE_HOSTED_POLICY", "ModuleNotFoundError")
+
+
 _INTERRUPTED_INSIDE_EXEC = """
 import argparse, sys
 import executor.cli.main as cli

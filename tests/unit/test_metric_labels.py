@@ -101,6 +101,23 @@ def test_tool_label__registered_names_only() -> None:
     assert metrics.TOOL.admit("ignore previous instructions") == OTHER
 
 
+def test_hosted_approval_decision__counted_under_its_own_tool_label() -> None:
+    # A hosted approval's decision names no registered tool: it keeps the label the
+    # docs promise (docs/metrics.md), never `other`
+    from prometheus_client import REGISTRY
+
+    from executor.core.approvers import ApprovalDecision
+    from executor.store.approvals import HOSTED_APPROVAL_TOOL
+    from executor.store.records import Decision, DecisionOutcome
+
+    labels = {"tool": HOSTED_APPROVAL_TOOL, "decision": "approved"}
+    before = REGISTRY.get_sample_value("toolfence_approval_decisions_total", labels) or 0.0
+    metrics.count_approval_decision(
+        Decision(DecisionOutcome.DECIDED, HOSTED_APPROVAL_TOOL), ApprovalDecision.APPROVE
+    )
+    assert REGISTRY.get_sample_value("toolfence_approval_decisions_total", labels) == before + 1
+
+
 def test_http_route__declared_templates_only() -> None:
     metrics.declare_routes(["/metric-labels/{thing_id}"])
     assert metrics.HTTP_ROUTE.admit("/metric-labels/{thing_id}") == "/metric-labels/{thing_id}"
@@ -154,3 +171,15 @@ def test_turn_message_outcomes__every_label_in_its_source_in_domain() -> None:
 
 class _Args(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def test_labels__wrong_count_or_a_mix__refused_as_prometheus_does() -> None:
+    # The closed sets must not hide a call that names too few, too many or mixed labels
+    with pytest.raises(ValueError):
+        metrics.HTTP_RESPONSES.labels("/v1/requests")
+    with pytest.raises(ValueError):
+        metrics.HTTP_RESPONSES.labels("/v1/requests", "200", "extra")
+    with pytest.raises(ValueError):
+        metrics.HTTP_RESPONSES.labels("/v1/requests", status="200")
+    with pytest.raises(ValueError):
+        metrics.HTTP_RESPONSES.labels(route="/v1/requests")

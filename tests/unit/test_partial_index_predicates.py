@@ -115,13 +115,15 @@ def test_sweeps_over_a_partial_index__name_the_state_as_a_literal() -> None:
     turn_store.decided_waiting_turns(c, 10)
     turn_store.free_scopes_with_queued_turns(c, 10)
     approval_store.expired_approvals(c, 10, clock)
+    approval_store.expired_hosted_approvals(c, 10, clock)
+    approval_store.pending_hosted_approvals(c)
     reads.due_retries(c, 10, clock)
     reads.stale_started(c, 10, clock)
     operator.pending_approvals(c)
     operator.reconciliation_pending(c)
     expected = [
         "= 'running'", "= 'waiting_approval'", "running.state = 'running'", "= 'pending'",
-        "= 'retry_wait'", "= 'started'", "= 'pending'", "= 'reconciliation_pending'",
+        "= 'pending'", "= 'pending'", "= 'retry_wait'", "= 'started'", "= 'pending'", "= 'reconciliation_pending'",
     ]
     assert len(conn.sql) == len(expected)
     for sql, literal in zip(conn.sql, expected, strict=True):

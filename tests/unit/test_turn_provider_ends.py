@@ -132,6 +132,8 @@ class Recorder:
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         self.bodies.append(json.loads(request.content or b"{}"))
+        if not self.responses:  # the provider fails the request (an overloaded API)
+            return httpx.Response(529, json={"type": "error", "error": {"type": "overloaded_error"}})
         return httpx.Response(200, json=self.responses.pop(0))
 
     def client(self) -> Any:
@@ -186,8 +188,27 @@ def test_anthropic_json_driver__still_paused__is_a_driver_error_never_a_partial_
     driver = sdk.build("anthropic+json", "claude", client=mock.client())
     with pytest.raises(DriverError) as paused:
         driver.call(request(max_continuations=1))
-    assert (paused.value.code, paused.value.retryable) == ("pause_turn", True)
+    # Not retryable: a retry would run the paused server tools again
+    assert (paused.value.code, paused.value.retryable) == ("pause_turn", False)
     assert len(mock.bodies) == 2
+
+
+def test_anthropic_driver__a_continuation_fails__the_rounds_that_ran_are_still_answered() -> None:
+    # Given a paused first round (its server tool ran) and a continuation the API refuses
+    mock = Recorder(PAUSED)
+    driver = sdk.build("anthropic", "claude", client=mock.client())
+    response = driver.call(request(max_continuations=3))
+    # Then the first round is answered, still paused: its hosted call is there to be
+    # recorded, and the turn ends pause_turn instead of losing it (or running it again)
+    assert len(mock.bodies) == 2
+    assert response.raw is not None and response.raw["stop_reason"] == "pause_turn"
+    [call] = hosted_calls("anthropic", response.raw)  # type: ignore[misc]
+    assert call.item_id == "srvtoolu_1"
+    parsed = parse_response("anthropic", response.raw, registry.names())
+    assert isinstance(parsed, ContractError) and parsed.code == "pause_turn"
+    # A first request that fails is the driver's error, as before
+    with pytest.raises(DriverError):
+        sdk.build("anthropic", "claude", client=Recorder().client()).call(request(max_continuations=3))
 
 
 def test_anthropic_driver__tool_call_response__is_not_continued() -> None:

@@ -6,7 +6,7 @@ import argparse
 import os
 from typing import Any
 
-from executor.cli.common import engine_of, registry_of, settings
+from executor.cli.common import engine_of, hosted_policy_of, registry_of, settings
 from executor.settings import using
 from executor.settings.sources import DEFAULT
 
@@ -35,6 +35,7 @@ def _work(args: argparse.Namespace) -> int:
     chosen = settings()
     engine_of(chosen)
     registry_of(chosen)  # fail here, not in the first task, when the tools do not load
+    hosted_policy_of(chosen)  # and the hosted-tool policy the turn jobs check
     from celery import signals as celery_signals
 
     from executor.worker.celery_app import worker_app

@@ -9,6 +9,7 @@ produce, not against hand-written dicts that merely look right.
 from __future__ import annotations
 
 import json
+import typing
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -318,3 +319,11 @@ def _materialise(value: Any) -> Any:
 
 def json_text(value: str) -> Any:
     return json.loads(value)
+
+
+def sdk_literals(annotation: Any) -> set[str]:
+    """Every string of the Literal types inside an SDK's type annotation (Optional,
+    Union, ...): the values an SDK defines for a `type`, a status or an end reason."""
+    if typing.get_origin(annotation) is typing.Literal:
+        return {value for value in typing.get_args(annotation) if isinstance(value, str)}
+    return set().union(*(sdk_literals(arg) for arg in typing.get_args(annotation)))

@@ -9,7 +9,6 @@ so a value a new SDK adds fails here until it is classified.
 
 from __future__ import annotations
 
-import typing
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +20,7 @@ from adapter_testkit import (
     interaction_response,
     openai_chat_response,
     openai_responses_response,
+    sdk_literals,
 )
 from anthropic.types import StopReason
 from google.genai import interactions as genai_interactions
@@ -43,20 +43,12 @@ from executor.providers.endings import Ending, Endings
 from executor.turns.contract import ContractError
 from executor.turns.native import parse_response
 
-
-def _literals(annotation: Any) -> set[str]:
-    """Every string of the Literal types inside `annotation` (Optional, Union, ...)."""
-    if typing.get_origin(annotation) is typing.Literal:
-        return {value for value in typing.get_args(annotation) if isinstance(value, str)}
-    return set().union(*(_literals(arg) for arg in typing.get_args(annotation)))
-
-
 SDK_ENDS: dict[str, tuple[Endings, set[str]]] = {
-    "openai-chat": (openai_chat.ENDINGS, _literals(Choice.model_fields["finish_reason"].annotation)),
-    "openai-responses": (openai_responses.ENDINGS, _literals(Response.model_fields["status"].annotation)),
-    "anthropic": (anthropic_messages.ENDINGS, _literals(StopReason)),
+    "openai-chat": (openai_chat.ENDINGS, sdk_literals(Choice.model_fields["finish_reason"].annotation)),
+    "openai-responses": (openai_responses.ENDINGS, sdk_literals(Response.model_fields["status"].annotation)),
+    "anthropic": (anthropic_messages.ENDINGS, sdk_literals(StopReason)),
     "gemini": (gemini_generate.ENDINGS, {reason.value for reason in genai_types.FinishReason}),
-    "gemini-interactions": (gemini_interactions.ENDINGS, _literals(genai_interactions.InteractionStatus)),
+    "gemini-interactions": (gemini_interactions.ENDINGS, sdk_literals(genai_interactions.InteractionStatus)),
 }
 
 
@@ -74,7 +66,7 @@ def test_every_sdk_end_value__classified_explicitly(surface_name: str) -> None:
 
 
 def test_responses_incomplete_reasons__every_sdk_reason_refused() -> None:
-    reasons = _literals(IncompleteDetails.model_fields["reason"].annotation)
+    reasons = sdk_literals(IncompleteDetails.model_fields["reason"].annotation)
     assert "content_filter" in reasons
     for reason in reasons:
         response = _responses_text_only("incomplete", reason)
@@ -233,6 +225,24 @@ def test_responses__filtered_with_calls__refused_as_filtered() -> None:
     assert excinfo.value.code is AdapterErrorCode.FILTERED_RESPONSE
 
 
+def test_cut_response__its_last_call_malformed__refused_as_cut_not_as_malformed() -> None:
+    # A response cut mid-call may end with a call that does not parse: the end is
+    # read first, so the refusal says it was cut (what happened), not malformed
+    anthropic = anthropic_response(
+        [Call("toolu_1", "get_weather", {"city": "Oslo"})], stop_reason="max_tokens"
+    )
+    anthropic["content"][-1]["input"] = "not an object"
+    responses = openai_responses_response([Call("call_1", "get_weather", '{"city":"Oslo"}')])
+    responses["status"] = "incomplete"
+    responses["incomplete_details"] = {"reason": "max_output_tokens"}
+    del responses["output"][-1]["call_id"]
+    for read, response in ((anthropic_messages.read_proposals, anthropic),
+                           (openai_responses.read_proposals, responses)):
+        with pytest.raises(AdapterError) as excinfo:
+            read(response)
+        assert excinfo.value.code is AdapterErrorCode.TRUNCATED_RESPONSE, excinfo.value
+
+
 # ---------------------------------------------------------------- Anthropic pause_turn
 
 
@@ -250,6 +260,6 @@ def test_anthropic__pause_turn__not_refused_and_detectable() -> None:
 
 
 def test_anthropic__paused__false_for_every_other_end() -> None:
-    for end in _literals(StopReason) - {"pause_turn"}:
+    for end in sdk_literals(StopReason) - {"pause_turn"}:
         assert anthropic_messages.paused({"stop_reason": end, "content": []}) is False
     assert anthropic_messages.paused({"content": []}) is False

@@ -19,7 +19,7 @@ import anthropic.types as anthropic_types
 import anthropic.types.beta as anthropic_beta
 import openai.types.responses as responses_types
 import pytest
-from adapter_testkit import anthropic_response, openai_chat_response
+from adapter_testkit import anthropic_response, openai_chat_response, sdk_literals
 from google.genai import interactions as genai_interactions
 from google.genai import types as genai_types
 from openai.types.chat import ChatCompletionMessageToolCallUnion
@@ -51,11 +51,6 @@ def _members(union: Any) -> list[Any]:
     ]
 
 
-def _literals(annotation: Any) -> set[str]:
-    if typing.get_origin(annotation) is typing.Literal:
-        return {value for value in typing.get_args(annotation) if isinstance(value, str)}
-    return set().union(*(_literals(arg) for arg in typing.get_args(annotation)))
-
 
 def _type_values(*unions: Any) -> list[str]:
     values: set[str] = set()
@@ -63,7 +58,7 @@ def _type_values(*unions: Any) -> list[str]:
         for member in _members(union):
             field = member.model_fields.get("type")
             if field is not None:
-                values |= _literals(field.annotation)
+                values |= sdk_literals(field.annotation)
     assert len(values) >= 5, "the SDK's types were not found"
     return sorted(values)
 
@@ -123,7 +118,10 @@ def test_responses__client_tool_search__refused_not_reported() -> None:
 
 CHAT_CALL_TYPES = sorted(
     set().union(
-        *(_literals(m.model_fields["type"].annotation) for m in _members(ChatCompletionMessageToolCallUnion))
+        *(
+            sdk_literals(m.model_fields["type"].annotation)
+            for m in _members(ChatCompletionMessageToolCallUnion)
+        )
     )
 )
 
