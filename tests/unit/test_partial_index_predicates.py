@@ -123,7 +123,8 @@ def test_sweeps_over_a_partial_index__name_the_state_as_a_literal() -> None:
     operator.reconciliation_pending(c)
     expected = [
         "= 'running'", "= 'waiting_approval'", "running.state = 'running'", "= 'pending'",
-        "= 'pending'", "= 'pending'", "= 'retry_wait'", "= 'started'", "= 'pending'", "= 'reconciliation_pending'",
+        "= 'pending'", "= 'pending'", "= 'retry_wait'", "= 'started'", "= 'pending'",
+        "= 'reconciliation_pending'",
     ]
     assert len(conn.sql) == len(expected)
     for sql, literal in zip(conn.sql, expected, strict=True):
