@@ -1,6 +1,7 @@
 """A one-tool registry for the hosted-path tests (test_hosted_calls,
 test_hosted_approvals, test_hosted_bounds): `notes.read`, a public read that
-echoes its text, so a proposal beside the provider-run calls has something to run."""
+echoes its text, so a proposal beside the provider-run calls has something to run.
+test_producer builds its own tools from the same argument and output models."""
 
 from __future__ import annotations
 
@@ -18,14 +19,14 @@ class Out(BaseModel):
     text: str
 
 
-def _read(args: NoteArgs, ctx: RunContext) -> Out:
+def read_note(args: NoteArgs, ctx: RunContext) -> Out:
     return Out(text=args.text)
 
 
 REGISTRY = Registry([
     Tool(
         name="notes.read", description="read a note", mode=Mode.READ, input_model=NoteArgs,
-        output_model=Out, run=_read, access=Access.public_tool(), untrusted_output=False,
+        output_model=Out, run=read_note, access=Access.public_tool(), untrusted_output=False,
         approval=Approval.never(),
     ),
 ])

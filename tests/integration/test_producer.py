@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from pydantic import BaseModel, ConfigDict
+from notekit import NoteArgs, Out, read_note
 from sqlalchemy import Engine, func, select
 
 from executor import store
@@ -34,19 +34,6 @@ from outbox.producer import EnqueueHandle, default_operation_id, enqueue
 from outbox.results import results
 
 
-class NoteArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    text: str
-
-
-class Out(BaseModel):
-    text: str
-
-
-def _read(args: NoteArgs, ctx: RunContext) -> Out:
-    return Out(text=args.text)
-
-
 def _write(args: NoteArgs, ctx: RunContext) -> Written:
     return Written(Out(text=args.text), receipt=f"r-{ctx.operation_id}")
 
@@ -54,7 +41,7 @@ def _write(args: NoteArgs, ctx: RunContext) -> Written:
 def _tool(name: str, mode: Mode, **extra: Any) -> Tool[NoteArgs]:
     return Tool(
         name=name, description=name, mode=mode, input_model=NoteArgs, output_model=Out,
-        run=_write if mode is Mode.WRITE else _read, access=Access.public_tool(), untrusted_output=False,
+        run=_write if mode is Mode.WRITE else read_note, access=Access.public_tool(), untrusted_output=False,
         approval=Approval.never(), **({"effect": [Effect.IDEMPOTENT]} if mode is Mode.WRITE else {}),
         **extra,
     )
