@@ -36,6 +36,7 @@ from executor.core.strictjson import (
     _value_depth_exceeds,
     contains_lone_surrogate,
 )
+from executor.core.surfaces import surface_forces_approval, surface_offers, unlisted_argument
 from executor.core.tools import Registry, Tool, ToolFailure
 from executor.core.types import ErrorCode, ErrorDetail, FailedTerminal, ProposedCall, ServerContext
 from executor.errors import AdmissionError
@@ -66,6 +67,9 @@ class Gate(StrEnum):
     REGISTRATION = "registration"
     # A provider-run call outside the hosted-tool policy, reported after the proposals.
     HOSTED = "hosted"
+    # A listed argument (executor/core/surfaces.py) names an item the server did not
+    # list: after the schema, before the tool's access rule runs.
+    TARGETS = "targets"
 
 
 @dataclass(frozen=True)
@@ -186,6 +190,14 @@ def exposed_to(tool: Tool[Any], ctx: ServerContext) -> bool:
     return tool.access.exposed_to(ctx)
 
 
+def offered_to(registry: Registry, tool: Tool[Any], ctx: ServerContext) -> bool:
+    """`exposed_to`, narrowed by the context's turn surface (its catalog and write
+    rule, executor/core/surfaces.py): what a turn of that surface is shown and may
+    run. Without a surface, exactly `exposed_to`; a surface the registry does not
+    declare offers nothing."""
+    return exposed_to(tool, ctx) and surface_offers(registry, tool, ctx)
+
+
 # ---------------------------------------------------------------- gate 1: allowlist
 
 
@@ -193,11 +205,38 @@ def gate_allowlist(call: ProposedCall, registry: Registry, ctx: ServerContext) -
     tool = registry.get(call.tool_name)
     if tool is None:
         raise _reject(call, Gate.ALLOWLIST, ErrorCode.UNKNOWN_TOOL, "no such tool")
-    if not exposed_to(tool, ctx):
+    if not offered_to(registry, tool, ctx):
         raise _reject(
             call, Gate.ALLOWLIST, ErrorCode.TOOL_NOT_ALLOWED, "this tool is not available here"
         )
     return tool
+
+
+# ---------------------------------------------------------------- gate 3b: listed targets
+
+
+TARGET_NOT_LISTED = "not_listed"
+
+
+def target_refusal(tool: Tool[Any], arguments_json: Mapping[str, Any], ctx: ServerContext) -> Refusal | None:
+    """A listed argument naming an item the server did not list refuses the call,
+    before its access rule runs: a model-made id is never looked up. The path is the
+    argument's name, never its value."""
+    name = unlisted_argument(tool, arguments_json, ctx)
+    if name is None:
+        return None
+    return Refusal(
+        ErrorCode.TARGET_NOT_OFFERED, "the call names an item that was not listed",
+        (ErrorDetail(path=name, code=TARGET_NOT_LISTED, expected="the id of a listed item"),),
+    )
+
+
+def gate_targets(call: ProposedCall, tool: Tool[Any], args: BaseModel, ctx: ServerContext) -> None:
+    if not tool.listed:
+        return
+    refusal = target_refusal(tool, args.model_dump(mode="json"), ctx)
+    if refusal is not None:
+        raise _reject(call, Gate.TARGETS, refusal.code, refusal.message, refusal.details)
 
 
 # ---------------------------------------------------------------- gate 2: parse
@@ -517,9 +556,13 @@ def gate_approval(
     call: ProposedCall, tool: Tool[Any], args: BaseModel, ctx: ServerContext,
     reraise: tuple[type[BaseException], ...] = (),
     refusal_for: RefusalFor | None = None,
+    *,
+    forced: bool = False,
 ) -> tuple[bool, dict[str, Any] | None]:
+    """Whether a person must approve, and what they are shown. `forced`: the
+    context's surface wants every write approved (its tool's predicate is not asked)."""
     try:
-        needed = approval_needed(tool, args, ctx, reraise=reraise)
+        needed = forced or approval_needed(tool, args, ctx, reraise=reraise)
     except reraise as exc:
         raise _undecided(call, Gate.APPROVAL, exc, refusal_for) from None
     if not needed:
@@ -622,10 +665,14 @@ def admit(
         tool = gate_allowlist(call, registry, ctx)
         value = gate_parse(call, limits)
         args = gate_schema(call, tool, value)
+        gate_targets(call, tool, args, ctx)
         gate_authorization(call, tool, args, ctx, reraise, refusal_for)
         gate_business_rules(call, tool, args, ctx, reraise, refusal_for)
         approved_resources = gate_resources(call, tool, args, ctx, reraise, refusal_for)
-        needs_approval, impact = gate_approval(call, tool, args, ctx, reraise, refusal_for)
+        needs_approval, impact = gate_approval(
+            call, tool, args, ctx, reraise, refusal_for,
+            forced=surface_forces_approval(registry, tool, ctx),
+        )
         impact = _impact_with_resources(impact, approved_resources)
         try:
             digest = compute_intent_hash(tool, args, ctx, approved_resources)
@@ -675,6 +722,18 @@ def recheck_access(
     return None if refusal is None else refusal.code
 
 
+def recheck_surface(
+    registry: Registry, tool: Tool[Any], arguments_json: Mapping[str, Any], ctx: ServerContext
+) -> Refusal | None:
+    """The worker's turn-surface check just before running, on the context stored
+    with the operation and the registry's surfaces *now*: a tool the surface no
+    longer offers (or a surface no longer declared) and a listed argument naming an
+    item that was not listed are refused as admission would have."""
+    if not surface_offers(registry, tool, ctx):
+        return Refusal(ErrorCode.TOOL_NOT_ALLOWED, "this tool is not available here")
+    return target_refusal(tool, arguments_json, ctx) if tool.listed else None
+
+
 def recheck_before_run(
     tool: Tool[Any],
     args: BaseModel,
@@ -683,15 +742,17 @@ def recheck_before_run(
     approved: bool,
     business_rules: bool = True,
     reraise: tuple[type[BaseException], ...] = (),
+    forced_approval: bool = False,
 ) -> Refusal | None:
     """After access: the approval requirement and the business rules, again, just
     before the downstream call (docs/design.md §Worker). An approval approves an
     intent, not the facts it was shown, so an approved call's rules are checked
     too; a call the *current* policy wants approved runs only with an approval.
     `business_rules=False` skips the rules (the worker's retry of a write whose
-    earlier attempt may already have changed those facts itself).
+    earlier attempt may already have changed those facts itself). `forced_approval`:
+    the context's surface wants every write approved (`surface_forces_approval`).
     """
-    if not approved and approval_needed(tool, args, ctx, reraise=reraise):
+    if not approved and (forced_approval or approval_needed(tool, args, ctx, reraise=reraise)):
         return Refusal(
             ErrorCode.APPROVAL_REQUIRED, "the tool now needs an approval this call does not have"
         )

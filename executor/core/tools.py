@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -24,6 +24,9 @@ from executor.core.budgets import ToolBudget
 from executor.core.sanitize import ERROR_MESSAGE_MAX_CHARS, sanitize_error_text, sanitize_json
 from executor.core.types import ErrorCode, ErrorDetail, ServerContext
 from executor.errors import AdmissionError, ConfigurationError, WorkerError
+
+if TYPE_CHECKING:
+    from executor.core.surfaces import Surface
 
 ArgsT = TypeVar("ArgsT", bound=BaseModel)
 
@@ -314,6 +317,7 @@ class Tool(Generic[ArgsT]):
         max_age_seconds: float | None = None,
         repeatable: bool = False,
         budget: ToolBudget | None = None,
+        listed: Iterable[str] = (),
     ) -> None:
         if not name or not isinstance(name, str):
             raise ToolDeclarationError("a tool needs a non-empty name")
@@ -399,6 +403,11 @@ class Tool(Generic[ArgsT]):
             )
         if budget is not None and not isinstance(budget, ToolBudget):
             raise ToolDeclarationError(f"tool {name!r}: budget must be a ToolBudget")
+        if isinstance(listed, str) or not isinstance(listed, Iterable):
+            raise ToolDeclarationError(f"tool {name!r}: listed is a collection of argument names")
+        listed_names = frozenset(listed)
+        if unknown := sorted(listed_names - set(input_model.model_fields)):
+            raise ToolDeclarationError(f"tool {name!r}: listed names no argument {unknown[0]!r}")
         self.name = name
         self.description = description
         self.mode = mode
@@ -418,6 +427,8 @@ class Tool(Generic[ArgsT]):
         self.resource_ids = resource_ids
         self.resources = resources
         self.untrusted_output = untrusted_output
+        # Arguments that must name an item the server listed (executor/core/surfaces.py).
+        self.listed: frozenset[str] = listed_names
         self.retry = retry
         self.retryable_exceptions = retryable_exceptions
         self.timeout_seconds = timeout_seconds
@@ -519,6 +530,7 @@ class Registry:
         self, tools: Iterable[Tool[Any]] = (), *, role_resolver: RoleResolver | None = None
     ) -> None:
         self._tools: dict[str, Tool[Any]] = {}
+        self._surfaces: dict[str, Surface] = {}
         self._lock = threading.Lock()
         self.role_resolver = role_resolver
         for tool in tools:
@@ -581,6 +593,25 @@ class Registry:
 
     def names(self) -> list[str]:
         return sorted(self._tools)
+
+    def add_surface(self, surface: Surface) -> Surface:
+        """Declare a turn surface (executor/core/surfaces.py). A catalog may name a
+        tool registered later (an MCP server's); a name with no tool offers nothing."""
+        from executor.core.surfaces import Surface, SurfaceDeclarationError
+
+        if not isinstance(surface, Surface):
+            raise SurfaceDeclarationError("add_surface takes a Surface")
+        with self._lock:
+            if surface.name in self._surfaces:
+                raise SurfaceDeclarationError(f"surface {surface.name!r} is declared twice")
+            self._surfaces[surface.name] = surface
+        return surface
+
+    def surface(self, name: str) -> Surface | None:
+        return self._surfaces.get(name)
+
+    def surface_names(self) -> list[str]:
+        return sorted(self._surfaces)
 
 
 def load_registry(spec: str) -> Registry:

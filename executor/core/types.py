@@ -49,6 +49,8 @@ class ErrorCode(StrEnum):
     # terminal can print (executor/core/identifiers.py): answered per call.
     INVALID_IDENTIFIER = "invalid_identifier"
     TURN_IN_PROGRESS = "turn_in_progress"
+    # A listed argument names an item the server did not list (executor/core/surfaces.py)
+    TARGET_NOT_OFFERED = "target_not_offered"
     # `toolfence serve`: the codes of its problem+json answers (no call result has them)
     UNAUTHENTICATED = "unauthenticated"
     NOT_FOUND = "not_found"
@@ -98,6 +100,12 @@ class ServerContext(_Frozen):
     `request_id` is scoped by `tenant`. `conversation_id` names the application's
     conversation (repeated writes and call budgets are counted over it as well as
     over the request); `turn_id` is carried for correlation.
+
+    `surface` names a turn surface of the registry (`executor.core.surfaces`): its
+    catalog narrows what is shown and runnable, and its write rule applies, at
+    admission and again when the call runs. `offered` is what the server listed to
+    the model (the target ids a tool's listed argument may name); None is "nothing
+    was listed". Both are the server's, like the roles: never model output.
     """
 
     principal: str
@@ -106,9 +114,11 @@ class ServerContext(_Frozen):
     request_id: str
     conversation_id: str | None = None
     turn_id: str | None = None
+    surface: str | None = None
+    offered: tuple[str, ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "principal": self.principal,
             "tenant": self.tenant,
             "roles": sorted(self.roles),
@@ -116,9 +126,16 @@ class ServerContext(_Frozen):
             "conversation_id": self.conversation_id,
             "turn_id": self.turn_id,
         }
+        # Only when set: a context without a surface is stored as it always was.
+        if self.surface is not None:
+            data["surface"] = self.surface
+        if self.offered is not None:
+            data["offered"] = list(self.offered)
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ServerContext:
+        offered = data.get("offered")
         return cls(
             principal=data["principal"],
             tenant=data["tenant"],
@@ -126,6 +143,8 @@ class ServerContext(_Frozen):
             request_id=data["request_id"],
             conversation_id=data.get("conversation_id"),
             turn_id=data.get("turn_id"),
+            surface=data.get("surface"),
+            offered=None if offered is None else tuple(offered),
         )
 
 

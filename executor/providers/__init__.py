@@ -4,7 +4,7 @@ Each surface reads a provider response (a plain JSON-able dict, as the SDK
 serialises it or the HTTP API returns it) into neutral `ProposedCall`s, writes
 terminal results back in that surface's own shape, and exports the registry's
 tools in its declaration format: exactly the tools admission would let the
-caller's server context call (`executor.core.admission.exposed_to`), with the
+caller's server context call (`executor.core.admission.offered_to`), with the
 request options that go with them. No surface reads another's field positions:
 a Responses `call_id` is not a Chat `id`, a Gemini `functionCall` is not an
 Interactions step.

@@ -21,7 +21,7 @@ from typing import Any, TypeAlias, TypeVar
 
 import pydantic_core
 
-from executor.core.admission import exposed_to
+from executor.core.admission import offered_to
 from executor.core.tools import Mode, Registry, Tool
 from executor.core.types import (
     ErrorCode,
@@ -381,10 +381,10 @@ def declared_tools(
     so exports are stable (a stable tool list keeps provider-side prompt caches
     warm).
 
-    Exposure is `executor.core.admission.exposed_to`, the predicate the
-    allowlist and authorization gates use: a tool the model is shown is one
-    admission would let this context call, and a tool admission would refuse
-    with `tool_not_allowed` is never shown. Wire names are checked for
+    Exposure is `executor.core.admission.offered_to` (the roles' `exposed_to`,
+    narrowed by the context's turn surface), the predicate the allowlist gate
+    uses: a tool the model is shown is one admission would let this context call,
+    and a tool admission would refuse with `tool_not_allowed` is never shown. Wire names are checked for
     collisions across the whole registry, so a colliding pair fails every
     export, not only those of principals who see both.
     """
@@ -403,7 +403,7 @@ def declared_tools(
                 surface=surface,
             )
         owners[wire] = name
-        if exposed_to(tool, context):
+        if offered_to(registry, tool, context):
             declared.append((wire, tool))
     return declared
 
@@ -419,7 +419,7 @@ def exports_writes(registry: Registry, context: ServerContext) -> bool:
     return any(
         tool.mode is Mode.WRITE
         for name in registry.names()
-        if (tool := registry.get(name)) is not None and exposed_to(tool, context)
+        if (tool := registry.get(name)) is not None and offered_to(registry, tool, context)
     )
 
 

@@ -110,6 +110,7 @@ class Settings:
     # (`principal` or `conversation`), the default step limit, and how long a turn
     # job waits for its calls before it gives its worker back and reschedules itself.
     turn_driver: str | None = None
+    turn_surface: str | None = None
     turn_scope: str = "principal"
     turn_when_busy: str = "refuse"
     turn_max_steps: int = 8
@@ -175,6 +176,7 @@ class Settings:
             fault_log=v["TOOLFENCE_FAULT_LOG"],
             budgets=_budgets(v),
             turn_driver=v["TOOLFENCE_TURN_DRIVER"],
+            turn_surface=v["TOOLFENCE_TURN_SURFACE"],
             turn_scope=v["TOOLFENCE_TURN_SCOPE"],
             turn_when_busy=v["TOOLFENCE_TURN_WHEN_BUSY"],
             turn_max_steps=v["TOOLFENCE_TURN_MAX_STEPS"],

@@ -209,6 +209,10 @@ DECLARED: tuple[Variable, ...] = (
     # Turns
     Variable("TOOLFENCE_TURN_DRIVER", TEXT, None, "the default model driver of a turn (scripted:FILE, …)"),
     Variable(
+        "TOOLFENCE_TURN_SURFACE", TEXT, None,
+        "the turn surface of a turn that names none (start_turn, the CLI, serve under a key without one)",
+    ),
+    Variable(
         "TOOLFENCE_TURN_SCOPE", CHOICE, "principal", "what one running turn counts over",
         choices=("principal", "conversation"),
     ),

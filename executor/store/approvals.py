@@ -31,6 +31,7 @@ from executor.core.approvers import (
 )
 from executor.core.identifiers import IdentifierField, check_identifier, identifier_problem
 from executor.core.states import ApprovalState, State
+from executor.core.surfaces import approvers_for
 from executor.core.tools import Registry, RoleResolutionFailed
 from executor.core.types import ErrorCode, ServerContext
 from executor.store.audit import dumps
@@ -159,15 +160,17 @@ def _check_approver(
     if row is None:
         return Decision(DecisionOutcome.NOT_PENDING)
     tool = registry.get(row.tool_name)
+    requester = ServerContext.from_json(json.loads(row.context))
     subject = ApprovalSubject(
         operation_id=row.operation_id,
         tool_name=row.tool_name,
-        requester=ServerContext.from_json(json.loads(row.context)),
+        requester=requester,
         arguments=json.loads(row.arguments),
         impact=json.loads(row.impact),
         decision=decision,
     )
-    refusal = _judge(approver, registry, lambda: None if tool is None else tool.approvers, subject)
+    # The tool's approvers, else (a card of a turn surface) the surface's.
+    refusal = _judge(approver, registry, lambda: approvers_for(registry, tool, requester), subject)
     if refusal is None:
         return None
     refuse_approver(conn, row.operation_id, actor=approver.principal, clock=clock)

@@ -386,6 +386,9 @@ turn_steps = Table(
     Column("request_id", String(200), nullable=False),
     Column("generation", Integer, nullable=False),
     Column("recorded_at", Float, nullable=False),
+    # The ids of the items the turn's surface listed to the model at this step
+    # (migration 0010; a JSON list, NULL when none were listed).
+    Column("offered", Text),
 )
 
 # `toolfence serve` (migration 0008). One row per API key: the identity it stands
@@ -403,6 +406,8 @@ api_keys = Table(
     Column("label", String(200)),
     Column("created_at", Float, nullable=False),
     Column("revoked_at", Float),
+    # The turn surface of POST /v1/turns under this key (migration 0010).
+    Column("surface", String(64)),
 )
 Index("ix_toolfence_api_keys_tenant", api_keys.c.tenant, api_keys.c.created_at)
 

@@ -236,12 +236,15 @@ def record_step(
     final_output: str | None = None,
     error: Mapping[str, Any] | None = None,
     verdict: str | None = None,
+    offered: Sequence[str] | None = None,
     clock: Clock = DATABASE_CLOCK,
 ) -> bool:
     """Checkpoint one model step: CAS on the owner *and* on the step count (steps =
     step - 1), then the step row, in one transaction. A stale owner, or a second
     recording of one step, changes nothing. The step's final output and error are
-    stored sanitised (`seal_final_output`): every reader is shown the same safe text."""
+    stored sanitised (`seal_final_output`): every reader is shown the same safe text.
+    `offered`: the ids of the items the surface listed at this step (already checked
+    identifiers, `executor.core.surfaces.checked_targets`)."""
     now = clock.now()
     won = conn.execute(
         update(turns)
@@ -256,6 +259,7 @@ def record_step(
             final_output=seal_final_output(final_output), error=_sealed(error),
             verdict=verdict, usage=dumps(dict(usage)), request_id=request_id,
             generation=lease.generation, recorded_at=now,
+            offered=None if offered is None else dumps(list(offered)),
         )
     )
     return True

@@ -90,7 +90,8 @@ TURN_MESSAGE_OUTCOME = _domain(
 END_REASON = _domain({
     "final", "nothing_more", "max_steps", "call_budget_exceeded", "contract_error",
     "driver_failed", "audit_suppressed", "audit_ask_user", "audit_failed",
-    "response_refused", "hosted_call_not_allowed", "hosted_approval_required",
+    "response_refused", "hosted_call_not_allowed", "hosted_approval_required", "approval_card",
+    "unknown_surface",
 })
 # The reconciler's actions (reconciler/sweep.py; tests read them from its source).
 RECONCILER_ACTION = _domain({

@@ -10,7 +10,10 @@ returns; every branch is here, so a reader checks the loop without I/O:
   re-enqueues the same operations and finds their results), unless the turn's
   calls would pass `max_calls` (`fallback`, `call_budget_exceeded`);
 - some call still queued or running → wait for it; only calls waiting for a
-  person left → wait for approval (no owner meanwhile);
+  person left → wait for approval (no owner meanwhile), or, in a surface whose
+  writes become approval cards (`cards`), end `succeeded` with the cards as the
+  answer (`approval_card`): the write runs after a person approves, outside the
+  turn, and the answer says it has not happened;
 - a call refused `call_budget_exceeded` (the request's or conversation's
   budget) → `fallback`: the budget is spent, asking the model again cannot help;
 - a final answer → the audit hook, when the turn has one, else `succeeded`;
@@ -101,9 +104,12 @@ def next_action(
     steps: Sequence[StepRecord],
     statuses: Sequence[CallStatus] | None,
     options: TurnOptions,
+    *,
+    cards: bool = False,
 ) -> Action:
     """What to do next. `statuses`: one per call of the last step, once its calls are
-    enqueued (None before)."""
+    enqueued (None before). `cards`: the turn's surface turns writes into approval
+    cards, so a call waiting for a person ends the turn with its card."""
     if not steps:
         return CallModel(1, 1)
     model = model_steps(steps)
@@ -135,6 +141,8 @@ def next_action(
            for s in waiting):
         return AwaitCalls(last)
     if any(s.state == State.PENDING_APPROVAL.value for s in waiting):
+        if cards:
+            return End(TurnState.SUCCEEDED, EndReason.APPROVAL_CARD, card_answer(statuses))
         return WaitApproval(last)
     # Every call terminal, or `reconciliation_pending` (the model is told the outcome is
     # unknown; a person decides it, the turn does not wait for that person).
@@ -169,3 +177,20 @@ def _budget_refused(status: CallStatus) -> bool:
     return isinstance(status, FailedTerminal | FailedRetryable) and (
         status.error.code is ErrorCode.CALL_BUDGET_EXCEEDED
     )
+
+
+CARD_HEADER = "Nothing has been done yet. Waiting for a person to approve:"
+CARD_FOOTER = "Each runs only if it is approved, and at most once."
+
+
+def card_answer(statuses: Sequence[CallStatus]) -> str:
+    """A turn's answer when it ends with approval cards: written by the server, never
+    by the model, so it cannot say a write was done. One line per call waiting for a
+    person: the tool and the operation id, both the server's (not the call id, which
+    the model wrote); what else the step did is in its calls."""
+    lines = [CARD_HEADER]
+    cards = [s for s in statuses if isinstance(s, Pending) and s.state == State.PENDING_APPROVAL.value]
+    for number, status in enumerate(cards, start=1):
+        lines.append(f"{number}. {status.tool_name} (operation {status.operation_id})")
+    lines.append(CARD_FOOTER)
+    return "\n".join(lines)

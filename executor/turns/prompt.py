@@ -111,13 +111,20 @@ def assemble_prompt(
     tools: Sequence[ToolSpec],
     history: Sequence[CompletedStep],
     mode: str = JSON_MODE,
+    surface_instructions: str = "",
+    listed: str = "",
 ) -> str:
-    """The prompt of one step. `requester` is the principal's name: never its roles."""
+    """The prompt of one step. `requester` is the principal's name: never its roles.
+    `surface_instructions`: the turn surface's rule (a write becomes a card, not a
+    done deed; `Surface.prompt_instructions`); `listed`: its numbered list of the
+    requester's items (`executor.core.surfaces.targets_block`)."""
     parts = [
         f"You are an assistant acting on behalf of {requester}. You cannot run anything yourself: "
         "you propose tool calls, and the server decides whether and how they run.",
         tools_block(tools) if mode == JSON_MODE else "",
         JSON_INSTRUCTIONS if mode == JSON_MODE else NATIVE_INSTRUCTIONS,
+        surface_instructions,
+        listed,
         f"User message:\n<<<\n{message}\n>>>",
         completed_block(history),
     ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
@@ -19,10 +19,14 @@ from sqlalchemy.orm import Session
 from executor.core.sanitize import redact_json, seal_final_output, shown_text
 from executor.core.types import ErrorCode, ServerContext
 from executor.errors import TurnError
+from executor.settings import Settings
 from executor.store import turns as turn_store
 from executor.store.engine import read_only
 from executor.turns.contract import proposals_from_json
 from executor.turns.values import StepOutcome, StepRecord, TurnOptions, Usage
+
+if TYPE_CHECKING:
+    from executor.core.tools import Registry
 
 SCOPES = ("principal", "conversation")
 TURN_ID_MAX_CHARS = 64
@@ -74,6 +78,8 @@ def start_turn(
     scope: str | None = None,
     when_busy: str | None = None,
     turn_id: str | None = None,
+    surface: str | None = None,
+    registry: Registry | None = None,
 ) -> TurnHandle:
     """Write a running turn (and its outbox row) in the caller's transaction.
 
@@ -84,7 +90,12 @@ def start_turn(
     `TurnInProgress` and writes nothing, the caller's transaction staying usable;
     `"queue"` writes the turn `queued`, to run once the scope is free. `turn_id`
     (default: a fresh random one) lets a caller name the turn before it is written,
-    as `toolfence serve` does for an `Idempotency-Key`.
+    as `toolfence serve` does for an `Idempotency-Key`. `surface` (default
+    `TOOLFENCE_TURN_SURFACE`; unset: none) names a turn surface of `registry` (default
+    the registry `TOOLFENCE_TOOLS` names): its catalog, write rule and listed targets
+    apply to the whole turn (executor/core/surfaces.py); a surface the registry does
+    not declare raises `UnknownSurface`, writing nothing. A context that already names
+    a surface keeps it when `surface` is not given.
 
     Checked before anything is written, so the caller's transaction stays usable:
     the context's identifiers, `conversation_id` and `turn_id` (at most
@@ -92,13 +103,15 @@ def start_turn(
     printable text of at most `DRIVER_MAX_CHARS`, or a message holding NUL or a lone
     surrogate (no database column holds them), raises `ValueError`.
     """
-    from executor.settings import Settings
-
     settings = Settings.from_env()
     driver = driver or settings.turn_driver
     if not driver:
         raise ValueError("no driver: pass driver= or set TOOLFENCE_TURN_DRIVER")
     _check_turn_input(context, conversation_id, message, driver, turn_id)
+    surface = surface or context.surface or settings.turn_surface
+    if surface is not None:
+        _check_surface(surface, registry, settings)
+        context = context.model_copy(update={"surface": surface})
     options = options or TurnOptions(max_steps=settings.turn_max_steps)
     scope = scope or settings.turn_scope
     when_busy = when_busy or settings.turn_when_busy
@@ -123,12 +136,27 @@ def start_turn(
     return TurnHandle(turn_id, state.value)
 
 
+def _check_surface(name: str, registry: Registry | None, settings: Settings) -> None:
+    from executor.core.identifiers import identifier_problem
+    from executor.core.surfaces import UnknownSurface
+
+    if identifier_problem(name, 64) is not None:
+        raise UnknownSurface(name)
+    if registry is None:
+        from executor.core.tools import load_registry
+
+        registry = load_registry(settings.require_tools())
+    if registry.surface(name) is None:
+        raise UnknownSurface(name)
+
+
 def step_record(row: Any) -> StepRecord:
     return StepRecord(
         step=row.step, outcome=StepOutcome(row.outcome),
         proposals=proposals_from_json(json.loads(row.proposals)), request_id=row.request_id,
         usage=Usage.from_json(json.loads(row.usage)), final_output=row.final_output,
         error=json.loads(row.error) if row.error else None, verdict=row.verdict,
+        offered=tuple(json.loads(row.offered)) if row.offered is not None else None,
     )
 
 
@@ -163,6 +191,7 @@ def get_turn(
             "error": redact_json(record.error) if record.error is not None else None,
             "calls": [s.model_dump(mode="json", exclude_none=True) for s in statuses],
             "proposed": [{"call_id": p.call_id, "tool_name": p.tool_name} for p in record.proposals],
+            "listed": list(record.offered) if record.offered is not None else None,
         })
     return {
         "turn_id": row.turn_id,
@@ -174,6 +203,7 @@ def get_turn(
         "final_output": seal_final_output(row.final_output),
         "error": redact_json(json.loads(row.error)) if row.error else None,
         "message": seal_final_output(row.message),
+        "surface": json.loads(row.context).get("surface"),
         "generation": row.generation,
         "steps": steps,
         "options": json.loads(row.options),

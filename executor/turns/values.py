@@ -46,6 +46,11 @@ class EndReason(StrEnum):
     HOSTED_CALL_NOT_ALLOWED = "hosted_call_not_allowed"
     # The provider paused a hosted MCP call for an approval a turn cannot answer.
     HOSTED_APPROVAL_REQUIRED = "hosted_approval_required"
+    # The turn's surface turns writes into approvals: a write of the last step waits
+    # for a person, and the turn's answer is the card (executor/core/surfaces.py).
+    APPROVAL_CARD = "approval_card"
+    # The turn's context names a surface the worker's registry does not declare.
+    UNKNOWN_SURFACE = "unknown_surface"
 
 
 @dataclass(frozen=True)
@@ -131,6 +136,9 @@ class StepRecord:
     final_output: str | None = None
     error: Mapping[str, Any] | None = None
     verdict: str | None = None  # an AUDIT step's verdict (executor.turns.audit.Verdict)
+    # The ids of the items the turn's surface listed at this step (None: none listed):
+    # the step's calls are admitted with them as the context's `offered`.
+    offered: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

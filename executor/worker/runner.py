@@ -33,9 +33,11 @@ from executor.core.admission import (
     compute_intent_hash,
     recheck_access,
     recheck_before_run,
+    recheck_surface,
 )
 from executor.core.sanitize import exception_summary
 from executor.core.states import TERMINAL, ApprovalState, State
+from executor.core.surfaces import surface_forces_approval
 from executor.core.tools import (
     LostOwnership,
     Mode,
@@ -313,6 +315,11 @@ class OperationRunner(OutcomeRecorder):
             return refuse(Refusal(
                 denied or ErrorCode.UNKNOWN_TOOL, "permission denied at execution time",
             ))
+        # The turn surface the call was admitted under, as declared now: its catalog
+        # and its listed targets (the ids the server listed, stored with the call).
+        surface_refusal = recheck_surface(self.registry, tool, arguments, context)
+        if surface_refusal is not None:
+            return refuse(surface_refusal)
         args = tool.input_model.model_validate(arguments)
         try:
             approval = self._approval_status(row, tool, args, context)
@@ -329,6 +336,7 @@ class OperationRunner(OutcomeRecorder):
             refusal = recheck_before_run(
                 tool, args, context, approved=approval is _ApprovalStatus.APPROVED,
                 business_rules=not may_have_run, reraise=CONNECTION_ERRORS,
+                forced_approval=surface_forces_approval(self.registry, tool, context),
             )
         except CONNECTION_ERRORS as exc:
             # The handler has not run: whatever the effect contract, trying again is

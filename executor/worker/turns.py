@@ -40,8 +40,17 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from executor.core.admission import exposed_to
+from executor.core.admission import offered_to
 from executor.core.states import TurnState
+from executor.core.surfaces import (
+    Surface,
+    Target,
+    UnknownSurface,
+    Writes,
+    checked_targets,
+    surface_of,
+    targets_block,
+)
 from executor.core.tools import Mode, Registry, Tool
 from executor.core.types import CallStatus, ServerContext
 from executor.faults import Faults
@@ -51,6 +60,7 @@ from executor.settings import Settings
 from executor.store import new_owner_token
 from executor.store import turns as turn_store
 from executor.store.engine import read_only
+from executor.store.errors import CONNECTION_ERRORS
 from executor.telemetry import metrics
 from executor.turns import audit as audit_hook
 from executor.turns.contract import (
@@ -223,6 +233,15 @@ class TurnRunner:
     def _run(self, row: Any, lease: turn_store.TurnLease, heartbeat: _TurnHeartbeat) -> TurnOutcome:
         context = ServerContext.from_json(json.loads(row.context))
         options = TurnOptions.from_json(json.loads(row.options))
+        try:
+            # The surface as this worker's registry declares it now (fail closed).
+            surface = surface_of(self.registry, context)
+        except UnknownSurface:
+            return self._end(
+                lease, [], End(TurnState.FAILED, EndReason.UNKNOWN_SURFACE), options,
+                error={"code": EndReason.UNKNOWN_SURFACE.value, "message": "its surface is not declared"},
+            )
+        cards = surface is not None and surface.writes is Writes.APPROVAL
         wait_until = time.monotonic() + self.settings.turn_wait_seconds
         enqueued: set[int] = set()
         while True:
@@ -230,7 +249,7 @@ class TurnRunner:
                 return TurnOutcome("lost_ownership")
             with self.reader.connect() as conn:
                 steps = [step_record(r) for r in turn_store.steps_of(conn, lease.turn_id)]
-            action = next_action(steps, None, options)
+            action = next_action(steps, None, options, cards=cards)
             if isinstance(action, Enqueue):
                 if action.step.step not in enqueued:
                     try:
@@ -239,7 +258,7 @@ class TurnRunner:
                     except AdmissionUnavailable as exc:
                         return self._release_unavailable(lease, exc)
                     enqueued.add(action.step.step)
-                action = next_action(steps, self._statuses(context, action.step), options)
+                action = next_action(steps, self._statuses(context, action.step), options, cards=cards)
 
             if isinstance(action, AwaitCalls):
                 if time.monotonic() >= wait_until:
@@ -254,7 +273,11 @@ class TurnRunner:
                 return TurnOutcome("waiting_approval" if won else "lost_ownership", "waiting_approval")
             if isinstance(action, CallModel):
                 self.faults.fire("turn_before_model", f"step{action.step}")
-                recorded = self._model_step(row, lease, context, steps, action, options)
+                try:
+                    targets = self._targets(surface, context)
+                except CONNECTION_ERRORS as exc:
+                    return self._release_unavailable(lease, exc)
+                recorded = self._model_step(row, lease, context, steps, action, options, surface, targets)
                 if recorded is None:
                     error = self._driver_error or {}
                     # A permanent error: this driver can never answer the turn.
@@ -281,20 +304,25 @@ class TurnRunner:
                 conn, lease.turn_id, lease.generation, lease.owner_token, self.settings.lease_seconds
             ):
                 return False
+            # The step's listed items travel with its calls: admitted against them here,
+            # and re-checked against them by the worker that runs each call.
             enqueue(
-                conn, list(step.proposals), context.model_copy(update={"request_id": step.request_id}),
+                conn, list(step.proposals),
+                context.model_copy(update={"request_id": step.request_id, "offered": step.offered}),
                 self.registry,
             )
         return True
 
-    def _release_unavailable(self, lease: turn_store.TurnLease, exc: AdmissionUnavailable) -> TurnOutcome:
-        """A tool's hook lost its connection while the step's calls were admitted:
-        nothing of the step was recorded (its transaction rolled back). The turn is
-        given back and its job scheduled again shortly, rather than failing the job
-        and leaving the turn owned until its lease expires and a sweep finds it."""
+    def _release_unavailable(self, lease: turn_store.TurnLease, exc: BaseException) -> TurnOutcome:
+        """A tool's hook lost its connection while the step's calls were admitted
+        (`AdmissionUnavailable`), or the surface's target source lost its own before a
+        model step: nothing of the step was recorded. The turn is given back and its
+        job scheduled again shortly, rather than failing the job and leaving the turn
+        owned until its lease expires and a sweep finds it."""
+        # A driver's own text may quote the row it read: only the class of one is logged.
+        shown = exc if isinstance(exc, AdmissionUnavailable) else type(exc).__name__
         log.warning(
-            "turn %s: %s; its calls are enqueued again in %.1f s",
-            lease.turn_id, exc, UNAVAILABLE_RETRY_SECONDS,
+            "turn %s: %s; it is taken up again in %.1f s", lease.turn_id, shown, UNAVAILABLE_RETRY_SECONDS
         )
         with self.engine.begin() as conn:
             won = turn_store.release_turn(conn, lease, delay_seconds=UNAVAILABLE_RETRY_SECONDS)
@@ -319,12 +347,29 @@ class TurnRunner:
         exposed = []
         for name in self.registry.names():
             tool = self.registry.get(name)
-            if tool is None or not exposed_to(tool, context):
+            if tool is None or not offered_to(self.registry, tool, context):
                 continue
             if reads_only and tool.mode is not Mode.READ:
                 continue
             exposed.append(tool)
         return exposed
+
+    def _targets(self, surface: Surface | None, context: ServerContext) -> tuple[Target, ...] | None:
+        """The requester's items the surface lists at this step (None: it lists none),
+        read on a read-only connection and checked (`checked_targets`). A source that
+        raises lists nothing (the model is told so, and a listed argument is then
+        refused); one that lost its connection raises it, so the turn is given back."""
+        if surface is None or surface.targets is None:
+            return None
+        try:
+            with self.reader.connect() as conn:
+                return checked_targets(surface, surface.targets(conn, context))
+        except CONNECTION_ERRORS:
+            raise
+        except Exception as exc:
+            log.error("surface %s: its target source failed (%s); nothing is listed",
+                      surface.name, type(exc).__name__)
+            return ()
 
     # ----------------------------------------------------------------- model steps
 
@@ -361,6 +406,7 @@ class TurnRunner:
     def _model_step(
         self, row: Any, lease: turn_store.TurnLease, context: ServerContext,
         steps: Sequence[StepRecord], action: CallModel, options: TurnOptions,
+        surface: Surface | None = None, targets: tuple[Target, ...] | None = None,
     ) -> bool | None:
         """Ask for step `action.step` and checkpoint it. True: recorded; False: ownership
         lost; None: the driver kept failing (nothing recorded)."""
@@ -373,6 +419,8 @@ class TurnRunner:
         prompt = assemble_prompt(
             requester=context.principal, message=row.message, tools=tool_specs(tools),
             history=self._history(context, steps), mode=driver.mode,
+            surface_instructions=surface.prompt_instructions() if surface is not None else "",
+            listed=targets_block(targets) if targets is not None else "",
         )
         native_tools: tuple[Any, ...] = ()
         if driver.mode != JSON_MODE:
@@ -418,6 +466,7 @@ class TurnRunner:
                 proposals=proposals_to_json(parsed.proposals) if isinstance(parsed, ToolCalls) else [],
                 request_id=request_id, usage=response.usage.to_json(),
                 final_output=parsed.text if isinstance(parsed, Final) else None, error=error,
+                offered=None if targets is None else [t.id for t in targets],
             ):
                 transaction.rollback()  # the hosted records go with the lost checkpoint
                 return False
@@ -463,6 +512,8 @@ class TurnRunner:
                 proposals=proposals_to_json(outcome.proposals),
                 request_id=step_request_id(lease.turn_id, action.step), usage=usage.to_json(),
                 final_output=outcome.question, error=error, verdict=outcome.verdict.value,
+                # Its reads name what the answer it reviews was shown.
+                offered=action.candidate.offered,
             )
 
     def _run_audit(

@@ -60,6 +60,8 @@ EXPECTED: dict[str, tuple[type[ToolfenceError], type[Exception] | None]] = {
     "SchemaNotReady": (ConfigurationError, RuntimeError),
     "DatabaseMissing": (ConfigurationError, RuntimeError),
     "ToolDeclarationError": (ConfigurationError, None),
+    "SurfaceDeclarationError": (ConfigurationError, None),
+    "UnknownSurface": (ConfigurationError, None),
     "InvalidIdentifier": (AdmissionError, ValueError),
     "InvalidBatch": (AdmissionError, ValueError),
     "InvalidResourceSet": (AdmissionError, ValueError),
