@@ -30,7 +30,8 @@ module does not pull in SQLAlchemy, Celery or an SDK through this file.
   exports `export_mcp_tools` (OpenAI Responses), `export_mcp_servers` (Anthropic);
   MCP: `register_mcp_server`, `ToolPolicy`.
 - Turns: `start_turn`, `get_turn`, `TurnHandle`, `TurnInProgress`, `TurnOptions`,
-  `TurnState`; drivers: `Driver`, `DriverError`, `ScriptedDriver`, `load_driver`,
+  `TurnState`; turn surfaces: `TurnSurface`, `Writes`, `Target`, `open_items`;
+  drivers: `Driver`, `DriverError`, `ScriptedDriver`, `load_driver`,
   `ModelRequest`, `ModelResponse`, `Usage`.
 - Errors: `ToolfenceError`, the base of every error toolfence raises, and its
   kinds `ConfigurationError`, `AdmissionError`, `StoreError`, `ProviderError`,
@@ -62,6 +63,7 @@ if TYPE_CHECKING:
         State,
         TurnState,
     )
+    from executor.core.surfaces import Target, TurnSurface, Writes
     from executor.core.tools import (
         Access,
         Approval,
@@ -158,6 +160,7 @@ if TYPE_CHECKING:
         start_turn,
     )
     from executor.turns.specs import load_driver
+    from executor.turns.targets import open_items
     from executor.turns.values import (
         ModelRequest,
         ModelResponse,
@@ -274,6 +277,10 @@ _EXPORTS: dict[str, str] = {
     "TurnInProgress": "executor.turns.service",
     "get_turn": "executor.turns.service",
     "start_turn": "executor.turns.service",
+    "Target": "executor.core.surfaces",
+    "TurnSurface": "executor.core.surfaces",
+    "Writes": "executor.core.surfaces",
+    "open_items": "executor.turns.targets",
 }
 
 __all__ = [
@@ -373,6 +380,10 @@ __all__ = [
     "settled",
     "start_turn",
     "wait_for_results",
+    "Target",
+    "TurnSurface",
+    "Writes",
+    "open_items",
 ]
 
 

@@ -95,7 +95,7 @@ TargetSource = Callable[[Any, ServerContext], Iterable[Target]]
 
 
 @dataclass(frozen=True)
-class Surface:
+class TurnSurface:
     """A named entrance for turns: its catalog, its write rule and its targets."""
 
     name: str
@@ -173,7 +173,7 @@ class UnknownSurface(SurfaceDeclarationError):
         self.name = name
 
 
-def surface_of(registry: Registry, ctx: ServerContext) -> Surface | None:
+def surface_of(registry: Registry, ctx: ServerContext) -> TurnSurface | None:
     """The surface `ctx` names, None when it names none. Raises `UnknownSurface`
     for a name the registry does not declare."""
     if ctx.surface is None:
@@ -234,7 +234,7 @@ def unlisted_argument(tool: Tool[Any], arguments: Mapping[str, Any], ctx: Server
     return None
 
 
-def checked_targets(surface: Surface, found: Iterable[Target]) -> tuple[Target, ...]:
+def checked_targets(surface: TurnSurface, found: Iterable[Target]) -> tuple[Target, ...]:
     """What a source answered, made safe to show and to store: items whose id is a
     valid identifier, each id once, at most `surface.max_targets`, labels through the
     sanitiser and clipped. A source's bad item is dropped, never shown."""

@@ -26,7 +26,7 @@ from executor.core.types import ErrorCode, ErrorDetail, ServerContext
 from executor.errors import AdmissionError, ConfigurationError, WorkerError
 
 if TYPE_CHECKING:
-    from executor.core.surfaces import Surface
+    from executor.core.surfaces import TurnSurface
 
 ArgsT = TypeVar("ArgsT", bound=BaseModel)
 
@@ -530,7 +530,7 @@ class Registry:
         self, tools: Iterable[Tool[Any]] = (), *, role_resolver: RoleResolver | None = None
     ) -> None:
         self._tools: dict[str, Tool[Any]] = {}
-        self._surfaces: dict[str, Surface] = {}
+        self._surfaces: dict[str, TurnSurface] = {}
         self._lock = threading.Lock()
         self.role_resolver = role_resolver
         for tool in tools:
@@ -594,20 +594,20 @@ class Registry:
     def names(self) -> list[str]:
         return sorted(self._tools)
 
-    def add_surface(self, surface: Surface) -> Surface:
+    def add_surface(self, surface: TurnSurface) -> TurnSurface:
         """Declare a turn surface (executor/core/surfaces.py). A catalog may name a
         tool registered later (an MCP server's); a name with no tool offers nothing."""
-        from executor.core.surfaces import Surface, SurfaceDeclarationError
+        from executor.core.surfaces import SurfaceDeclarationError, TurnSurface
 
-        if not isinstance(surface, Surface):
-            raise SurfaceDeclarationError("add_surface takes a Surface")
+        if not isinstance(surface, TurnSurface):
+            raise SurfaceDeclarationError("add_surface takes a TurnSurface")
         with self._lock:
             if surface.name in self._surfaces:
                 raise SurfaceDeclarationError(f"surface {surface.name!r} is declared twice")
             self._surfaces[surface.name] = surface
         return surface
 
-    def surface(self, name: str) -> Surface | None:
+    def surface(self, name: str) -> TurnSurface | None:
         return self._surfaces.get(name)
 
     def surface_names(self) -> list[str]:

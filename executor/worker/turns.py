@@ -43,8 +43,8 @@ from sqlalchemy import Engine
 from executor.core.admission import offered_to
 from executor.core.states import TurnState
 from executor.core.surfaces import (
-    Surface,
     Target,
+    TurnSurface,
     UnknownSurface,
     Writes,
     checked_targets,
@@ -354,7 +354,7 @@ class TurnRunner:
             exposed.append(tool)
         return exposed
 
-    def _targets(self, surface: Surface | None, context: ServerContext) -> tuple[Target, ...] | None:
+    def _targets(self, surface: TurnSurface | None, context: ServerContext) -> tuple[Target, ...] | None:
         """The requester's items the surface lists at this step (None: it lists none),
         read on a read-only connection and checked (`checked_targets`). A source that
         raises lists nothing (the model is told so, and a listed argument is then
@@ -406,7 +406,7 @@ class TurnRunner:
     def _model_step(
         self, row: Any, lease: turn_store.TurnLease, context: ServerContext,
         steps: Sequence[StepRecord], action: CallModel, options: TurnOptions,
-        surface: Surface | None = None, targets: tuple[Target, ...] | None = None,
+        surface: TurnSurface | None = None, targets: tuple[Target, ...] | None = None,
     ) -> bool | None:
         """Ask for step `action.step` and checkpoint it. True: recorded; False: ownership
         lost; None: the driver kept failing (nothing recorded)."""
