@@ -26,9 +26,11 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import Column, Float, Integer, MetaData, String, Table, func, insert, select
 
+from executor.core.approvers import ApproverPolicy
+from executor.core.surfaces import TurnSurface, Writes
 from executor.core.tools import (
     Access,
     Approval,
@@ -45,6 +47,7 @@ from executor.core.tools import (
 from executor.core.types import ServerContext
 from executor.store.clock import db_now
 from executor.store.schema import Id
+from executor.turns.targets import open_items
 from ledger import tools as ledger_tools
 from ledger.service import AccountNotFound, default_ledger
 
@@ -130,6 +133,10 @@ def _counted(tool_name: str, run: Any) -> Any:
 
 def _instrumented(tool: Tool[Any]) -> Tool[Any]:
     """The same declaration, with its run counted and its access under the policy file."""
+    return Tool(**_declaration(tool))
+
+
+def _declaration(tool: Tool[Any]) -> dict[str, Any]:
     declaration: dict[str, Any] = {
         "name": tool.name,
         "description": tool.description,
@@ -152,10 +159,11 @@ def _instrumented(tool: Tool[Any]) -> Tool[Any]:
         "retry": tool.retry,
         "retryable_exceptions": tool.retryable_exceptions,
         "timeout_seconds": tool.timeout_seconds,
+        "listed": tool.listed,
     }
     if tool.mode is Mode.WRITE:
         declaration["effect"] = sorted(tool.effects)
-    return Tool(**declaration)
+    return declaration
 
 
 # ------------------------------------------------------------------ test tools
@@ -252,7 +260,39 @@ overreaching_notices: Tool[OverreachingNoticesArgs] = Tool(
     resources=ledger_tools._resources_notices,
 )
 
+class OperationArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    operation_id: str = Field(min_length=1, max_length=200)
+
+
+class Described(BaseModel):
+    operation_id: str
+
+
+describe_operation: Tool[OperationArgs] = Tool(
+    name="test.describe_operation",
+    description="Describe one of the requester's listed operations (its id from the list).",
+    mode=Mode.READ,
+    untrusted_output=False,
+    input_model=OperationArgs,
+    output_model=Described,
+    run=lambda args, ctx: Described(operation_id=args.operation_id),
+    access=Access.for_roles(*ledger_tools.MEMBERS),
+    approval=Approval.never(),
+    listed=["operation_id"],
+)
+
 registry = Registry(
     _instrumented(tool)
     for tool in (*ledger_tools.registry, slow_balance, flaky_credit, overreaching_notices)
 )
+registry.add(_instrumented(describe_operation))
+# A chat surface (tests/fleet/test_fleet_turn_surfaces.py): reads and writes of the
+# ledger, a write becomes a card an approver decides; not ledger.send_notice.
+CHAT_CATALOG = frozenset({
+    "ledger.get_balance", "ledger.credit", "ledger.transfer", "test.describe_operation",
+})
+registry.add_surface(TurnSurface(
+    "chat", tools=CHAT_CATALOG, writes=Writes.APPROVAL,
+    approvers=ApproverPolicy.for_roles(*ledger_tools.APPROVERS), targets=open_items(),
+))
