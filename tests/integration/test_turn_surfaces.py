@@ -313,8 +313,9 @@ def test_worker__a_write_admitted_without_approval_waits_once_its_surface_wants_
     registry.add_surface(TurnSurface("chat", tools=frozenset({"ledger.credit"}), writes="policy"))  # type: ignore[arg-type]
     context = ALICE.model_copy(update={"surface": "chat", "request_id": "r2"})
     with engine.begin() as conn:
-        enqueue(conn, [ProposedCall(call_id="c1", tool_name="ledger.credit",
-                                    arguments={"account_id": "acme-2", "amount_cents": 500})], context, registry)
+        credit = ProposedCall(call_id="c1", tool_name="ledger.credit",
+                              arguments={"account_id": "acme-2", "amount_cents": 500})
+        enqueue(conn, [credit], context, registry)
         [queued] = results(conn, "acme", "r2")
     # When the deployment turns the surface into a card surface before a worker runs it
     carded = Registry([*ledger_tools.registry])
