@@ -31,7 +31,10 @@ from executor import (
     TerminalError,
     Tool,
     ToolFailure,
+    TurnSurface,
+    Writes,
     Written,
+    open_items,
 )
 from executor.core.admission import REFUSED_BY_DATABASE
 from executor.store.errors import refused_for_bad_data
@@ -395,3 +398,14 @@ send_notices: Tool[NoticesArgs] = Tool(
 )
 
 registry = Registry([get_balance, credit, transfer, create_invoice, send_notice, send_notices])
+
+# The chat surface: its turns may read balances and propose credits and transfers
+# (not notices, not invoices); every write they propose becomes a card an approver
+# decides, and the requester's open items are listed to the model by number.
+registry.add_surface(TurnSurface(
+    "chat",
+    tools=frozenset({"ledger.get_balance", "ledger.credit", "ledger.transfer"}),
+    writes=Writes.APPROVAL,
+    approvers=ApproverPolicy.for_roles(*APPROVERS),
+    targets=open_items(),
+))

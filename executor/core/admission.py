@@ -3,7 +3,7 @@
 Each gate is a pure function of (call, tool, server context) plus the tool's own
 hooks; the first failure ends the call with a `failed_terminal` result and the
 handler is never invoked. Order (docs/design.md §Admission): allowlist → arguments parse →
-schema → authorization → business rules → approval. Operation registration,
+schema → listed targets → authorization → business rules → approval. Operation registration,
 the last gate, needs the database and lives in `executor.store`.
 
 Authorization runs before business rules on purpose: a rule reads the resource's
