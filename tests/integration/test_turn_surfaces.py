@@ -20,7 +20,13 @@ from turnkit import Recording, calls, drive, write_script
 
 from executor import store
 from executor.core.approvers import ApproverPolicy
-from executor.core.surfaces import CARD_INSTRUCTIONS, READ_ONLY_INSTRUCTIONS, TurnSurface, UnknownSurface
+from executor.core.surfaces import (
+    CARD_INSTRUCTIONS,
+    READ_ONLY_INSTRUCTIONS,
+    TurnSurface,
+    UnknownSurface,
+    Writes,
+)
 from executor.core.tools import Access, Approval, Mode, Registry, Tool
 from executor.core.types import ErrorCode, ProposedCall, ServerContext
 from executor.settings import Settings
@@ -275,34 +281,42 @@ def test_listed_targets__only_an_item_the_server_listed_passes_and_the_access_ru
     assert stored["surface"] == "chat" and alice_card in stored["offered"]
 
 
-def test_worker__refuses_what_the_surface_no_longer_offers_and_unlisted_targets(
+def test_worker__refuses_what_the_surface_no_longer_offers_and_targets_it_did_not_list(
     engine: Engine, settings: Settings, ledger: Ledger
 ) -> None:
-    registry = surfaced_registry()
-    # Given calls admitted under the chat surface (a read of a listed item, a balance read)
+    # Given calls admitted under the chat surface, which listed op_1: a balance read, a
+    # describe of op_1, and a describe of op_2 by a deployment whose describe tool did
+    # not declare its argument listed yet
+    unlisted = Tool(
+        name=describe.name, description=describe.description, mode=Mode.READ, untrusted_output=False,
+        input_model=OperationArgs, output_model=Described, run=describe.run,
+        access=Access.for_roles("member"), approval=Approval.never(),
+    )
+    before = Registry([*ledger_tools.registry, unlisted])
+    before.add_surface(TurnSurface("chat", tools=frozenset(CATALOG), writes=Writes.POLICY))
     context = ALICE.model_copy(update={"surface": "chat", "offered": ("op_1",), "request_id": "r1"})
     with engine.begin() as conn:
         enqueue(conn, [
             ProposedCall(call_id="c1", tool_name="ledger.get_balance", arguments={"account_id": "acme-1"}),
             ProposedCall(call_id="c2", tool_name="cards.describe", arguments={"operation_id": "op_1"}),
-        ], context, registry)
-        [balance, described] = results(conn, "acme", "r1")
-    # When the deployment narrows the surface (no balance reads; the describe tool's
-    # list is whatever the stored context says) before a worker runs them
+            ProposedCall(call_id="c3", tool_name="cards.describe", arguments={"operation_id": "op_2"}),
+        ], context, before)
+        queued = results(conn, "acme", "r1")
+    assert [s.status for s in queued] == ["pending"] * 3
+    # When, before a worker runs them, the deployment narrows the surface (no balance
+    # reads) and declares the describe tool's argument listed
     narrowed = Registry([*ledger_tools.registry, describe])
-    narrowed.add_surface(TurnSurface(
-        "chat", tools=frozenset({"cards.describe"}), writes="approval",  # type: ignore[arg-type]
-        approvers=ApproverPolicy.for_roles("approver"),
-    ))
+    narrowed.add_surface(TurnSurface("chat", tools=frozenset({"cards.describe"}), writes=Writes.POLICY))
     runner = OperationRunner(settings, narrowed, engine)
-    runner.handle(balance.operation_id)
-    runner.handle(described.operation_id)
-    # Then the worker refused the balance read (tool_not_allowed at execution) and ran
-    # the listed one
+    for status in queued:
+        runner.handle(status.operation_id)  # type: ignore[union-attr]
+    # Then the worker refused the balance read (tool_not_allowed) and the describe of
+    # the item that was never listed (target_not_offered), and ran the listed one
     with engine.connect() as conn:
         after = {s.call_id: s for s in results(conn, "acme", "r1")}
     assert after["c1"].error.code is ErrorCode.TOOL_NOT_ALLOWED  # type: ignore[union-attr]
     assert after["c2"].status == "succeeded"
+    assert after["c3"].error.code is ErrorCode.TARGET_NOT_OFFERED  # type: ignore[union-attr]
 
 
 def test_worker__a_write_admitted_without_approval_waits_once_its_surface_wants_cards(
