@@ -59,7 +59,9 @@ class SanitisingJsonFormatter(JsonFormatter):
             json_ensure_ascii=True,
         )
 
-    def add_fields(self, log_data: dict[str, Any], record: logging.LogRecord, message_dict: dict[str, Any]) -> None:
+    def add_fields(
+        self, log_data: dict[str, Any], record: logging.LogRecord, message_dict: dict[str, Any]
+    ) -> None:
         super().add_fields(log_data, record, message_dict)
         log_data["timestamp"] = (
             datetime.fromtimestamp(record.created, tz=UTC).isoformat(timespec="milliseconds")

@@ -65,6 +65,9 @@ def configure(log_format: str, level: str | int) -> None:
     handler: logging.Handler
     if log_format == "json":
         handler = json_handler()
+        # A warning (Celery's about running as root, a deprecation) is a record too,
+        # not a text line on stderr between the JSON ones.
+        logging.captureWarnings(True)
     else:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter(TEXT_FORMAT))
