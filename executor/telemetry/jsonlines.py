@@ -63,9 +63,13 @@ class SanitisingJsonFormatter(JsonFormatter):
         self, log_data: dict[str, Any], record: logging.LogRecord, message_dict: dict[str, Any]
     ) -> None:
         super().add_fields(log_data, record, message_dict)
-        log_data["timestamp"] = (
-            datetime.fromtimestamp(record.created, tz=UTC).isoformat(timespec="milliseconds")
-            .replace("+00:00", "Z")
+        # From the record itself, last: an extra named `level` or `timestamp` (merged
+        # in above) cannot stand in for the record's own.
+        log_data.update(
+            timestamp=datetime.fromtimestamp(record.created, tz=UTC).isoformat(timespec="milliseconds")
+            .replace("+00:00", "Z"),
+            level=record.levelname, logger=record.name, message=record.message,
+            process=record.process, thread=record.threadName,
         )
 
     def process_log_record(self, log_data: dict[str, Any]) -> dict[str, Any]:
@@ -77,7 +81,7 @@ class SanitisingJsonFormatter(JsonFormatter):
         blocks = {key: log_data.pop(key) for key in _TEXT_BLOCKS if key in log_data}
         if log_data:
             for key, value in _extras(log_data).items():
-                out.setdefault(key, value)  # an extra named `level` does not replace the level
+                out.setdefault(key, value)
         for key, text in blocks.items():
             out[key] = sanitize_text(text if isinstance(text, str) else str(text), TRACEBACK_MAX_CHARS)[0]
         return out
