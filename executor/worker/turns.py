@@ -258,6 +258,7 @@ class TurnRunner:
                         return self._release_unavailable(lease, exc)
                     enqueued.add(action.step.step)
                 action = next_action(steps, self._statuses(context, action.step), options)
+                logcontext.bind(step=_step_of(action))
 
             if isinstance(action, AwaitCalls):
                 if time.monotonic() >= wait_until:
