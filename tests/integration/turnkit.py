@@ -22,8 +22,8 @@ from executor.core.states import State
 from executor.core.tools import Registry
 from executor.providers.hosted import HostedPolicy
 from executor.settings import Settings
-from executor.telemetry import logcontext
 from executor.store.schema import operations, turns
+from executor.telemetry import logcontext
 from executor.turns.drivers import Driver, ScriptedDriver
 from executor.turns.specs import load_driver
 from executor.turns.values import ModelRequest, ModelResponse
