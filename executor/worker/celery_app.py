@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 from contextvars import Token
 from typing import TYPE_CHECKING, Any
 
@@ -118,8 +119,9 @@ def _after_fork(**_: Any) -> None:
 
 # Celery's own lines about a task ("succeeded in", "raised unexpected") are logged
 # between task_prerun and task_postrun, after the runner's scope has ended: the
-# message's id is bound for the whole of it. task id -> the scope to close.
-_task_scopes: dict[str, Token[Any]] = {}
+# message's id is bound for the whole of it. (task id, thread) -> the scope to close:
+# a redelivered message keeps its task id, and may run beside itself in a threads pool.
+_task_scopes: dict[tuple[str, int], Token[Any]] = {}
 _MESSAGE_ID_FIELDS = {TASK_NAME: "operation_id", TURN_TASK_NAME: "turn_id"}
 
 
@@ -131,17 +133,16 @@ def _bind_message_id(task_id: str | None = None, task: Any = None, args: Any = N
         return
     given = [*(args or ()), *(kwargs or {}).values()]
     value = given[0] if len(given) == 1 and isinstance(given[0], str) else None
-    _task_scopes[task_id] = logcontext.open_scope(**{field: value[:MAX_LOGGED_ID_CHARS] if value else None})
+    _task_scopes[task_id, threading.get_ident()] = logcontext.open_scope(
+        **{field: value[:MAX_LOGGED_ID_CHARS] if value else None}
+    )
 
 
 @signals.task_postrun.connect
 def _unbind_message_id(task_id: str | None = None, **_: Any) -> None:
-    token = _task_scopes.pop(task_id, None) if task_id is not None else None
+    token = _task_scopes.pop((task_id, threading.get_ident()), None) if task_id is not None else None
     if token is not None:
-        try:
-            logcontext.close_scope(token)
-        except ValueError:
-            pass  # opened in another context (a thread the pool changed): nothing to undo here
+        logcontext.close_scope(token)
 
 
 @signals.task_rejected.connect
