@@ -24,7 +24,7 @@ from executor.settings import Settings
 from executor.store.clock import db_now
 from executor.store.schema import outbox
 from executor.store.turns import TURN_OUTBOX_KIND
-from executor.telemetry import metrics
+from executor.telemetry import logcontext, metrics
 from outbox.producer import NOTIFY_CHANNEL
 
 log = logging.getLogger("toolfence.relay")
@@ -86,11 +86,16 @@ class Relay:
                     continue
                 publish = self.publish if row.kind is None else self.publish_turn
                 assert publish is not None  # the query selects turn rows only with publish_turn
+                # The row's id as the log field it is (a turn row's holds a turn id).
+                ids = {"operation_id" if row.kind is None else "turn_id": row.operation_id}
                 try:
-                    publish(row.operation_id)
+                    with logcontext.log_context(**ids):
+                        publish(row.operation_id)
+                        log.info("published %s", row.operation_id)
                 except Exception as exc:
                     metrics.RELAY_PUBLISH_FAILURES.inc()
-                    log.warning("publish of %s failed: %s", row.operation_id, type(exc).__name__)
+                    with logcontext.log_context(**ids):
+                        log.warning("publish of %s failed: %s", row.operation_id, type(exc).__name__)
                     backoff = min(MAX_PUBLISH_BACKOFF_SECONDS, 0.5 * 2 ** min(row.attempts, 10))
                     conn.execute(
                         update(outbox)

@@ -31,6 +31,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,7 +47,7 @@ from executor.core.types import ServerContext
 from executor.settings import Settings
 from executor.store import turns as turn_store
 from executor.store.engine import read_only
-from executor.telemetry import metrics
+from executor.telemetry import logcontext, metrics
 
 log = logging.getLogger("toolfence.reconciler")
 
@@ -126,7 +127,8 @@ class Reconciler:
         while True:
             claimed, needs_lookup = self._settle_batch(report, seen)
             for op, tool in needs_lookup:
-                self._resolve_by_lookup(op, tool, report)
+                with _operation_scope(op):
+                    self._resolve_by_lookup(op, tool, report)
             if not claimed:
                 return
 
@@ -148,20 +150,25 @@ class Reconciler:
                     continue
                 seen.add((op.operation_id, op.generation))
                 claimed += 1
-                tool = self.registry.get(op.tool_name)
-                if tool is None:
-                    self._mark_pending(conn, op, "unknown", "tool_no_longer_declared", report)
-                elif tool.takeover_allowed:
-                    if store.requeue_stale(conn, op.operation_id, op.generation):
-                        report.count("requeued_stale")
-                elif Effect.LOOKUP in tool.effects and tool.lookup is not None:
-                    needs_lookup.append((op, tool))
-                else:
-                    # `unsafe`: the effect may have happened; only a person may decide.
-                    self._mark_pending(
-                        conn, op, tool.name, "outcome_unknown_after_lost_lease", report
-                    )
+                with _operation_scope(op):
+                    self._settle_one(conn, op, needs_lookup, report)
         return claimed, needs_lookup
+
+    def _settle_one(
+        self, conn: Connection, op: store.StaleOperation,
+        needs_lookup: list[tuple[store.StaleOperation, Tool[Any]]], report: SweepReport,
+    ) -> None:
+        tool = self.registry.get(op.tool_name)
+        if tool is None:
+            self._mark_pending(conn, op, "unknown", "tool_no_longer_declared", report)
+        elif tool.takeover_allowed:
+            if store.requeue_stale(conn, op.operation_id, op.generation):
+                report.count("requeued_stale")
+        elif Effect.LOOKUP in tool.effects and tool.lookup is not None:
+            needs_lookup.append((op, tool))
+        else:
+            # `unsafe`: the effect may have happened; only a person may decide.
+            self._mark_pending(conn, op, tool.name, "outcome_unknown_after_lost_lease", report)
 
     def _mark_pending(
         self, conn: Connection, op: store.StaleOperation, tool_label: str, reason: str,
@@ -178,6 +185,7 @@ class Reconciler:
             row = store.get_operation(conn, op.operation_id)
         if row is None or row.state != State.STARTED or row.generation != op.generation:
             return  # someone else settled it meanwhile
+        logcontext.bind(request_id=row.request_id, call_id=row.call_id, tenant=row.tenant)
         answer = self._ask(row, tool)
         with self.engine.begin() as conn:
             if isinstance(answer, _Done):
@@ -250,6 +258,7 @@ class Reconciler:
         action: str,
         find: Callable[[Connection, int], list[str]],
         settle: Callable[[Connection, str], bool],
+        field: str | None = None,
     ) -> None:
         """Find a batch, settle each in its own transaction (a CAS), until none is left.
 
@@ -265,12 +274,13 @@ class Reconciler:
                 return
             for item in found:
                 seen.add(item)
-                with self.engine.begin() as conn:
+                # An item that is an operation's or a turn's id is that log field meanwhile.
+                with logcontext.log_context(**({field: item} if field else {})), self.engine.begin() as conn:
                     if settle(conn, item):
                         report.count(action)
 
     def _due_retries(self, report: SweepReport) -> None:
-        self._drain(report, "promoted_retry", store.due_retries, store.promote_due_retry)
+        self._drain(report, "promoted_retry", store.due_retries, store.promote_due_retry, "operation_id")
 
     def _stale_queued(self, report: SweepReport) -> None:
         threshold = self.settings.reconcile_queued_after_seconds
@@ -283,6 +293,7 @@ class Reconciler:
             lambda conn, operation_id: store.republish_queued(
                 conn, operation_id, older_than_seconds=threshold
             ),
+            "operation_id",
         )
 
     def _expired_approvals(self, report: SweepReport) -> None:
@@ -320,10 +331,13 @@ class Reconciler:
             "turn_republished",
             lambda conn, limit: turn_store.unowned_turns(conn, threshold, limit),
             lambda conn, turn_id: turn_store.republish_turn(conn, turn_id, threshold),
+            "turn_id",
         )
         # Approved (or denied, or expired): the turn goes on; its model is told the
         # outcome. A user who started another turn meanwhile keeps this one waiting.
-        self._drain(report, "turn_resumed", turn_store.decided_waiting_turns, turn_store.wake_turn)
+        self._drain(
+            report, "turn_resumed", turn_store.decided_waiting_turns, turn_store.wake_turn, "turn_id"
+        )
         # A queued turn whose scope is free (its predecessor's owner died before
         # promoting it, or the scope was freed otherwise).
         self._drain(
@@ -334,3 +348,8 @@ class Reconciler:
                 conn, key.split("\0", 1)[0], key.split("\0", 1)[1]
             ),
         )
+
+
+def _operation_scope(op: store.StaleOperation) -> AbstractContextManager[None]:
+    """The sweep item's ids on what is logged while it is settled."""
+    return logcontext.log_context(operation_id=op.operation_id, generation=op.generation, tool=op.tool_name)

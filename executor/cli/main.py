@@ -24,6 +24,7 @@ from executor.settings.sources import CHOICE
 from executor.store.engine import DatabaseSettingError
 from executor.store.errors import StoreDatabaseError
 from executor.store.migrate import SchemaNotReady
+from executor.telemetry import logs
 
 __all__ = ["EXIT_FAILURE", "EXIT_USAGE", "UserError", "build_parser", "main"]
 
@@ -55,10 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     verbose = bool(getattr(args, "verbose", False))
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    # Text until the settings are read; then the format and level they name.
+    logs.configure("text", logs.chosen_level(None, verbose))
     # The embedded broker URL (filesystem://) has no host by design; kombu warns anyway.
     logging.getLogger("kombu.connection").addFilter(_NO_HOSTNAME_WARNING)  # once: same instance
     # The application's modules (TOOLFENCE_TOOLS, TOOLFENCE_HOSTED_POLICY) import from
@@ -71,7 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Every setting, checked before the command runs: a bad value is one line.
         loaded = load()
         args.loaded = loaded
-        with using(Settings.from_loaded(loaded)):
+        chosen = Settings.from_loaded(loaded)
+        logs.configure(chosen.log_format, logs.chosen_level(chosen.log_level, verbose))
+        with using(chosen):
             return int(args.func(args))
     except UserError as exc:
         return _fail(str(exc), exc.exit_code, verbose)
@@ -123,7 +124,11 @@ def _forget_handled_interrupt() -> None:
 
 
 def _fail(message: str, exit_code: int, verbose: bool) -> int:
-    """One line on stderr; with -v, the traceback too (for a bug report)."""
+    """One line on stderr; with -v, the traceback too (for a bug report). With
+    TOOLFENCE_LOG_FORMAT=json, that line is a JSON record like every other."""
+    if logs.json_configured():
+        logging.getLogger("toolfence").error("toolfence: %s", message, exc_info=verbose)
+        return exit_code
     if verbose:
         traceback.print_exc()
     print(f"toolfence: {message}", file=sys.stderr)

@@ -1,13 +1,22 @@
 """Counting `toolfence serve`'s responses (toolfence_http_responses_total and
-toolfence_http_request_seconds), by route template so the labels stay bounded."""
+toolfence_http_request_seconds), by route template so the labels stay bounded;
+and naming each request in the logs (`http_request_id`)."""
 
 from __future__ import annotations
 
+import re
 import time
+import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from executor.telemetry import metrics
+from executor.telemetry import logcontext, metrics
+
+# A request id a client or a proxy in front sent (`X-Request-ID`) is kept when it
+# looks like one (uuids, ULIDs, hex, a load balancer's `Root=1-…`); anything else
+# is replaced, so a header cannot put arbitrary text in every line of the request.
+_REQUEST_ID_HEADER = b"x-request-id"
+_REQUEST_ID_RE = re.compile(rb"[A-Za-z0-9._:=+-]{1,128}")
 
 
 class CountResponses:
@@ -40,3 +49,26 @@ class CountResponses:
                 metrics.declare_routes((template,))
             metrics.HTTP_RESPONSES.labels(template, str(status)).inc()
             metrics.HTTP_SECONDS.labels(template).observe(time.monotonic() - started)
+
+
+class NameRequests:
+    """ASGI middleware, outermost: every record logged while a request is served
+    carries its `http_request_id` (the client's `X-Request-ID` when it looks like
+    an id, else a new one), through the threads its handlers run in as well."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        with logcontext.log_context(http_request_id=request_id_of(scope)):
+            await self.app(scope, receive, send)
+
+
+def request_id_of(scope: Scope) -> str:
+    for name, value in scope.get("headers", ()):
+        if name == _REQUEST_ID_HEADER and _REQUEST_ID_RE.fullmatch(value):
+            return bytes(value).decode("ascii")
+    return uuid.uuid4().hex

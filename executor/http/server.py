@@ -34,7 +34,7 @@ from executor.core.tools import Registry
 from executor.http.api import RateLimiter, build_api
 from executor.http.body import BodySizeLimit
 from executor.http.keys import Authenticator
-from executor.http.observe import CountResponses
+from executor.http.observe import CountResponses, NameRequests
 from executor.http.service import Service
 from executor.providers.hosted import NO_HOSTED_TOOLS, HostedPolicy
 from executor.settings import Settings, SettingsError, read
@@ -95,7 +95,8 @@ def create_app(
     app = build_api(service, authenticator, limiter)
     mount_console(app, service, authenticator, limiter, http)
     app.add_middleware(BodySizeLimit, max_bytes=http.max_body_bytes)
-    app.add_middleware(CountResponses)  # added last: outermost, sees every answer
+    app.add_middleware(CountResponses)  # sees every answer
+    app.add_middleware(NameRequests)  # added last: outermost, names the request for every record
     return app
 
 
@@ -111,10 +112,16 @@ class _DrainingServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def run(app: FastAPI, host: str, port: int, http: HttpSettings, log_level: str = "warning") -> None:
+def run(
+    app: FastAPI, host: str, port: int, http: HttpSettings, log_level: str = "warning",
+    *, own_logging: bool = True,
+) -> None:
+    """Serve until SIGTERM. `own_logging=False` leaves uvicorn's loggers to the
+    root logger the process configured (JSON lines) instead of uvicorn's handlers."""
     config = uvicorn.Config(
         app, host=host, port=port, log_level=log_level, lifespan="off",
         timeout_graceful_shutdown=int(http.drain_seconds), server_header=False,
+        log_config=uvicorn.config.LOGGING_CONFIG if own_logging else None,
     )
     if threading.current_thread() is threading.main_thread():
         # uvicorn re-raises the signal it shut down for once it has drained; a drained

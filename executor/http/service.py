@@ -51,7 +51,7 @@ from executor.settings import Settings
 from executor.store import operator
 from executor.store.api_keys import claim_idempotency_key
 from executor.store.engine import read_only
-from executor.telemetry import metrics
+from executor.telemetry import logcontext, metrics
 from outbox.producer import HostedCalls, InvalidBatch, enqueue
 from outbox.results import final, request_exists, results, settled
 
@@ -122,6 +122,8 @@ class Service:
         request_id = (
             request_id_for(who, idempotency_key) if idempotency_key else f"req_{uuid.uuid4().hex[:24]}"
         )
+        # Run in a worker thread on a copy of the request's context: bound for this call only.
+        logcontext.bind(request_id=request_id, tenant=who.tenant)
         context = _checked(who.context(request_id, body.conversation_id))
         with self.engine.begin() as conn:
             if idempotency_key:

@@ -120,6 +120,9 @@ class Settings:
     # Connections per engine pool (PostgreSQL); `toolfence worker --pool threads`
     # sizes it from its concurrency unless TOOLFENCE_DB_POOL_SIZE says otherwise.
     db_pool_size: int = 5
+    # TOOLFENCE_LOG_FORMAT and TOOLFENCE_LOG_LEVEL (None: each command's own default).
+    log_format: str = "text"
+    log_level: str | None = None
 
     @property
     def visibility_timeout_seconds(self) -> float:
@@ -183,6 +186,8 @@ class Settings:
             turn_wait_seconds=v["TOOLFENCE_TURN_WAIT_SECONDS"],
             home=v["TOOLFENCE_HOME"],
             db_pool_size=v["TOOLFENCE_DB_POOL_SIZE"],
+            log_format=v["TOOLFENCE_LOG_FORMAT"],
+            log_level=v["TOOLFENCE_LOG_LEVEL"],
         )
 
 

@@ -36,6 +36,9 @@ URL = "url"  # text whose password is masked when shown
 
 Default = Callable[[Mapping[str, Any]], Any]
 
+LOG_FORMATS = ("text", "json")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
 
 @dataclass(frozen=True)
 class Variable:
@@ -228,6 +231,16 @@ DECLARED: tuple[Variable, ...] = (
     Variable(
         "TOOLFENCE_TURN_CLI_ENV_ALLOW", NAMES, (),
         "environment variables a cli: agent may see besides PATH, HOME, …",
+    ),
+    # Logs
+    Variable(
+        "TOOLFENCE_LOG_FORMAT", CHOICE, "text",
+        "log records as text lines, or one JSON object a line with the correlation ids",
+        choices=LOG_FORMATS,
+    ),
+    Variable(
+        "TOOLFENCE_LOG_LEVEL", CHOICE, None,
+        "the least severe record logged (unset: warning; -v: info)", choices=LOG_LEVELS,
     ),
     # The database pool
     Variable("TOOLFENCE_DB_POOL_SIZE", INTEGER, 5, "PostgreSQL connections per process pool"),

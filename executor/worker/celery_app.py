@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
+from contextvars import Token
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery, signals
@@ -24,13 +26,15 @@ from executor.core.tools import load_registry
 from executor.errors import WorkerError
 from executor.settings import Settings
 from executor.store.engine import dispose_engines, get_engine
-from executor.telemetry import metrics
+from executor.telemetry import logcontext, metrics
 from executor.worker.runner import OperationRunner
 
 if TYPE_CHECKING:
     from executor.worker.turns import TurnRunner
 
 log = logging.getLogger("toolfence.worker")
+# A message's id as a log field: the runner refuses longer ones as bad messages anyway.
+MAX_LOGGED_ID_CHARS = 200
 
 
 class CountingConsumer(Consumer):  # type: ignore[misc]
@@ -111,6 +115,34 @@ def _after_fork(**_: Any) -> None:
     dispose_engines()
     _runner = None
     _turn_runner = None
+
+
+# Celery's own lines about a task ("succeeded in", "raised unexpected") are logged
+# between task_prerun and task_postrun, after the runner's scope has ended: the
+# message's id is bound for the whole of it. (task id, thread) -> the scope to close:
+# a redelivered message keeps its task id, and may run beside itself in a threads pool.
+_task_scopes: dict[tuple[str, int], Token[Any]] = {}
+_MESSAGE_ID_FIELDS = {TASK_NAME: "operation_id", TURN_TASK_NAME: "turn_id"}
+
+
+@signals.task_prerun.connect
+def _bind_message_id(task_id: str | None = None, task: Any = None, args: Any = None,
+                     kwargs: Any = None, **_: Any) -> None:
+    field = _MESSAGE_ID_FIELDS.get(getattr(task, "name", ""))
+    if field is None or task_id is None:
+        return
+    given = [*(args or ()), *(kwargs or {}).values()]
+    value = given[0] if len(given) == 1 and isinstance(given[0], str) else None
+    _task_scopes[task_id, threading.get_ident()] = logcontext.open_scope(
+        **{field: value[:MAX_LOGGED_ID_CHARS] if value else None}
+    )
+
+
+@signals.task_postrun.connect
+def _unbind_message_id(task_id: str | None = None, **_: Any) -> None:
+    token = _task_scopes.pop((task_id, threading.get_ident()), None) if task_id is not None else None
+    if token is not None:
+        logcontext.close_scope(token)
 
 
 @signals.task_rejected.connect

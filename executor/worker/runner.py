@@ -53,7 +53,7 @@ from executor.settings import Settings
 from executor.store import driver
 from executor.store.engine import read_only, single_statement
 from executor.store.errors import CONNECTION_ERRORS, bad_data_refusal
-from executor.telemetry import metrics
+from executor.telemetry import logcontext, metrics
 from executor.worker.heartbeat import Heartbeat
 from executor.worker.outcomes import Outcome, OutcomeLabel, OutcomeRecorder, approved_resources, backoff
 
@@ -92,7 +92,11 @@ class OperationRunner(OutcomeRecorder):
     # ----------------------------------------------------------------- entry
 
     def handle(self, operation_id: object) -> Outcome:
-        outcome = self._handle(operation_id)
+        # The correlation ids of this operation on every record logged while it runs
+        # (executor/telemetry/logcontext.py); the rest are bound once the row is read.
+        known = operation_id if isinstance(operation_id, str) else None
+        with logcontext.log_context(operation_id=known and known[:MAX_OPERATION_ID_LENGTH]):
+            outcome = self._handle(operation_id)
         metrics.MESSAGES.labels(outcome.label.value).inc()
         return outcome
 
@@ -253,6 +257,10 @@ class OperationRunner(OutcomeRecorder):
     def _execute(
         self, row: store.OperationRow, tool: Tool[Any] | None, acquired: Acquired
     ) -> Outcome:
+        logcontext.bind(
+            request_id=row.request_id, call_id=row.call_id, tenant=row.tenant, tool=row.tool_name,
+            generation=acquired.reservation.generation,
+        )
         heartbeat = Heartbeat(
             self.engine, acquired.reservation, self.settings.lease_seconds,
             reserve_sent_at=acquired.reserve_sent_at,
@@ -286,9 +294,9 @@ class OperationRunner(OutcomeRecorder):
             # context when it registered no resolver): a revoked role stops the call.
             # A resolver that lost its connection decided nothing: as for the access
             # rule below, the operation is given back instead of denied for good.
-            context = self.registry.current_context(
-                ServerContext.from_json(json.loads(row.context)), reraise=CONNECTION_ERRORS
-            )
+            stored = ServerContext.from_json(json.loads(row.context))
+            logcontext.bind(turn_id=stored.turn_id)
+            context = self.registry.current_context(stored, reraise=CONNECTION_ERRORS)
         except CONNECTION_ERRORS as exc:
             if tool is None:
                 return refuse(Refusal(ErrorCode.UNKNOWN_TOOL, "permission denied at execution time"))

@@ -28,6 +28,7 @@ performs them under the turn's lease (`executor.store.turns`):
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import threading
@@ -61,7 +62,7 @@ from executor.store import new_owner_token
 from executor.store import turns as turn_store
 from executor.store.engine import read_only
 from executor.store.errors import CONNECTION_ERRORS
-from executor.telemetry import metrics
+from executor.telemetry import logcontext, metrics
 from executor.turns import audit as audit_hook
 from executor.turns.contract import (
     ContractError,
@@ -117,6 +118,12 @@ class TurnOutcome:
     state: str | None = None
 
 
+def _step_of(action: object) -> int | None:
+    """The step an action of the loop is about (None for the end)."""
+    step = getattr(action, "step", None)
+    return step.step if isinstance(step, StepRecord) else step if isinstance(step, int) else None
+
+
 class _TurnHeartbeat(threading.Thread):
     """Renews the turn's lease every third of it (CAS on turn, generation, owner)."""
 
@@ -125,11 +132,16 @@ class _TurnHeartbeat(threading.Thread):
         self._engine, self._lease, self._seconds = engine, lease, lease_seconds
         self._stop_event, self._lost = threading.Event(), threading.Event()
         self._deadline = time.monotonic() + lease_seconds * 0.9
+        # A thread starts with no context of its own: its records carry the turn's ids.
+        self._log_context = contextvars.copy_context()
 
     def owned(self) -> bool:
         return not self._lost.is_set() and time.monotonic() < self._deadline
 
     def run(self) -> None:
+        self._log_context.run(self._renew_until_stopped)
+
+    def _renew_until_stopped(self) -> None:
         while not self._stop_event.wait(self._seconds / 3.0):
             sent_at = time.monotonic()
             try:
@@ -185,7 +197,11 @@ class TurnRunner:
     # ----------------------------------------------------------------- entry
 
     def handle(self, turn_id: object) -> TurnOutcome:
-        outcome = self._handle(turn_id)
+        # The turn's id (and, as they become known, its tenant and step) on every record
+        # logged while it runs, its heartbeat thread's included.
+        known = turn_id if isinstance(turn_id, str) else None
+        with logcontext.log_context(turn_id=known and known[:TURN_ID_MAX_CHARS]):
+            outcome = self._handle(turn_id)
         metrics.TURN_MESSAGES.labels(outcome.label).inc()
         return outcome
 
@@ -232,6 +248,7 @@ class TurnRunner:
 
     def _run(self, row: Any, lease: turn_store.TurnLease, heartbeat: _TurnHeartbeat) -> TurnOutcome:
         context = ServerContext.from_json(json.loads(row.context))
+        logcontext.bind(tenant=context.tenant)
         options = TurnOptions.from_json(json.loads(row.options))
         try:
             # The surface as this worker's registry declares it now (fail closed).
@@ -250,6 +267,7 @@ class TurnRunner:
             with self.reader.connect() as conn:
                 steps = [step_record(r) for r in turn_store.steps_of(conn, lease.turn_id)]
             action = next_action(steps, None, options, cards=cards)
+            logcontext.bind(step=_step_of(action))
             if isinstance(action, Enqueue):
                 if action.step.step not in enqueued:
                     try:
@@ -259,6 +277,7 @@ class TurnRunner:
                         return self._release_unavailable(lease, exc)
                     enqueued.add(action.step.step)
                 action = next_action(steps, self._statuses(context, action.step), options, cards=cards)
+                logcontext.bind(step=_step_of(action))
 
             if isinstance(action, AwaitCalls):
                 if time.monotonic() >= wait_until:
@@ -299,7 +318,7 @@ class TurnRunner:
 
     def _enqueue(self, lease: turn_store.TurnLease, context: ServerContext, step: StepRecord) -> bool:
         """The step's calls as operations, in a transaction fenced by the turn's lease."""
-        with self.engine.begin() as conn:
+        with logcontext.log_context(request_id=step.request_id), self.engine.begin() as conn:
             if not turn_store.renew_turn(
                 conn, lease.turn_id, lease.generation, lease.owner_token, self.settings.lease_seconds
             ):

@@ -18,6 +18,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import canary_tools
 import pytest
@@ -25,7 +26,7 @@ import redis
 from canary_tools import CANARY
 from fleetkit import wait_until
 
-from executor.cli.fleet import Fleet
+from executor.cli.fleet import Fleet, Member
 from executor.core.types import ProposedCall, ServerContext
 from executor.settings import Settings
 from executor.store.engine import make_engine
@@ -63,11 +64,19 @@ def _cli(env: dict[str, str], *args: str) -> str:
     return run.stdout + run.stderr
 
 
+# JSON lines at INFO: Celery's own lines about each task and the relay's per publish too.
+LOG_SETTINGS = {
+    "text": {},
+    "json": {"TOOLFENCE_LOG_FORMAT": "json", "TOOLFENCE_LOG_LEVEL": "info"},
+}
+
+
+@pytest.mark.parametrize("log_format", sorted(LOG_SETTINGS))
 def test_canary__secret_everywhere__nowhere_a_model_or_operator_log_shows_it(
     settings: Settings, fleet_env: dict[str, str], make_fleet: Callable[..., Fleet],
-    ledger: object, tmp_path: Path, broker_url: str,
+    ledger: object, tmp_path: Path, broker_url: str, log_format: str,
 ) -> None:
-    env = {**fleet_env, "TOOLFENCE_TOOLS": "canary_tools:registry"}
+    env = {**fleet_env, "TOOLFENCE_TOOLS": "canary_tools:registry", **LOG_SETTINGS[log_format]}
     engine = make_engine(settings.database_url)
     context = ServerContext(
         principal="alice", tenant="acme", roles=frozenset({"member"}), request_id=f"req-{CANARY}",
@@ -149,4 +158,52 @@ def test_canary__secret_everywhere__nowhere_a_model_or_operator_log_shows_it(
     worker_log = seen["log worker-0.log"]
     assert f"operation {by_id['c_raise'].operation_id}: tool test.leaky raised" in worker_log
     assert "RuntimeError: unexpected failure while handling [REDACTED]" in worker_log
+    if log_format == "json":
+        ran = [op for call in ("c_raise", "c_echo", "c_retryable") if (op := by_id[call].operation_id)]
+        _check_json_logs(fleet, ran[0], ran)
     engine.dispose()
+
+
+def _json_records(member: Member) -> list[dict[str, Any]]:
+    """Every line of a member's log, each one JSON object with the standard fields."""
+    records = []
+    for line in member.log_path.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            raise AssertionError(f"{member.log_path.name}: not a JSON line: {line[:300]!r}") from None
+        assert isinstance(record, dict), line
+        assert {"timestamp", "level", "logger", "message", "process", "thread"} <= record.keys(), record
+        assert record["timestamp"].endswith("Z"), record
+        records.append(record)
+    assert records, f"{member.log_path.name} is empty"
+    return records
+
+
+def _check_json_logs(fleet: Fleet, raised_id: str, ran: list[str]) -> None:
+    """JSON lines from every process (a prefork pool child's included), and the
+    correlation ids on the lines about an operation."""
+    logs = {member.log_path.name: _json_records(member) for member in fleet.members}
+    worker = next(m for m in fleet.members if m.role == "worker")
+    # The tool's failure, logged in the worker's pool child while it ran the operation:
+    raised = [
+        r for r in logs["worker-0.log"]
+        if r.get("operation_id") == raised_id and "tool test.leaky raised" in r["message"]
+    ]
+    assert raised, logs["worker-0.log"]
+    record = raised[0]
+    assert record["process"] != worker.pid  # a pool child's line, JSON too
+    assert record["tool"] == "test.leaky" and record["tenant"] == "acme" and record["call_id"] == "c_raise"
+    assert isinstance(record["generation"], int) and record["generation"] >= 1
+    # the producer's request id holds the canary: there, through the sanitiser
+    assert record["request_id"] == "req-[REDACTED]"
+    # Celery's own line about the task carries the operation id too
+    assert any(
+        r.get("operation_id") == raised_id and r["logger"].startswith("celery") for r in logs["worker-0.log"]
+    ), logs["worker-0.log"]
+    # Celery's own shutdown line is a record too, and the warm shutdown still exits 0
+    assert any(r["message"] == "worker: Warm shutdown (MainProcess)" for r in logs["worker-0.log"])
+    assert worker.process.returncode == 0
+    # And the relay said what it published, each line with its operation's id
+    published = {r["operation_id"] for r in logs["relay-0.log"] if r["message"].startswith("published ")}
+    assert set(ran) <= published, (ran, published)

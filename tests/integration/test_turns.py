@@ -23,6 +23,7 @@ from executor.store import turns as turn_store
 from executor.store.clock import db_now
 from executor.store.engine import make_engine
 from executor.store.schema import outbox, turn_steps, turns
+from executor.telemetry import logcontext
 from executor.turns.drivers import DriverError, ScriptedDriver
 from executor.turns.prompt import COMPLETED_HEADER
 from executor.turns.service import TurnInProgress, get_turn, start_turn
@@ -78,6 +79,9 @@ def test_turn__read_write_final__succeeds_with_the_write_applied_once(
     assert ledger.balance("acme-2") == 500
     # And each step was asked exactly once
     assert asked(script) == {("turn", 1): 1, ("turn", 2): 1, ("turn", 3): 1}
+    # And while it asked, the turn job's log records carried the turn, its tenant and step
+    assert recording.log_ids == [{"turn_id": turn_id, "tenant": "acme", "step": n} for n in (1, 2, 3)]
+    assert logcontext.current() == {}  # nothing left behind once the job ended
     # And the model saw the earlier results as a labelled block, never the requester's roles
     prompts = recording.prompts()
     assert COMPLETED_HEADER not in prompts[0]

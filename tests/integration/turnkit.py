@@ -23,6 +23,7 @@ from executor.core.tools import Registry
 from executor.providers.hosted import HostedPolicy
 from executor.settings import Settings
 from executor.store.schema import operations, turns
+from executor.telemetry import logcontext
 from executor.turns.drivers import Driver, ScriptedDriver
 from executor.turns.specs import load_driver
 from executor.turns.values import ModelRequest, ModelResponse
@@ -46,6 +47,8 @@ class Recording:
     """Every request a driver was given (prompts stay in the test, never in the store)."""
 
     requests: list[ModelRequest] = field(default_factory=list)
+    # The correlation ids the turn job's log records carried at each model call.
+    log_ids: list[dict[str, str | int]] = field(default_factory=list)
 
     def factory(self, wrap: Callable[[str], Driver] = load_driver) -> Callable[[str], Driver]:
         recording = self
@@ -60,6 +63,7 @@ class Recording:
 
             def call(self, request: ModelRequest) -> ModelResponse:
                 recording.requests.append(request)
+                recording.log_ids.append(dict(logcontext.current()))
                 return self.inner.call(request)
 
         return lambda spec: _Recorded(wrap(spec))

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 
-from executor.cli.common import engine_of, hosted_policy_of, port, registry_of, settings
+from executor.cli.common import add_argument, engine_of, hosted_policy_of, port, registry_of, settings
+from executor.telemetry import logs
 
 HELP = "Serve the HTTP API and the operator console (runs until SIGTERM)."
 
@@ -15,9 +16,7 @@ def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     parser.set_defaults(func=run)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
-    parser.add_argument(
-        "--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"]
-    )
+    add_argument(parser, "--log-level", envvar="TOOLFENCE_LOG_LEVEL", help="uvicorn's log level")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,5 +32,8 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("toolfence.serve").warning(
         "toolfence serve on http://%s:%d (console: /console)", args.host, args.port
     )
-    run_server(app, args.host, args.port, http, log_level=args.log_level)
+    level = args.log_level or logging.getLevelName(
+        logs.chosen_level(chosen.log_level, bool(getattr(args, "verbose", False)))
+    ).lower()
+    run_server(app, args.host, args.port, http, log_level=level, own_logging=chosen.log_format != "json")
     return 0
