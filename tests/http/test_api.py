@@ -676,7 +676,9 @@ def test_get_request__fifty_long_polls_waiting__other_requests_still_answered_at
 
     def long_poll(_: int) -> int:
         with served.client(key) as poller:
-            return poller.get(f"/v1/requests/{request_id}", params={"wait": 4}).status_code
+            # Long enough that a loaded machine (the other test tiers run beside this
+            # one) answers the other request before any poll's wait runs out.
+            return poller.get(f"/v1/requests/{request_id}", params={"wait": 12}).status_code
 
     with ThreadPoolExecutor(max_workers=50) as pool:
         polls = [pool.submit(long_poll, i) for i in range(50)]
@@ -685,7 +687,7 @@ def test_get_request__fifty_long_polls_waiting__other_requests_still_answered_at
         with served.client(key) as client:
             other = client.get("/v1/approvals")
         # Then it is answered before any of them (the waits hold no thread: had they
-        # held the threadpool, it would queue behind polls that answer after 4 s);
+        # held the threadpool, it would queue behind polls that answer after 12 s);
         # ordered, not timed, so a busy machine cannot fail it
         answered_first = not any(poll.done() for poll in polls)
         statuses = [p.result() for p in polls]
