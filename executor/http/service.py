@@ -206,9 +206,11 @@ class Service:
                 503, ErrorCode.TURNS_NOT_CONFIGURED,
                 "this server runs no turns: it has no TOOLFENCE_TURN_DRIVER",
             )
-        self._require_surface(who.surface, KEY_SURFACE_UNDECLARED)
+        if who.surface is not None:
+            self._require_surface(who.surface, KEY_SURFACE_UNDECLARED)
+        else:
+            self._require_surface(self.settings.turn_surface, SETTING_SURFACE_UNDECLARED)
         surface = who.surface or self.settings.turn_surface
-        self._require_surface(surface, SETTING_SURFACE_UNDECLARED)
         turn_id = turn_id_for(who, idempotency_key) if idempotency_key else turn_store.new_turn_id()
         context = _checked(who.context(turn_id, body.conversation_id))
         try:
