@@ -8,6 +8,7 @@ beside it; the SIGTERM and console tests start `toolfence serve` as a subprocess
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -65,6 +66,14 @@ def served_with(pg_url: str, book: Ledger, tmp_path: Path) -> Iterator[Callable[
         server.should_exit = True
         thread.join(timeout=10)
         engine.dispose()
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    """A scripted model that answers at once (the turns' driver of a server under test)."""
+    path = tmp_path / "turn.jsonl"
+    path.write_text(json.dumps({"final": "done"}) + "\n", encoding="utf-8")
+    return path
 
 
 @pytest.fixture

@@ -21,6 +21,8 @@ from sqlalchemy import func, select
 
 from executor.http.keys import KeyScope
 from executor.store.schema import api_keys, http_idempotency, operations, outbox, turns
+from ledger.service import Ledger
+from tests.integration.turnkit import calls, drive, write_script
 from tests.surfacekit import CHAT, LOOKUP, OUTSIDE_CHAT, surfaced_registry
 
 P, A, R = KeyScope.PRODUCE, KeyScope.APPROVE, KeyScope.READ
@@ -65,13 +67,6 @@ def assert_surface_problem(response: httpx.Response) -> None:
     )
     # The key's surface name is the server's own configuration: not echoed either.
     assert "gone" not in response.text
-
-
-@pytest.fixture
-def script(tmp_path: Path) -> Path:
-    path = tmp_path / "turn.jsonl"
-    path.write_text(json.dumps({"final": "done"}) + "\n", encoding="utf-8")
-    return path
 
 
 @pytest.fixture
@@ -215,42 +210,24 @@ def test_api_key_row__surface_stored_and_bounded(chat_server: Served) -> None:
 
 
 def test_chat_turn_run_by_the_fleet__get_shows_its_surface_each_steps_listed_items_and_the_card(
-    served_with: Callable[..., Served], tmp_path: Path
+    served_with: Callable[..., Served], book: Ledger, tmp_path: Path
 ) -> None:
-    from executor.worker.runner import OperationRunner
-    from executor.worker.turns import TurnRunner
-    from outbox.relay import Relay
-
     # Given a chat key, and a scripted model that credits acme-2 (no approval of its own)
-    script = tmp_path / "credit.jsonl"
-    script.write_text("\n".join(json.dumps(line) for line in [
-        {"tool_calls": [{"id": "c1", "name": "ledger.credit",
-                         "arguments": {"account_id": "acme-2", "amount_cents": 250}}]},
-        {"final": "Credited."},
-    ]) + "\n", encoding="utf-8")
+    script = write_script(tmp_path / "credit.jsonl", [
+        calls("ledger.credit", account_id="acme-2", amount_cents=250), {"final": "Credited."},
+    ])
     registry = surfaced_registry()
-    server = served_with(registry=registry, turn_driver=f"scripted:{script}", turn_wait_seconds=0.05)
+    server = served_with(registry=registry, turn_driver=f"scripted:{script}")
     key = server.key("acme", "alice", P, R, surface=CHAT)
     with server.client(key) as client:
         turn_id = client.post("/v1/turns", json=HELLO).json()["turn_id"]
-    # When the relay, the turn job and the operations run (in this process, on PostgreSQL)
-    ops: list[str] = []
-    jobs: list[str] = []
-    relay = Relay(server.settings, server.engine, ops.append, jobs.append)
-    turn_runner = TurnRunner(server.settings, registry, server.engine)
-    op_runner = OperationRunner(server.settings, registry, server.engine)
-    for _ in range(20):
-        relay.run_once()
-        while jobs or ops:
-            if jobs:
-                turn_runner.handle(jobs.pop(0))
-            while ops:
-                op_runner.handle(ops.pop(0))
-        with server.client(key) as client:
-            view = client.get(f"/v1/turns/{turn_id}").json()
-        if view["terminal"] or view["state"] == "waiting_approval":
-            break
+    # When the turn job and its operations run (in this process, on PostgreSQL: turnkit.drive)
+    drive(server.engine, server.settings, registry, turn_id)
+    with server.client(key) as client:
+        view = client.get(f"/v1/turns/{turn_id}").json()
     # Then GET shows the surface, the items the step listed, and the credit as a card
     assert view["surface"] == CHAT
     assert view["steps"][0]["listed"] == ["acme-2"]
     assert [c.get("state") for c in view["steps"][0]["calls"]] == ["pending_approval"]
+    # And nothing was credited (the card waits for a person)
+    assert book.balance("acme-2") == 0

@@ -96,15 +96,20 @@ def run_fleet_in_process(turn_id: str) -> None:
         time.sleep(0.6)  # a released turn job is due again after half a second
 
 
-def test_turn_start__then_show__runs_the_scripted_turn_to_its_final_output(
-    home: Path, cli: Callable[..., Run]
-) -> None:
-    script = home / "turn.jsonl"
-    script.write_text("\n".join(json.dumps(line) for line in [
+def credit_script(path: Path) -> Path:
+    """A scripted model that credits acc-2 with 2.50, then answers."""
+    path.write_text("\n".join(json.dumps(line) for line in [
         {"tool_calls": [{"id": "c1", "name": "ledger.credit",
                          "arguments": {"account_id": "acc-2", "amount_cents": 250}}]},
         {"final": "Credited 2.50."},
     ]) + "\n")
+    return path
+
+
+def test_turn_start__then_show__runs_the_scripted_turn_to_its_final_output(
+    home: Path, cli: Callable[..., Run]
+) -> None:
+    credit_script(home / "turn.jsonl")
     # When a turn is started from the CLI (the script's path relative to the cwd)
     started = cli("turn", "start", *WHO, "--driver", "scripted:turn.jsonl", "Credit acc-2 with 2.50")
     assert started.code == 0, started.err
@@ -166,12 +171,7 @@ def test_turn_start__surface__the_turn_runs_under_it_and_show_prints_it(
 ) -> None:
     # Given tools declaring the chat surface (writes become cards) and a script that credits
     monkeypatch.setenv("TOOLFENCE_TOOLS", "tests.surfacekit:registry")
-    script = home / "turn.jsonl"
-    script.write_text("\n".join(json.dumps(line) for line in [
-        {"tool_calls": [{"id": "c1", "name": "ledger.credit",
-                         "arguments": {"account_id": "acc-2", "amount_cents": 250}}]},
-        {"final": "Credited 2.50."},
-    ]) + "\n")
+    script = credit_script(home / "turn.jsonl")
     # When a turn is started with --surface chat and the fleet runs it
     started = cli("turn", "start", *WHO, "--driver", f"scripted:{script}", "--surface", "chat", "credit")
     assert started.code == 0, started.err
