@@ -53,18 +53,25 @@ _HASHER = PasswordHasher(time_cost=2, memory_cost=19 * 1024, parallelism=1)
 
 @dataclass(frozen=True)
 class Identity:
-    """The caller as its key says: never taken from a request body."""
+    """The caller as its key says: never taken from a request body.
+
+    `surface` is the key's turn surface (executor/core/surfaces.py), or None. It is
+    part of who the caller is, like the roles: every context made for the key names
+    it, so its catalog, write rule and listed targets apply to the key's requests as
+    to its turns (decision 0210): a chat frontend's key cannot post a write past the
+    card rule by calling `POST /v1/requests` directly."""
 
     key_id: str
     tenant: str
     principal: str
     roles: frozenset[str]
     scopes: frozenset[KeyScope]
+    surface: str | None = None
 
     def context(self, request_id: str, conversation_id: str | None = None) -> ServerContext:
         return ServerContext(
             principal=self.principal, tenant=self.tenant, roles=self.roles,
-            request_id=request_id, conversation_id=conversation_id,
+            request_id=request_id, conversation_id=conversation_id, surface=self.surface,
         )
 
     def may(self, *scopes: KeyScope) -> bool:
@@ -94,8 +101,12 @@ def create_key(
     roles: Iterable[str],
     scopes: Iterable[KeyScope],
     label: str | None = None,
+    surface: str | None = None,
 ) -> str:
-    """Store a new key and return its text: the only time anyone sees the secret."""
+    """Store a new key and return its text: the only time anyone sees the secret.
+    `surface` names the turn surface all of the key's requests and turns run under;
+    that the registry declares it is the caller's check (`toolfence keys create`
+    refuses a name TOOLFENCE_TOOLS does not declare)."""
     if not tenant or not principal:
         raise ValueError("a key needs a tenant and a principal")
     scope_set = frozenset(scopes)
@@ -106,6 +117,7 @@ def create_key(
     insert_api_key(
         conn, key_id=key_id, tenant=tenant, principal=principal, roles=roles,
         scopes=[s.value for s in scope_set], secret_hash=_HASHER.hash(secret), label=label,
+        surface=surface,
     )
     return f"{KEY_PREFIX}_{key_id}_{secret}"
 
@@ -172,4 +184,5 @@ def identity_of(record: ApiKeyRecord) -> Identity:
     return Identity(
         key_id=record.key_id, tenant=record.tenant, principal=record.principal,
         roles=record.roles, scopes=frozenset(KeyScope(s) for s in record.scopes if s in _SCOPE_NAMES),
+        surface=record.surface,
     )

@@ -291,6 +291,10 @@ class TurnStepOut(BaseModel):
     error: dict[str, Any] | None = Field(description="sanitised where it is read (get_turn)")
     proposed: list[TurnCallOut] = Field(description="the calls the model proposed in this step")
     calls: list[CallStatus] = Field(description="each proposed call's status and result")
+    listed: list[str] | None = Field(
+        description="the ids of the items the turn's surface listed to the model at this step "
+        "(a tool's listed argument may name only these); null when none were listed",
+    )
 
 
 class TurnOut(BaseModel):
@@ -305,6 +309,10 @@ class TurnOut(BaseModel):
     end_reason: str | None
     final_output: str | None = Field(description="sanitised where it is stored and read (get_turn)")
     error: dict[str, Any] | None = Field(description="sanitised where it is read (get_turn)")
+    surface: str | None = Field(
+        description="the turn surface the turn runs under (the key's, else the server's "
+        "TOOLFENCE_TURN_SURFACE); null: none",
+    )
     generation: int
     steps: list[TurnStepOut]
     created_at: float

@@ -100,18 +100,21 @@ class Service:
         self, who: Identity, body: NeutralBatch | ProviderEnvelope, digest: str, idempotency_key: str | None
     ) -> tuple[RequestAnswer, bool]:
         """Admit and enqueue in one transaction; (answer, replayed). A retried POST with
-        the same Idempotency-Key is answered from the request it created."""
+        the same Idempotency-Key is answered from the request it created. The calls are
+        admitted under the key's turn surface, if it has one (`Identity.context`); a
+        surface this server does not declare is 503 before anything is written."""
         from executor.providers import SURFACES, AdapterError
 
+        self._require_surface(who.surface, KEY_SURFACE_UNDECLARED)
         hosted: HostedCalls | None = None
         if isinstance(body, ProviderEnvelope):
-            surface = SURFACES[body.provider]
+            adapter = SURFACES[body.provider]
             try:
-                calls = surface.read_proposals(body.response, known_names=self.registry.names())
-                hosted = HostedCalls(surface.read_hosted_calls(body.response), self.hosted_policy)
+                calls = adapter.read_proposals(body.response, known_names=self.registry.names())
+                hosted = HostedCalls(adapter.read_hosted_calls(body.response), self.hosted_policy)
             except AdapterError as exc:
                 raise ProblemError(
-                    400, ErrorCode.INVALID_REQUEST, f"the {surface.name} response was refused",
+                    400, ErrorCode.INVALID_REQUEST, f"the {adapter.name} response was refused",
                     errors=[ProblemDetail(path="/response", code=exc.code.value)],
                 ) from None
         else:
@@ -169,10 +172,10 @@ class Service:
             return answer
         from executor.providers import SURFACES, AdapterError
 
-        surface = SURFACES[provider]
+        adapter = SURFACES[provider]
         proposals = [ProposedCall(call_id=s.call_id, tool_name=s.tool_name, arguments="{}") for s in statuses]
         try:
-            written = surface.write_results(proposals, [final(s) for s in statuses])
+            written = adapter.write_results(proposals, [final(s) for s in statuses])
         except AdapterError as exc:
             raise ProblemError(
                 400, ErrorCode.INVALID_REQUEST, f"cannot write these results in the {provider} shape",
@@ -191,7 +194,10 @@ class Service:
     ) -> tuple[TurnStarted, bool]:
         """Write the turn (and its outbox row) in one transaction; (answer, replayed).
         The driver, scope and when-busy rule are the server's settings, never the
-        caller's: a driver named by a caller would be a file the worker reads."""
+        caller's: a driver named by a caller would be a file the worker reads. So is
+        the surface: the key's, else TOOLFENCE_TURN_SURFACE, else none; one the
+        registry does not declare is 503 before anything is written."""
+        from executor.core.surfaces import UnknownSurface
         from executor.store import turns as turn_store
         from executor.turns.service import TurnInProgress, start_turn
         from executor.turns.values import TurnOptions
@@ -202,6 +208,11 @@ class Service:
                 503, ErrorCode.TURNS_NOT_CONFIGURED,
                 "this server runs no turns: it has no TOOLFENCE_TURN_DRIVER",
             )
+        if who.surface is not None:
+            self._require_surface(who.surface, KEY_SURFACE_UNDECLARED)
+        else:
+            self._require_surface(self.settings.turn_surface, SETTING_SURFACE_UNDECLARED)
+        surface = who.surface or self.settings.turn_surface
         turn_id = turn_id_for(who, idempotency_key) if idempotency_key else turn_store.new_turn_id()
         context = _checked(who.context(turn_id, body.conversation_id))
         try:
@@ -224,14 +235,29 @@ class Service:
                     conn, context, body.conversation_id, body.message, driver=driver,
                     options=TurnOptions(max_steps=self.settings.turn_max_steps),
                     scope=self.settings.turn_scope, when_busy=self.settings.turn_when_busy,
-                    turn_id=turn_id,
+                    turn_id=turn_id, surface=surface, registry=self.registry,
                 )
+        except UnknownSurface:
+            # Checked above; kept so that a registry changed in between still answers
+            # the same problem (start_turn raised before writing anything).
+            raise _surface_problem(
+                KEY_SURFACE_UNDECLARED if who.surface else SETTING_SURFACE_UNDECLARED
+            ) from None
         except TurnInProgress as exc:
             # The transaction rolled back: neither the turn nor the key's claim was written.
             raise ProblemError(
                 409, ErrorCode.TURN_IN_PROGRESS, f"a turn of this {exc.scope} is already running",
             ) from None
         return TurnStarted(turn_id=handle.turn_id, state=handle.state), False  # type: ignore[arg-type]
+
+    def _require_surface(self, name: str | None, message: str) -> None:
+        """A named turn surface this server's registry does not declare (a key made for
+        another deployment, or a surface removed since) refuses the work before
+        anything is written (decision 0210). Admission alone would fail closed too,
+        but as `tool_not_allowed` for every call: the caller's mistake in its words,
+        when the fix is the operator's."""
+        if name is not None and self.registry.surface(name) is None:
+            raise _surface_problem(message)
 
     async def turn(self, who: Identity, turn_id: str, *, wait: float) -> TurnOut:
         """The turn from `get_turn`; with `wait`, long-polled until it has ended (a
@@ -269,8 +295,8 @@ class Service:
             turn_id=view["turn_id"], conversation_id=view["conversation_id"],
             principal=view["principal"], state=view["state"],
             terminal=TurnState(view["state"]) in TURN_ENDED, end_reason=view["end_reason"],
-            final_output=view["final_output"], error=view["error"], generation=view["generation"],
-            steps=[TurnStepOut.model_validate(step) for step in view["steps"]],
+            final_output=view["final_output"], error=view["error"], surface=view["surface"],
+            generation=view["generation"], steps=[TurnStepOut.model_validate(step) for step in view["steps"]],
             created_at=view["created_at"], finished_at=view["finished_at"],
         )
 
@@ -465,6 +491,21 @@ class Service:
                 for c in record.request_calls
             ],
         )
+
+
+KEY_SURFACE_UNDECLARED = "this key's turn surface is not declared by this server's tools"
+SETTING_SURFACE_UNDECLARED = "this server's TOOLFENCE_TURN_SURFACE is not declared by its tools"
+UNKNOWN_SURFACE_DETAIL = "unknown_surface"
+
+
+def _surface_problem(message: str) -> ProblemError:
+    """503 `turns_not_configured`: the server's configuration (its registry, its
+    settings) does not cover the surface the work must run under; the operator's to
+    fix, not the caller's. The surface's name is not echoed."""
+    return ProblemError(
+        503, ErrorCode.TURNS_NOT_CONFIGURED, message,
+        errors=[ProblemDetail(path="", code=UNKNOWN_SURFACE_DETAIL)],
+    )
 
 
 def _receipt(row: Any) -> ReceiptOut:

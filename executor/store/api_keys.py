@@ -19,6 +19,9 @@ from executor.store.clock import DATABASE_CLOCK, Clock
 from executor.store.engine import insert_ignore
 from executor.store.schema import api_keys, console_revocations, http_idempotency
 
+SURFACE_MAX_CHARS = 64
+"""`toolfence_api_keys.surface` is `String(64)`, as a surface's name is (executor/core/surfaces.py)."""
+
 
 @dataclass(frozen=True)
 class ApiKeyRecord:
@@ -31,6 +34,9 @@ class ApiKeyRecord:
     label: str | None
     created_at: float
     revoked_at: float | None
+    # The turn surface every request made with this key runs under (None: no surface;
+    # its turns take the server's TOOLFENCE_TURN_SURFACE). Migration 0010.
+    surface: str | None = None
 
     @property
     def revoked(self) -> bool:
@@ -43,7 +49,7 @@ def _record(row: object) -> ApiKeyRecord:
         key_id=data["key_id"], tenant=data["tenant"], principal=data["principal"],
         roles=frozenset(json.loads(data["roles"])), scopes=frozenset(json.loads(data["scopes"])),
         secret_hash=data["secret_hash"], label=data["label"], created_at=data["created_at"],
-        revoked_at=data["revoked_at"],
+        revoked_at=data["revoked_at"], surface=data.get("surface"),
     )
 
 
@@ -57,11 +63,16 @@ def insert_api_key(
     scopes: Iterable[str],
     secret_hash: str,
     label: str | None = None,
+    surface: str | None = None,
     clock: Clock = DATABASE_CLOCK,
 ) -> None:
     """Store a key. Its tenant, principal and roles are identifiers (printable, valid
     UTF-8, at most 200 characters: `InvalidIdentifier` otherwise, before the insert,
-    so PostgreSQL never aborts the caller's transaction on one); so is its label."""
+    so PostgreSQL never aborts the caller's transaction on one); so is its label, and
+    its turn surface's name, at most `SURFACE_MAX_CHARS` (`ValueError`). Whether the
+    registry declares that surface is the caller's check (`toolfence keys create`):
+    the store knows no registry, and a server that no longer declares it refuses the
+    key's work (executor/http/service.py)."""
     roles = list(roles)
     check_identifier(IdentifierField.TENANT, tenant)
     check_identifier(IdentifierField.PRINCIPAL, principal)
@@ -70,11 +81,18 @@ def insert_api_key(
     problem = None if label is None else identifier_problem(label)
     if problem is not None:
         raise ValueError(f"label is not valid ({problem.value}): printable text of at most 200 characters")
+    problem = None if surface is None else identifier_problem(surface, SURFACE_MAX_CHARS)
+    if problem is not None:
+        raise ValueError(
+            f"surface is not valid ({problem.value}): "
+            f"printable text of at most {SURFACE_MAX_CHARS} characters"
+        )
     conn.execute(
         insert(api_keys).values(
             key_id=key_id, tenant=tenant, principal=principal,
             roles=json.dumps(sorted(set(roles))), scopes=json.dumps(sorted(set(scopes))),
             secret_hash=secret_hash, label=label, created_at=clock.now(), revoked_at=None,
+            surface=surface,
         )
     )
 

@@ -8,6 +8,7 @@ beside it; the SIGTERM and console tests start `toolfence serve` as a subprocess
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ import uvicorn
 from servekit import Served, free_port, start_in_thread
 from sqlalchemy import Engine
 
+from executor.core.tools import Registry
 from executor.http.server import HttpSettings, create_app
 from executor.settings import Settings
 from executor.store.engine import make_engine
@@ -41,16 +43,19 @@ def book(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Ledger]:
 @pytest.fixture
 def served_with(pg_url: str, book: Ledger, tmp_path: Path) -> Iterator[Callable[..., Served]]:
     """A factory: `served_with(http=HttpSettings(...), turn_driver=...)` starts a server
-    (stopped at teardown); keyword arguments besides `http` are Settings fields."""
+    (stopped at teardown); keyword arguments besides `http` and `registry` (default:
+    the ledger's tools) are Settings fields."""
     running: list[tuple[uvicorn.Server, threading.Thread, Engine]] = []
 
-    def start(http: HttpSettings | None = None, **settings_fields: object) -> Served:
+    def start(
+        http: HttpSettings | None = None, registry: Registry | None = None, **settings_fields: object
+    ) -> Served:
         settings = Settings(
             database_url=pg_url, broker_url=f"filesystem://{tmp_path / 'broker'}", **settings_fields  # type: ignore[arg-type]
         )
         engine = make_engine(pg_url)
         http = http or HttpSettings(session_secret=b"s" * 32, rate_limit="10000/minute")
-        app = create_app(settings, ledger_tools.registry, http=http, engine=engine)
+        app = create_app(settings, registry or ledger_tools.registry, http=http, engine=engine)
         port = free_port()
         server, thread = start_in_thread(app, port)
         running.append((server, thread, engine))
@@ -61,6 +66,14 @@ def served_with(pg_url: str, book: Ledger, tmp_path: Path) -> Iterator[Callable[
         server.should_exit = True
         thread.join(timeout=10)
         engine.dispose()
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    """A scripted model that answers at once (the turns' driver of a server under test)."""
+    path = tmp_path / "turn.jsonl"
+    path.write_text(json.dumps({"final": "done"}) + "\n", encoding="utf-8")
+    return path
 
 
 @pytest.fixture

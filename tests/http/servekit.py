@@ -27,10 +27,13 @@ class Served:
     settings: Settings
 
     def key(
-        self, tenant: str, principal: str, *scopes: KeyScope, roles: tuple[str, ...] = ("member",)
+        self, tenant: str, principal: str, *scopes: KeyScope, roles: tuple[str, ...] = ("member",),
+        surface: str | None = None,
     ) -> str:
         with self.engine.begin() as conn:
-            return create_key(conn, tenant=tenant, principal=principal, roles=roles, scopes=scopes)
+            return create_key(
+                conn, tenant=tenant, principal=principal, roles=roles, scopes=scopes, surface=surface
+            )
 
     def client(self, key: str | None = None) -> httpx.Client:
         headers = {"Authorization": f"Bearer {key}"} if key else {}

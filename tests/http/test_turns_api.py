@@ -41,13 +41,6 @@ def written(served: Served) -> tuple[int, int, int]:
 
 
 @pytest.fixture
-def script(tmp_path: Path) -> Path:
-    path = tmp_path / "turn.jsonl"
-    path.write_text(json.dumps({"final": "done"}) + "\n", encoding="utf-8")
-    return path
-
-
-@pytest.fixture
 def turning(served_with: Callable[..., Served], script: Path) -> Served:
     """A server whose setting names the scripted driver."""
     return served_with(turn_driver=f"scripted:{script}")

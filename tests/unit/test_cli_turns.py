@@ -96,15 +96,20 @@ def run_fleet_in_process(turn_id: str) -> None:
         time.sleep(0.6)  # a released turn job is due again after half a second
 
 
-def test_turn_start__then_show__runs_the_scripted_turn_to_its_final_output(
-    home: Path, cli: Callable[..., Run]
-) -> None:
-    script = home / "turn.jsonl"
-    script.write_text("\n".join(json.dumps(line) for line in [
+def credit_script(path: Path) -> Path:
+    """A scripted model that credits acc-2 with 2.50, then answers."""
+    path.write_text("\n".join(json.dumps(line) for line in [
         {"tool_calls": [{"id": "c1", "name": "ledger.credit",
                          "arguments": {"account_id": "acc-2", "amount_cents": 250}}]},
         {"final": "Credited 2.50."},
     ]) + "\n")
+    return path
+
+
+def test_turn_start__then_show__runs_the_scripted_turn_to_its_final_output(
+    home: Path, cli: Callable[..., Run]
+) -> None:
+    credit_script(home / "turn.jsonl")
     # When a turn is started from the CLI (the script's path relative to the cwd)
     started = cli("turn", "start", *WHO, "--driver", "scripted:turn.jsonl", "Credit acc-2 with 2.50")
     assert started.code == 0, started.err
@@ -159,3 +164,73 @@ def test_relay__turn_rows__published_as_turn_jobs_only_by_a_relay_that_can(
     turn_jobs: list[str] = []
     assert Relay(settings, engine, ops.append, turn_jobs.append).run_once() == 1
     assert (ops, turn_jobs) == ([], [turn_id])
+
+
+def test_turn_start__surface__the_turn_runs_under_it_and_show_prints_it(
+    home: Path, cli: Callable[..., Run], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given tools declaring the chat surface (writes become cards) and a script that credits
+    monkeypatch.setenv("TOOLFENCE_TOOLS", "tests.surfacekit:registry")
+    script = credit_script(home / "turn.jsonl")
+    # When a turn is started with --surface chat and the fleet runs it
+    started = cli("turn", "start", *WHO, "--driver", f"scripted:{script}", "--surface", "chat", "credit")
+    assert started.code == 0, started.err
+    turn_id = started.out.strip()
+    run_fleet_in_process(turn_id)
+    # Then the turn ran under chat: the credit (no approval of its own) waits as a card,
+    # nothing was credited, and the turn ended on the card
+    view = json.loads(cli("turn", "show", turn_id, "--tenant", "acme", "--json").out)
+    assert view["surface"] == "chat"
+    assert [c.get("state") for c in view["steps"][0]["calls"]] == ["pending_approval"]
+    assert ledger_service.default_ledger().balance("acc-2") == 0
+    # And the plain form names the surface under its head line
+    text = cli("turn", "show", turn_id, "--tenant", "acme").out.splitlines()
+    assert text[0].startswith(f"turn {turn_id}  state ") and text[1] == "  surface chat"
+
+
+def test_turn_start__surface_from_the_setting__and_without_one_none(
+    home: Path, cli: Callable[..., Run], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given tools declaring surfaces and TOOLFENCE_TURN_SURFACE=lookup
+    monkeypatch.setenv("TOOLFENCE_TOOLS", "tests.surfacekit:registry")
+    script = home / "turn.jsonl"
+    script.write_text('{"final": "hi"}\n')
+    driver = ["--driver", f"scripted:{script}"]
+    monkeypatch.setenv("TOOLFENCE_TURN_SURFACE", "lookup")
+    # When a turn is started without --surface, then one naming chat (another user)
+    by_setting = cli("turn", "start", *WHO, *driver, "hi").out.strip()
+    by_flag = cli("turn", "start", "--tenant", "acme", "--principal", "bob", "--conversation", "c-2",
+                  *driver, "--surface", "chat", "hi").out.strip()
+    # Then the first runs under the setting's surface, the second under the flag's
+    surfaces = [json.loads(cli("turn", "show", t, "--tenant", "acme", "--json").out)["surface"]
+                for t in (by_setting, by_flag)]
+    assert surfaces == ["lookup", "chat"]
+    # And without the setting or the flag, a turn has none, and show prints no surface line
+    monkeypatch.delenv("TOOLFENCE_TURN_SURFACE")
+    plain = cli("turn", "start", "--tenant", "acme", "--principal", "carol", "--conversation", "c-3",
+                *driver, "hi").out.strip()
+    assert json.loads(cli("turn", "show", plain, "--tenant", "acme", "--json").out)["surface"] is None
+    assert "surface" not in cli("turn", "show", plain, "--tenant", "acme").out
+
+
+def test_turn_start__surface_the_tools_do_not_declare__one_line_and_no_turn_written(
+    home: Path, cli: Callable[..., Run], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sqlalchemy import func, select
+
+    from executor.store.schema import outbox, turns
+
+    script = home / "turn.jsonl"
+    script.write_text('{"final": "hi"}\n')
+    for tools in ("tests.surfacekit:registry", "ledger.tools:registry"):
+        monkeypatch.setenv("TOOLFENCE_TOOLS", tools)
+        # When a turn names a surface the tools do not declare (with a terminal escape in it)
+        run = cli("turn", "start", *WHO, "--driver", f"scripted:{script}", "--surface", "gone\x1b[2J", "hi")
+        # Then one line naming the declared ones, never the given name, and a non-zero exit
+        assert run.code != 0 and run.out == "" and len(run.err.splitlines()) == 1
+        assert "no such surface" in run.err and "gone" not in run.err
+    # And nothing was written: no turn, no outbox row
+    engine = store_engine.get_engine(Settings.from_env().database_url)
+    with engine.connect() as conn:
+        counts = [conn.execute(select(func.count()).select_from(t)).scalar_one() for t in (turns, outbox)]
+    assert counts == [0, 0]

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from executor.http.body import strict_json
-from executor.http.keys import KeyRefused, KeyScope, parse_scopes, split_key
+from executor.http.keys import KeyRefused, KeyScope, identity_of, parse_scopes, split_key
 from executor.http.models import ProviderName
 from executor.http.problems import ProblemError
 from executor.providers import SURFACES
+from executor.store.api_keys import ApiKeyRecord
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -91,6 +92,25 @@ def test_split_key__not_a_key__refused(text: str) -> None:
 def test_split_key__a_key__id_and_secret() -> None:
     # The secret may itself hold underscores (token_urlsafe)
     assert split_key("tfk_0123456789abcdef_se_cr-et") == ("0123456789abcdef", "se_cr-et")
+
+
+@pytest.mark.parametrize("surface", ["chat", None])
+def test_identity_of__key_with_or_without_a_surface__every_context_it_makes_names_it(
+    surface: str | None,
+) -> None:
+    # Given a key's row, with or without a turn surface
+    record = ApiKeyRecord(
+        key_id="0123456789abcdef", tenant="acme", principal="alice", roles=frozenset({"member"}),
+        scopes=frozenset({"produce", "approve"}), secret_hash="$argon2id$…", label=None,
+        created_at=0.0, revoked_at=None, surface=surface,
+    )
+    # When its identity makes the contexts of a request, a turn and an approval
+    who = identity_of(record)
+    contexts = [who.context("req-1", "conv-1"), who.context("turn_1"), who.context("http-approval")]
+    # Then each names the key's surface (requests are admitted under it, not only turns)
+    assert who.surface == surface
+    assert [c.surface for c in contexts] == [surface] * 3
+    assert (contexts[0].principal, contexts[0].conversation_id) == ("alice", "conv-1")
 
 
 def test_parse_scopes__known_and_unknown() -> None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from executor.cli.common import UserError, engine_of, print_json, settings, shown, usage_error
+from executor.cli.common import UserError, engine_of, print_json, registry_of, settings, shown, usage_error
 from executor.core.identifiers import InvalidIdentifier
+from executor.core.tools import Registry
 
 HELP = "API keys of `toolfence serve`."
 
@@ -28,6 +29,12 @@ def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         help="produce, approve, operate or read (repeat, or comma-separate)",
     )
     parser.add_argument("--label", default=None, help="a note for `keys list`")
+    parser.add_argument(
+        "--surface", default=None, metavar="NAME",
+        help="the turn surface every request and turn of this key runs under (declared in "
+        "TOOLFENCE_TOOLS's registry with Registry.add_surface); unset: none, and the key's "
+        "turns take TOOLFENCE_TURN_SURFACE",
+    )
     parser = actions.add_parser("list", help="List keys (never their secrets).", description="List keys.")
     parser.set_defaults(func=run_list)
     parser.add_argument("--tenant", default=None)
@@ -46,12 +53,15 @@ def run_create(args: argparse.Namespace) -> int:
         scopes = parse_scopes(s for item in args.scope for s in item.split(","))
     except ValueError as exc:
         raise usage_error(str(exc)) from None
-    engine = engine_of(settings())
+    chosen = settings()
+    if args.surface is not None:
+        _require_declared_surface(args.surface, registry_of(chosen))
+    engine = engine_of(chosen)
     try:
         with engine.begin() as conn:
             key = create_key(
                 conn, tenant=args.tenant, principal=args.principal, roles=roles, scopes=scopes,
-                label=args.label,
+                label=args.label, surface=args.surface,
             )
     except InvalidIdentifier as exc:
         # Checked before the insert (`insert_api_key`); the message names the field,
@@ -68,6 +78,21 @@ def run_create(args: argparse.Namespace) -> int:
 _FLAGS = {"tenant": "tenant", "principal": "principal", "roles": "role"}
 
 
+def _require_declared_surface(name: str, registry: Registry) -> None:
+    """A key's surface must be one the tools declare: a key made with a typo would be
+    refused on every request (503) rather than at its creation."""
+    if registry.surface(name) is None:
+        raise undeclared_surface(registry)
+
+
+def undeclared_surface(registry: Registry) -> UserError:
+    """`--surface` names a surface the registry does not declare (`keys create`, `turn
+    start`): one line naming the declared ones. The given name is not echoed: a control
+    character in it would forge the next output line."""
+    declared = ", ".join(repr(n) for n in registry.surface_names()) or "none"
+    return usage_error(f"--surface: TOOLFENCE_TOOLS declares no such surface (declared: {declared})")
+
+
 def run_list(args: argparse.Namespace) -> int:
     from executor.store.api_keys import api_keys_of
 
@@ -81,7 +106,7 @@ def run_list(args: argparse.Namespace) -> int:
                 # label shaped like a secret (`sk-…`) is shown redacted.
                 "key_id": r.key_id, "tenant": shown(r.tenant), "principal": shown(r.principal),
                 "roles": sorted(shown(role) for role in r.roles), "scopes": sorted(r.scopes),
-                "label": shown(r.label),
+                "label": shown(r.label), "surface": shown(r.surface),
                 "created_at": r.created_at, "revoked_at": r.revoked_at,
             }
             for r in records

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from executor.cli.common import UserError, add_argument, engine_of, print_json, settings
+from executor.cli.common import UserError, add_argument, engine_of, print_json, registry_of, settings, shown
 from executor.core.types import ServerContext
 
 HELP = "Start a durable turn, or show one."
@@ -40,6 +40,11 @@ def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         parser, "--when-busy", envvar="TOOLFENCE_TURN_WHEN_BUSY",
         help="the user already has a running turn: refuse (turn_in_progress) or queue behind it",
     )
+    add_argument(
+        parser, "--surface", envvar="TOOLFENCE_TURN_SURFACE", metavar="NAME",
+        help="the turn surface (declared in TOOLFENCE_TOOLS's registry): its catalog, write rule "
+        "and listed targets apply to the whole turn",
+    )
     parser = actions.add_parser("show", help="Show a turn: state, steps, calls with results, final output.")
     parser.set_defaults(func=run_show)
     parser.add_argument("turn_id")
@@ -48,6 +53,8 @@ def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
 
 
 def run_start(args: argparse.Namespace) -> int:
+    from executor.cli.commands.keys import undeclared_surface
+    from executor.core.surfaces import UnknownSurface
     from executor.turns.drivers import DriverError
     from executor.turns.service import TurnInProgress, start_turn
     from executor.turns.specs import load_driver
@@ -77,12 +84,19 @@ def run_start(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    surface = args.surface or chosen.turn_surface
+    # The registry the worker will load: a surface it does not declare is refused here,
+    # before anything is written, rather than ending the turn failed later.
+    registry = registry_of(chosen) if surface else None
     try:
         with engine.begin() as conn:
             handle = start_turn(
                 conn, context, args.conversation, args.message, driver=driver, options=options,
-                when_busy=args.when_busy,
+                when_busy=args.when_busy, surface=surface, registry=registry,
             )
+    except UnknownSurface:
+        assert registry is not None
+        raise undeclared_surface(registry) from None
     except TurnInProgress as exc:
         raise UserError(f"turn_in_progress: {exc}") from None
     print(handle.turn_id)
@@ -100,6 +114,11 @@ def run_show(args: argparse.Namespace) -> int:
         raise UserError(f"no turn {args.turn_id!r} in tenant {args.tenant!r}")
     if args.json:
         print_json(view)
-    else:
-        print(turn_summary(view))
+        return 0
+    summary = turn_summary(view)
+    if view.get("surface"):
+        # After the head line: the surface the turn ran under (its catalog, its write rule).
+        head, _, rest = summary.partition("\n")
+        summary = "\n".join(line for line in (head, f"  surface {shown(view['surface'])}", rest) if line)
+    print(summary)
     return 0
