@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from executor.core.approvers import ApproverPolicy
-from executor.core.surfaces import Surface, Target, Writes
+from executor.core.surfaces import Target, TurnSurface, Writes
 from executor.core.tools import Registry
 from executor.core.types import ServerContext
 from ledger import tools as ledger_tools
@@ -36,12 +36,14 @@ def surfaced_registry() -> Registry:
         ledger_tools.get_balance, ledger_tools.credit, ledger_tools.transfer,
         ledger_tools.create_invoice, ledger_tools.send_notice, ledger_tools.send_notices,
     ])
-    registry.add_surface(Surface(
+    registry.add_surface(TurnSurface(
         name=CHAT, tools=CHAT_TOOLS, writes=Writes.APPROVAL,
         approvers=ApproverPolicy.for_roles("approver", "member", allow_self_approval=True),
         targets=listed_accounts,
     ))
-    registry.add_surface(Surface(name=LOOKUP, tools=frozenset({"ledger.get_balance"}), writes=Writes.NEVER))
+    registry.add_surface(
+        TurnSurface(name=LOOKUP, tools=frozenset({"ledger.get_balance"}), writes=Writes.NEVER)
+    )
     return registry
 
 

@@ -58,7 +58,7 @@ class Identity:
     `surface` is the key's turn surface (executor/core/surfaces.py), or None. It is
     part of who the caller is, like the roles: every context made for the key names
     it, so its catalog, write rule and listed targets apply to the key's requests as
-    to its turns (decision 0210): a chat frontend's key cannot post a write past the
+    to its turns (decision 0208): a chat frontend's key cannot post a write past the
     card rule by calling `POST /v1/requests` directly."""
 
     key_id: str

@@ -253,7 +253,7 @@ class Service:
     def _require_surface(self, name: str | None, message: str) -> None:
         """A named turn surface this server's registry does not declare (a key made for
         another deployment, or a surface removed since) refuses the work before
-        anything is written (decision 0210). Admission alone would fail closed too,
+        anything is written (decision 0208). Admission alone would fail closed too,
         but as `tool_not_allowed` for every call: the caller's mistake in its words,
         when the fix is the operator's."""
         if name is not None and self.registry.surface(name) is None:

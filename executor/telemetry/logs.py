@@ -1,6 +1,6 @@
 """How a toolfence process logs: text lines, or one JSON object a line.
 
-`TOOLFENCE_LOG_FORMAT=json` (decision 0220) writes each record as one JSON
+`TOOLFENCE_LOG_FORMAT=json` (decision 0209) writes each record as one JSON
 object on stderr (`executor.telemetry.jsonlines`: python-json-logger's
 formatter, every string sanitised), with the correlation ids known where it was
 logged (`executor.telemetry.logcontext`). `text` keeps the lines toolfence always

@@ -3,7 +3,7 @@ private PostgreSQL database, the ledger's tools with the `chat` and `lookup`
 surfaces of tests/surfacekit.py). No worker runs here: what is checked is what
 admission and `start_turn` wrote; tests/fleet runs turns to the end.
 
-A key's surface applies to every request made with it (decision 0210): its turns
+A key's surface applies to every request made with it (decision 0208): its turns
 run under it, and so do the calls it posts to `POST /v1/requests`.
 """
 

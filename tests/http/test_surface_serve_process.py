@@ -1,7 +1,7 @@
 """`toolfence keys create --surface` and `toolfence serve` as real processes on
 PostgreSQL: a key made for the `chat` surface of tests/surfacekit.py, its turns and
 requests under that surface, and the same key refused 503 by a server whose tools
-do not declare it (decision 0210)."""
+do not declare it (decision 0208)."""
 
 from __future__ import annotations
 
