@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from executor.cli.common import UserError, add_argument, engine_of, print_json, registry_of, settings, shown
+from executor.cli.common import UserError, add_argument, engine_of, print_json, registry_of, settings
 from executor.core.types import ServerContext
 
 HELP = "Start a durable turn, or show one."
@@ -115,10 +115,5 @@ def run_show(args: argparse.Namespace) -> int:
     if args.json:
         print_json(view)
         return 0
-    summary = turn_summary(view)
-    if view.get("surface"):
-        # After the head line: the surface the turn ran under (its catalog, its write rule).
-        head, _, rest = summary.partition("\n")
-        summary = "\n".join(line for line in (head, f"  surface {shown(view['surface'])}", rest) if line)
-    print(summary)
+    print(turn_summary(view))
     return 0
