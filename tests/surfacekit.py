@@ -48,3 +48,5 @@ def surfaced_registry() -> Registry:
 
 
 registry = surfaced_registry()
+# The same tools, no surface declared: another deployment's registry.
+bare_registry = Registry(list(registry))

@@ -25,6 +25,7 @@ from ledger.service import Ledger
 pytestmark = pytest.mark.slow
 
 SURFACED = "tests.surfacekit:registry"
+BARE = "tests.surfacekit:bare_registry"
 CREATE = ["keys", "create", "--tenant", "acme", "--principal", "alice", "--role", "member",
           "--scope", "produce,approve,read"]
 
@@ -84,7 +85,7 @@ def test_keys_create__surface_the_tools_do_not_declare__one_line_and_nothing_wri
     assert "'chat'" in refused.stderr and "chta" not in refused.stderr
     assert count(pg_url, api_keys) == 0
     # And with tools that declare no surface at all, the same
-    plain = toolfence({**env, "TOOLFENCE_TOOLS": "ledger.tools:registry"}, *CREATE, "--surface", "chat")
+    plain = toolfence({**env, "TOOLFENCE_TOOLS": BARE}, *CREATE, "--surface", "chat")
     assert plain.returncode == 2 and "(declared: none)" in plain.stderr
     assert count(pg_url, api_keys) == 0
 
@@ -117,7 +118,7 @@ def test_chat_key__serve_runs_its_turns_and_requests_under_chat__another_deploym
     assert credit["state"] == "pending_approval"
     assert outside["error"]["code"] == "tool_not_allowed"
     # When a server whose tools do not declare chat receives the same key's work
-    other = serve(TOOLFENCE_TOOLS="ledger.tools:registry")
+    other = serve(TOOLFENCE_TOOLS=BARE)
     before = (count(pg_url, operations), count(pg_url, turns))
     refused = [
         httpx.post(f"{other}/v1/requests", headers=headers, json={"calls": [
@@ -127,3 +128,14 @@ def test_chat_key__serve_runs_its_turns_and_requests_under_chat__another_deploym
     # Then both are 503 turns_not_configured, and nothing was written
     assert [(r.status_code, r.json()["code"]) for r in refused] == [(503, "turns_not_configured")] * 2
     assert (count(pg_url, operations), count(pg_url, turns)) == before
+
+
+def test_serve__a_default_surface_the_tools_do_not_declare__refused_at_start(env: dict[str, str]) -> None:
+    # When serve starts with TOOLFENCE_TURN_SURFACE naming a surface its tools lack
+    started = toolfence({**env, "TOOLFENCE_TURN_SURFACE": "chta"}, "serve", "--port", "0")
+    # Then it does not start (every turn would be a 503): one line, exit 2
+    assert started.returncode == 2, started.stderr
+    assert started.stderr.splitlines() == [
+        "toolfence: TOOLFENCE_TURN_SURFACE: TOOLFENCE_TOOLS declares no such surface "
+        "(declared: 'chat', 'lookup')"
+    ]

@@ -85,12 +85,13 @@ def _require_declared_surface(name: str, registry: Registry) -> None:
         raise undeclared_surface(registry)
 
 
-def undeclared_surface(registry: Registry) -> UserError:
-    """`--surface` names a surface the registry does not declare (`keys create`, `turn
-    start`): one line naming the declared ones. The given name is not echoed: a control
-    character in it would forge the next output line."""
+def undeclared_surface(registry: Registry, what: str = "--surface") -> UserError:
+    """`--surface` (`keys create`, `turn start`) or `TOOLFENCE_TURN_SURFACE` (`serve`)
+    names a surface the registry does not declare: one line naming the declared ones.
+    The given name is not echoed: a control character in it would forge the next
+    output line."""
     declared = ", ".join(repr(n) for n in registry.surface_names()) or "none"
-    return usage_error(f"--surface: TOOLFENCE_TOOLS declares no such surface (declared: {declared})")
+    return usage_error(f"{what}: TOOLFENCE_TOOLS declares no such surface (declared: {declared})")
 
 
 def run_list(args: argparse.Namespace) -> int:

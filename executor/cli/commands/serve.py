@@ -24,6 +24,11 @@ def run(args: argparse.Namespace) -> int:
     chosen = settings()
     engine = engine_of(chosen)
     registry = registry_of(chosen)
+    if chosen.turn_surface and registry.surface(chosen.turn_surface) is None:
+        # Every turn would be answered 503: say so once, at start, instead.
+        from executor.cli.commands.keys import undeclared_surface
+
+        raise undeclared_surface(registry, "TOOLFENCE_TURN_SURFACE")
     from executor.http.server import HttpSettings, create_app
     from executor.http.server import run as run_server
 
