@@ -45,34 +45,29 @@ from sqlalchemy import (
     ColumnElement,
     Connection,
     Engine,
-    and_,
-    case,
     create_engine,
     event,
     func,
     literal_column,
-    null,
     select,
     text,
-    true,
 )
 from sqlalchemy.engine import make_url
 
-from executor.core import invariants
-from executor.core.states import ACTIVE, SETTLED, ApprovalState, State
+from executor.core.states import ACTIVE, SETTLED, State
 from executor.errors import ConfigurationError
 from executor.settings import Settings, read
 from executor.store.clock import db_now
 from executor.store.engine import make_engine, normalize_url
-from executor.store.ordering import runnable_queued, sql_literal
+from executor.store.invariant_check import INVARIANTS as CHECKED_INVARIANTS
+from executor.store.invariant_check import check
+from executor.store.invariant_reader import stuck_queries
 from executor.store.schema import (
     ACTIVE_STATES,
-    approvals,
-    calls,
     operations,
     outbox,
-    receipts,
 )
+from executor.telemetry import metrics
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +75,7 @@ LOOPBACK = "127.0.0.1"
 """Where the exporter listens unless told otherwise (TOOLFENCE_METRICS_HOST): it has no
 authentication, and its series name tenants, tools and error codes."""
 
-INVARIANTS = ("I1", "I2", "I6")
+INVARIANTS = CHECKED_INVARIANTS
 # States an operation can be stuck in (I2): every active state but
 # reconciliation_pending, which is a settled state waiting for a person.
 STUCK_STATES = tuple(state.value for state in State if state in ACTIVE - SETTLED)
@@ -99,11 +94,11 @@ class ExporterConfig:
     # approval expired but still pending. Well above the reconciler's period, so a
     # healthy fleet never shows one.
     stuck_after_seconds: float = 600.0
-    # I1 and I6 look only at receipts and calls recorded within this window: their
-    # tables grow with every call, and a check over all history would cost O(table)
-    # per scrape. A violation stays visible for the whole window, far longer than
-    # the alert needs to fire; `invariant_violations(…, window_seconds=None)`
-    # checks all history offline.
+    # The invariants look only at operations and calls touched within this window
+    # (`toolfence check --since`, the same code): the tables grow with every call,
+    # and a check over all history would cost O(table) per scrape. A violation
+    # stays visible for the whole window, far longer than the alert needs to fire;
+    # `toolfence check --all` checks all history.
     invariant_window_seconds: float = 3600.0
     # Upper bound on one scrape's queries and on connecting: a slow or absent
     # database makes a failed scrape, never a hung exporter.
@@ -207,111 +202,12 @@ def oldest_reconciliation_pending_age(conn: Connection, now: float) -> float:
 
 
 def stuck_operations(conn: Connection, now: float, stuck_after_seconds: float) -> dict[str, int]:
-    """Operations overdue by more than the threshold, per state (I2).
-
-    - started: lease expired that long ago and the reconciler has not acted
-      (partial index on lease_expires_at);
-    - queued: due (`available_at`) that long ago and runnable, by the store's own
-      predicate (`runnable_queued`: not waiting on an earlier call, so a worker
-      should have taken it), yet not reserved;
-    - retry_wait: backoff over that long ago and not promoted (partial index);
-    - pending_approval: approval expired that long ago and not expired by the
-      reconciler (partial index on pending approvals).
-    """
-    cutoff = now - stuck_after_seconds
-    started = conn.execute(
-        select(func.count()).where(
-            _state_is(State.STARTED), operations.c.lease_expires_at < cutoff
-        )
-    ).scalar_one()
-    queued = conn.execute(
-        select(func.count()).where(
-            runnable_queued(operations), operations.c.available_at < cutoff
-        )
-    ).scalar_one()
-    retry_wait = conn.execute(
-        select(func.count()).where(
-            _state_is(State.RETRY_WAIT), operations.c.available_at < cutoff
-        )
-    ).scalar_one()
-    pending_approval = conn.execute(
-        select(func.count()).where(
-            approvals.c.state == sql_literal(ApprovalState.PENDING), approvals.c.expires_at < cutoff
-        )
-    ).scalar_one()
+    """Operations overdue by more than the threshold, per state (I2): the store's
+    `stuck_queries`, the ones `toolfence check` lists, counted."""
     return {
-        State.PENDING_APPROVAL.value: int(pending_approval),
-        State.QUEUED.value: int(queued),
-        State.STARTED.value: int(started),
-        State.RETRY_WAIT.value: int(retry_wait),
+        state: int(conn.execute(select(func.count()).select_from(query.subquery())).scalar_one())
+        for state, query in stuck_queries(now - stuck_after_seconds).items()
     }
-
-
-def i1_violations(conn: Connection, now: float, window_seconds: float | None) -> int:
-    """Operations with more than one accepted side effect (I1, `invariants.i1_more_than_one_effect`).
-
-    Bounded: only operations that had an accepted receipt recorded within the
-    window are examined (range scan on ix_toolfence_receipts_accepted_recorded),
-    and of those only the ones with two or more accepted receipt rows, the least
-    an operation needs for two distinct receipts, have their receipts read and
-    judged. A second effect, including a stale owner's late one after the
-    operation ended, is always a fresh receipt, so it is seen within the window
-    after it happens.
-    """
-    accepted = receipts.c.accepted == true()
-    candidates = select(receipts.c.operation_id).where(accepted)
-    if window_seconds is not None:
-        candidates = candidates.where(receipts.c.recorded_at >= now - window_seconds)
-    several = (
-        select(receipts.c.operation_id)
-        .where(accepted, receipts.c.operation_id.in_(candidates))
-        .group_by(receipts.c.operation_id)
-        .having(func.count() > 1)
-    )
-    rows = conn.execute(
-        select(receipts.c.operation_id, receipts.c.generation, receipts.c.receipt,
-               receipts.c.recorded_at)
-        .where(accepted, receipts.c.operation_id.in_(several))
-    )
-    return len(invariants.i1_more_than_one_effect(
-        invariants.ReceiptRecord(row.operation_id, row.generation, row.receipt, True, row.recorded_at)
-        for row in rows
-    ))
-
-
-def i6_violations(conn: Connection, now: float, window_seconds: float | None) -> int:
-    """Calls whose result is not exactly one result of their own tool (I6,
-    `invariants.result_problem`; terminality is I2's, a live system has calls in flight).
-
-    A call row (one per proposed call id) is answered by the result stored when
-    admission decided it, or else by its operation, under that operation's tool
-    name; a call naming an operation that does not exist has no readable result.
-    Calls are grouped by (their tool, their answer's tool) in the database and
-    each group judged once, so a scrape reads a row per tool pair, not per call.
-    Bounded: only calls created within the window (index on created_at); the
-    operation is looked up by primary key.
-    """
-    op = operations.alias("op")
-    answer_tool = case(
-        (and_(calls.c.operation_id.is_not(None), op.c.operation_id.is_(None)), null()),
-        (calls.c.result.is_not(None), calls.c.tool_name),
-        else_=op.c.tool_name,
-    )
-    query = (
-        select(calls.c.tool_name, answer_tool.label("answer_tool"), func.count().label("calls"))
-        .select_from(calls.outerjoin(op, op.c.operation_id == calls.c.operation_id))
-        .group_by(calls.c.tool_name, answer_tool)
-    )
-    if window_seconds is not None:
-        query = query.where(calls.c.created_at >= now - window_seconds)
-    violating = 0
-    for row in conn.execute(query):
-        answers = [] if row.answer_tool is None else [
-            invariants.ResultRecord("", "", row.answer_tool, status="pending")
-        ]
-        if invariants.result_problem(row.tool_name, answers, quiet=False) is not None:
-            violating += int(row.calls)
-    return violating
 
 
 def invariant_violations(
@@ -320,17 +216,15 @@ def invariant_violations(
     *,
     stuck_after_seconds: float,
     window_seconds: float | None,
-    stuck: Mapping[str, int] | None = None,
 ) -> dict[str, int]:
-    """I1, I2 (stuck operations of every state) and I6. `window_seconds=None`
-    checks I1 and I6 over all history (for tests and offline audits, not scrapes)."""
-    if stuck is None:
-        stuck = stuck_operations(conn, now, stuck_after_seconds)
-    return {
-        "I1": i1_violations(conn, now, window_seconds),
-        "I2": sum(stuck.values()),
-        "I6": i6_violations(conn, now, window_seconds),
-    }
+    """I1–I7 as `toolfence check` computes them (`executor.store.invariant_check`), over
+    the operations and calls touched within the last `window_seconds` (None: all
+    history, for tests and offline audits, not scrapes); I2 counts the operations
+    stuck now, whatever the window. Toolfence's own tables only: the exporter knows
+    no downstream's."""
+    since = None if window_seconds is None else now - window_seconds
+    report = check(conn, since=since, stuck_after_seconds=stuck_after_seconds, limit=0, now=now)
+    return report.counts()
 
 
 def read_snapshot(conn: Connection, config: ExporterConfig) -> DatabaseSnapshot:
@@ -352,7 +246,6 @@ def read_snapshot(conn: Connection, config: ExporterConfig) -> DatabaseSnapshot:
             now,
             stuck_after_seconds=config.stuck_after_seconds,
             window_seconds=config.invariant_window_seconds,
-            stuck=stuck,
         ),
     )
 
@@ -514,7 +407,8 @@ class DatabaseCollector(Collector):
         )
         violations = GaugeMetricFamily(
             "toolfence_invariant_violations",
-            "Invariant violations found in the database (I1, I6: within the recent window).",
+            "Invariant violations I1-I7 found in the database, as `toolfence check` counts them "
+            "over the recent window (I2: operations stuck now).",
             labels=["invariant"],
         )
         if snapshot is not None:
@@ -528,7 +422,7 @@ class DatabaseCollector(Collector):
             for state, count in snapshot.operations_stuck.items():
                 stuck.add_metric([state], count)
             for invariant, count in snapshot.invariant_violations.items():
-                violations.add_metric([invariant], count)
+                violations.add_metric([metrics.INVARIANT.admit(invariant)], count)
         yield from (backlog, outbox_age, active, started_age, pending, pending_age, stuck, violations)
 
 
