@@ -10,7 +10,8 @@ read-only and in bounded memory (docs/decisions/0215-invariant-check-window-and-
   written then. Each selected operation is judged on all its records, however
   old, so a late event of an old operation (a stale completion, an illegal
   transition) is seen within the window after it happens. Calls are selected by
-  when their row was written.
+  when their row was written. Active operations updated in the window are selected
+  too (their partial index), so a row written with no audit event or call is seen.
 - The audit table has no index on its time: it is append-only and `at` is read
   from the database clock in the INSERT that takes the next event id, so event
   ids grow with time, and the first event of the window is found by bisecting the
@@ -47,7 +48,7 @@ from sqlalchemy import (
 from executor.core import invariants
 from executor.core.states import ApprovalState, State
 from executor.store.ordering import runnable_queued, sql_literal
-from executor.store.schema import approvals, audit_events, calls, operations, receipts
+from executor.store.schema import ACTIVE_STATES, approvals, audit_events, calls, operations, receipts
 
 CHUNK = 500
 """Operation ids (or calls) judged together: bounds memory and each IN list (SQLite's
@@ -156,6 +157,12 @@ def _touched_operations(
                 receipts.c.accepted == true(), receipts.c.recorded_at >= since
             ),
             select(calls.c.operation_id).where(calls.c.created_at >= since, named_by_call),
+            # Active operations changed in the window (the active partial index): one
+            # written with neither an audit event nor a call row is still seen.
+            select(operations.c.operation_id).where(
+                operations.c.state.in_([literal_column(f"'{s}'") for s in ACTIVE_STATES]),
+                operations.c.updated_at >= since,
+            ),
         ]
         first_event = first_event_of_window(conn, since)
         if first_event is not None:
