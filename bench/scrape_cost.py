@@ -35,8 +35,7 @@ from executor.store.migrate import migrate
 from executor.telemetry.exporter import (
     ExporterConfig,
     active_operations,
-    i1_violations,
-    i6_violations,
+    invariant_violations,
     make_scrape_engine,
     scrape,
 )
@@ -165,7 +164,8 @@ def summary(samples: list[float]) -> str:
 
 
 def full_history_queries(engine: Engine) -> dict[str, Callable[[], object]]:
-    """The unbounded alternatives: every state counted, I1 and I6 over all rows."""
+    """The unbounded alternatives: every state counted, the invariants over all rows
+    (`toolfence check --all`; bench/check_cost.py measures the command itself)."""
 
     def run(query: Callable[[Connection, float], object]) -> Callable[[], object]:
         def timed_query() -> object:
@@ -178,8 +178,8 @@ def full_history_queries(engine: Engine) -> dict[str, Callable[[], object]]:
     return {
         "count by state, all states": run(lambda conn, _now: conn.execute(text(
             "SELECT state, count(*) FROM toolfence_operations GROUP BY state")).all()),
-        "I1 over all receipts": run(lambda conn, now: i1_violations(conn, now, None)),
-        "I6 over all calls": run(lambda conn, now: i6_violations(conn, now, None)),
+        "I1-I7 over all history": run(lambda conn, now: invariant_violations(
+            conn, now, stuck_after_seconds=ExporterConfig().stuck_after_seconds, window_seconds=None)),
     }
 
 
@@ -197,8 +197,10 @@ def explain(conn: Connection, config: ExporterConfig) -> None:
     event.listen(conn, "before_cursor_execute", capture)
     try:
         active_operations(conn)
-        i1_violations(conn, now, config.invariant_window_seconds)
-        i6_violations(conn, now, config.invariant_window_seconds)
+        invariant_violations(
+            conn, now, stuck_after_seconds=config.stuck_after_seconds,
+            window_seconds=config.invariant_window_seconds,
+        )
     finally:
         event.remove(conn, "before_cursor_execute", capture)
     for statement in captured:

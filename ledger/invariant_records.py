@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import Connection, Select, inspect, select, union
 
 from executor.core import invariants
+from executor.store.invariant_reader import among
 from ledger.service import effects, fenced_writes
 
 # The ledger's effects that refuse a stale fencing token (`transfer`, effect `fenced`).
@@ -41,7 +42,7 @@ class LedgerRecords:
             )
             for e in conn.execute(
                 select(effects.c.operation_id, effects.c.receipt, effects.c.generation, effects.c.at,
-                       effects.c.kind).where(effects.c.operation_id.in_(operation_ids))
+                       effects.c.kind).where(among(conn, effects.c.operation_id, operation_ids))
             )
         ]
 
@@ -50,7 +51,7 @@ class LedgerRecords:
             invariants.RefusalRecord(f.operation_id, int(f.token), float(f.at))
             for f in conn.execute(
                 select(fenced_writes.c.operation_id, fenced_writes.c.token, fenced_writes.c.at)
-                .where(fenced_writes.c.operation_id.in_(operation_ids))
+                .where(among(conn, fenced_writes.c.operation_id, operation_ids))
             )
         ]
 

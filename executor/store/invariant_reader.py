@@ -34,11 +34,16 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sqlalchemy import (
+    ARRAY,
     ColumnElement,
     CompoundSelect,
     Connection,
     Select,
+    String,
+    any_,
+    cast,
     func,
+    literal,
     literal_column,
     select,
     true,
@@ -176,7 +181,8 @@ def _touched_operations(
 
 def _chunks(conn: Connection, query: Any, size: int) -> Iterator[list[Any]]:
     """The query's rows, `size` at a time, streamed (a server-side cursor on PostgreSQL)."""
-    result = conn.execution_options(stream_results=True, yield_per=size).execute(query)
+    # On the statement, not the connection: the chunks' own reads stay plain cursors.
+    result = conn.execute(query.execution_options(stream_results=True, yield_per=size))
     try:
         for partition in result.partitions(size):
             yield list(partition)
@@ -185,6 +191,16 @@ def _chunks(conn: Connection, query: Any, size: int) -> Iterator[list[Any]]:
 
 
 # ------------------------------------------------------------------ operations
+
+
+def among(conn: Connection, column: ColumnElement[str], ids: Sequence[str]) -> ColumnElement[bool]:
+    """`column` is one of `ids`: one array parameter on PostgreSQL (`= ANY`, the same
+    statement text for every chunk, so the driver's and server's caches hold it), an
+    IN list on SQLite."""
+    if conn.dialect.name == "postgresql":
+        return column == any_(cast(literal(list(ids), ARRAY(String)), ARRAY(String)))
+    return column.in_(ids)
+
 
 
 def _operation_records(conn: Connection, ids: Sequence[str]) -> list[invariants.OperationRecord]:
@@ -196,7 +212,7 @@ def _operation_records(conn: Connection, ids: Sequence[str]) -> list[invariants.
             select(
                 operations.c.operation_id, operations.c.request_id, operations.c.call_id,
                 operations.c.tool_name, operations.c.mode, operations.c.state, operations.c.generation,
-            ).where(operations.c.operation_id.in_(ids))
+            ).where(among(conn, operations.c.operation_id, ids))
         )
     ]
 
@@ -211,7 +227,7 @@ def _audit_records(conn: Connection, ids: Sequence[str]) -> list[invariants.Audi
                 audit_events.c.event_id, audit_events.c.operation_id, audit_events.c.from_state,
                 audit_events.c.to_state, audit_events.c.generation, audit_events.c.at,
             )
-            .where(audit_events.c.operation_id.in_(ids))
+            .where(among(conn, audit_events.c.operation_id, ids))
             .order_by(audit_events.c.event_id)
         )
     ]
@@ -226,7 +242,7 @@ def _receipt_records(conn: Connection, ids: Sequence[str]) -> list[invariants.Re
             select(
                 receipts.c.operation_id, receipts.c.generation, receipts.c.receipt,
                 receipts.c.accepted, receipts.c.recorded_at,
-            ).where(receipts.c.operation_id.in_(ids))
+            ).where(among(conn, receipts.c.operation_id, ids))
         )
     ]
 
@@ -241,7 +257,7 @@ def _call_records(conn: Connection, ids: Sequence[str]) -> list[invariants.CallR
         for c in conn.execute(
             select(
                 calls.c.request_id, calls.c.call_id, calls.c.operation_id, calls.c.reused_from_call_id
-            ).where(calls.c.operation_id.in_(ids))
+            ).where(among(conn, calls.c.operation_id, ids))
         )
     ]
 
