@@ -2,7 +2,8 @@
 
 `toolfence check` and the exporter judge a live database with the pure functions
 of `executor.core.invariants`; this module is how the records get to them,
-read-only and in bounded memory (docs/decisions/0215-invariant-check-window-and-cost.md):
+read-only and in bounded memory (decision 0215,
+docs/decisions/0215-toolfence-check-judges-the-operations-touched-in-a-window-a-chunk-at-a-time.md):
 
 - The **window** (`since`, epoch seconds on the database clock, or None for the
   whole tables) selects the operations *touched* at or after `since`: an audit
