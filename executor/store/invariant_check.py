@@ -155,10 +155,15 @@ def check(
     tallies = report.tallies
     for part in operation_chunks(conn, since, downstream, chunk):
         report.operations += len(part.operation_ids)
-        _judge_operations(part.records, tallies, limit)
+        for code, found in judge_operations(part.records).items():
+            tallies[code].add(found, limit, {})
     for rows in call_chunks(conn, since, chunk):
         report.calls += len(rows)
-        _judge_calls(conn, rows, tallies, limit, downstream)
+        tallies["I6"].add(judge_calls(rows), limit, {call_label(r): r.operation_id or "" for r in rows})
+        rejected = rejected_calls(rows)
+        if rejected:
+            records = traces(conn, [r.operation_id for r in rejected], downstream)
+            tallies["I7"].add(judge_rejected(rejected, records), limit, {})
     for stuck in stuck_chunks(conn, now - stuck_after_seconds, chunk):
         tallies["I2"].add(
             (invariants.Violation(v.subject, f"{v.reason}, overdue by over {stuck_after_seconds:g} s")
@@ -168,10 +173,13 @@ def check(
     return report
 
 
-def _judge_operations(records: invariants.Records, tallies: dict[str, Tally], limit: int) -> None:
-    tallies["I1"].add(invariants.i1_more_than_one_effect(records.receipts, records.effects), limit, {})
+OPERATION_INVARIANTS = ("I1", "I3", "I4", "I5")
+"""Judged per operation on all its records: each violation's subject is one of the operation ids judged."""
+
+
+def judge_operations(records: invariants.Records) -> dict[str, list[invariants.Violation]]:
+    """I1, I3, I4 and I5 over a chunk of operations, every record of each in `records`."""
     stale = invariants.i3_stale_writes(records.audit, records.effects, records.refusals, records.receipts)
-    tallies["I3"].add(stale.violations, limit, {})
     # A write's receipt is the downstream's id for its effect: evidence of it for I4
     # (never for I1, where a receipt seen twice must not count as two effects).
     evidence = [*records.effects, *_receipts_as_effects(records.receipts)]
@@ -179,8 +187,12 @@ def _judge_operations(records: invariants.Records, tallies: dict[str, Tally], li
         proposals=(), admitted=(), calls=records.calls, operations=records.operations,
         effects=evidence, rejected=(), every_request_answered=False, quiet=False,
     )
-    tallies["I4"].add(admission.violations, limit, {})
-    tallies["I5"].add(invariants.i5_illegal_trails(records.operations, records.audit), limit, {})
+    return {
+        "I1": invariants.i1_more_than_one_effect(records.receipts, records.effects),
+        "I3": stale.violations,
+        "I4": admission.violations,
+        "I5": invariants.i5_illegal_trails(records.operations, records.audit),
+    }
 
 
 def _receipts_as_effects(found: Iterable[invariants.ReceiptRecord]) -> list[invariants.EffectRecord]:
@@ -193,6 +205,11 @@ def _receipts_as_effects(found: Iterable[invariants.ReceiptRecord]) -> list[inva
 def _request_key(row: CallRow) -> str:
     # Request ids are scoped by tenant: two tenants' `req-1` are two requests.
     return f"{row.tenant}:{row.request_id}" if row.tenant else row.request_id
+
+
+def call_label(row: CallRow) -> str:
+    """The call's subject in I6's violations (`request/call`, the request scoped by tenant)."""
+    return f"{_request_key(row)}/{row.call_id}"
 
 
 def _answer(row: CallRow) -> invariants.ResultRecord | None:
@@ -209,28 +226,29 @@ def _answer(row: CallRow) -> invariants.ResultRecord | None:
     )
 
 
-def _judge_calls(
-    conn: Connection, rows: list[CallRow], tallies: dict[str, Tally], limit: int,
-    downstream: Downstream | None,
-) -> None:
-    labels = {f"{_request_key(r)}/{r.call_id}": r.operation_id or "" for r in rows}
+def judge_calls(rows: list[CallRow]) -> list[invariants.Violation]:
+    """I6 over a chunk of call rows, each with what answers it (subjects: `call_label`)."""
     proposals = [invariants.Proposal(_request_key(r), r.call_id, r.tool_name) for r in rows]
     answers = [answer for answer in map(_answer, rows) if answer is not None]
-    tallies["I6"].add(invariants.i6_one_result_per_call(proposals, answers, quiet=False), limit, labels)
+    return invariants.i6_one_result_per_call(proposals, answers, quiet=False)
 
-    rejected = [
+
+def rejected_calls(rows: list[CallRow]) -> list[invariants.RejectedCall]:
+    """The rejected calls among the rows, with the operation id each would have had."""
+    return [
         invariants.RejectedCall(
             _request_key(r), r.call_id, default_operation_id(r.tenant, r.request_id, r.call_id)
         )
         for r in rows if r.operation_id is None
     ]
-    if not rejected:
-        return
-    found = traces(conn, [r.operation_id for r in rejected], downstream)
-    tallies["I7"].add(
-        invariants.i7_rejected_calls_ran(
-            rejected, operations={op.operation_id for op in found.operations}, audit=found.audit,
-            receipts=found.receipts, effects=found.effects,
-        ),
-        limit, {},
+
+
+def judge_rejected(
+    rejected: list[invariants.RejectedCall], found: invariants.Records
+) -> list[invariants.Violation]:
+    """I7: the rejected calls whose would-be operation ids have a record in `found`
+    (subjects: those operation ids)."""
+    return invariants.i7_rejected_calls_ran(
+        rejected, operations={op.operation_id for op in found.operations}, audit=found.audit,
+        receipts=found.receipts, effects=found.effects,
     )

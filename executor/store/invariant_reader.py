@@ -49,6 +49,7 @@ from sqlalchemy import (
     select,
     true,
     union,
+    union_all,
 )
 
 from executor.core import invariants
@@ -105,6 +106,7 @@ class CallRow:
     answered_at_admission: bool
     operation_tool: str | None
     operation_state: str | None
+    created_at: float
 
 
 # ------------------------------------------------------------------ the window
@@ -272,6 +274,34 @@ def operation_chunks(
         yield OperationChunk(ids, traces(conn, ids, downstream, calls_too=True))
 
 
+def latest_touches(conn: Connection, ids: Sequence[str]) -> dict[str, float]:
+    """When each of these operations was last touched, by the window's own measure: its
+    latest audit event, accepted receipt or call row, or its update while active.
+
+    The exporter keeps a violation until the window passes this moment, as
+    `toolfence check --since` would count it. Read for the few operations found
+    violating, not for every one judged.
+    """
+    if not ids:
+        return {}
+    active = operations.c.state.in_([literal_column(f"'{s}'") for s in ACTIVE_STATES])
+    touches = union_all(
+        select(audit_events.c.operation_id.label("operation_id"), audit_events.c.at.label("at"))
+        .where(among(conn, audit_events.c.operation_id, ids)),
+        select(receipts.c.operation_id, receipts.c.recorded_at)
+        .where(receipts.c.accepted == true(), among(conn, receipts.c.operation_id, ids)),
+        select(calls.c.operation_id, calls.c.created_at).where(among(conn, calls.c.operation_id, ids)),
+        select(operations.c.operation_id, operations.c.updated_at)
+        .where(active, among(conn, operations.c.operation_id, ids)),
+    ).subquery()
+    return {
+        str(operation_id): float(at)
+        for operation_id, at in conn.execute(
+            select(touches.c.operation_id, func.max(touches.c.at)).group_by(touches.c.operation_id)
+        )
+    }
+
+
 def traces(
     conn: Connection, ids: Sequence[str], downstream: Downstream | None, *, calls_too: bool = False
 ) -> invariants.Records:
@@ -296,6 +326,7 @@ def call_chunks(conn: Connection, since: float | None, size: int = CHUNK) -> Ite
         calls.c.tenant, calls.c.request_id, calls.c.call_id, calls.c.tool_name, calls.c.operation_id,
         calls.c.reused_from_call_id, calls.c.result.is_not(None).label("answered"),
         op.c.tool_name.label("operation_tool"), op.c.state.label("operation_state"),
+        calls.c.created_at,
     ).select_from(calls.outerjoin(op, op.c.operation_id == calls.c.operation_id))
     if since is not None:
         query = query.where(calls.c.created_at >= since)
@@ -304,7 +335,7 @@ def call_chunks(conn: Connection, since: float | None, size: int = CHUNK) -> Ite
             CallRow(
                 r.tenant, r.request_id, r.call_id, r.tool_name, r.operation_id,
                 r.reused_from_call_id is not None, bool(r.answered), r.operation_tool,
-                r.operation_state,
+                r.operation_state, float(r.created_at),
             )
             for r in rows
         ]

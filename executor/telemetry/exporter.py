@@ -10,11 +10,15 @@ Two sources feed one `/metrics` page (`toolfence metrics --port 9464`):
   into their own subdirectory (PIDs repeat across containers, and two processes
   writing one `counter_<pid>.db` would overwrite each other's counts).
 - Gauges read from the operation store on every scrape (`DatabaseCollector`).
-  Each query reads either the small active part of the operations table through
-  its partial indexes, or rows written within a recent window through a time
-  index, so a scrape costs the same on a table of a million operations as on ten
-  thousand (`bench/scrape_cost.py`). Terminal operations are never counted here:
-  their rates come from the counter `toolfence_operations_terminal_total`.
+  Each query reads the small active part of the operations table through its
+  partial indexes, so a scrape costs the same on a table of a million operations
+  as on ten thousand (`bench/scrape_cost.py`). Terminal operations are never
+  counted here: their rates come from the counter
+  `toolfence_operations_terminal_total`.
+- The invariants I1 and I3–I7, judged by passes on a thread of their own
+  (`executor.telemetry.invariant_passes`): each pass reads only what was touched
+  since the previous one, and a scrape serves the last completed pass. I2, a
+  present condition, is counted by every scrape.
 
 A failing database never fails the scrape: the database gauges are left out,
 `toolfence_exporter_database_up` drops to 0 and
@@ -31,6 +35,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,14 +65,15 @@ from executor.settings import Settings, read
 from executor.store.clock import db_now
 from executor.store.engine import make_engine, normalize_url
 from executor.store.invariant_check import INVARIANTS as CHECKED_INVARIANTS
-from executor.store.invariant_check import check
 from executor.store.invariant_reader import stuck_queries
+from executor.store.invariant_watch import PassResult
 from executor.store.schema import (
     ACTIVE_STATES,
     operations,
     outbox,
 )
 from executor.telemetry import metrics
+from executor.telemetry.invariant_passes import InvariantPasses, PassStatus
 
 log = logging.getLogger(__name__)
 
@@ -94,12 +100,15 @@ class ExporterConfig:
     # approval expired but still pending. Well above the reconciler's period, so a
     # healthy fleet never shows one.
     stuck_after_seconds: float = 600.0
-    # The invariants look only at operations and calls touched within this window
-    # (`toolfence check --since`, the same code): the tables grow with every call,
-    # and a check over all history would cost O(table) per scrape. A violation
-    # stays visible for the whole window, far longer than the alert needs to fire;
+    # The invariants count the operations and calls touched within this window that
+    # violate them (`toolfence check --since`, the same code). A violation stays
+    # visible for the whole window, far longer than the alert needs to fire;
     # `toolfence check --all` checks all history.
     invariant_window_seconds: float = 3600.0
+    # Seconds from the end of one invariant pass to the start of the next: a pass
+    # reads what was touched since the previous one began, so its cost follows this
+    # interval times the fleet's rate, never the window.
+    invariant_interval_seconds: float = 60.0
     # Upper bound on one scrape's queries and on connecting: a slow or absent
     # database makes a failed scrape, never a hung exporter.
     statement_timeout_seconds: float = 10.0
@@ -111,6 +120,9 @@ class ExporterConfig:
             stuck_after_seconds=_env_float("TOOLFENCE_EXPORTER_STUCK_AFTER_SECONDS", 600.0),
             invariant_window_seconds=_env_float(
                 "TOOLFENCE_EXPORTER_INVARIANT_WINDOW_SECONDS", 3600.0
+            ),
+            invariant_interval_seconds=_env_float(
+                "TOOLFENCE_EXPORTER_INVARIANT_INTERVAL_SECONDS", 60.0
             ),
             statement_timeout_seconds=_env_float(
                 "TOOLFENCE_EXPORTER_STATEMENT_TIMEOUT_SECONDS", 10.0
@@ -130,7 +142,6 @@ class DatabaseSnapshot:
     reconciliation_pending: int
     reconciliation_pending_oldest_age_seconds: float
     operations_stuck: Mapping[str, int]
-    invariant_violations: Mapping[str, int]
 
 
 # ------------------------------------------------------------------- queries
@@ -210,21 +221,15 @@ def stuck_operations(conn: Connection, now: float, stuck_after_seconds: float) -
     }
 
 
-def invariant_violations(
-    conn: Connection,
-    now: float,
-    *,
-    stuck_after_seconds: float,
-    window_seconds: float | None,
-) -> dict[str, int]:
-    """I1–I7 as `toolfence check` computes them (`executor.store.invariant_check`), over
-    the operations and calls touched within the last `window_seconds` (None: all
-    history, for tests and offline audits, not scrapes); I2 counts the operations
-    stuck now, whatever the window. Toolfence's own tables only: the exporter knows
-    no downstream's."""
-    since = None if window_seconds is None else now - window_seconds
-    report = check(conn, since=since, stuck_after_seconds=stuck_after_seconds, limit=0, now=now)
-    return report.counts()
+def invariant_counts(stuck: Mapping[str, int], result: PassResult | None) -> dict[str, int]:
+    """`toolfence_invariant_violations`: I2 the operations stuck now (this scrape's
+    `stuck`), the others what the last completed pass left (`InvariantWatch`),
+    which is what `toolfence check --since <window>` counts; before the first pass
+    completes only I2 is known, and only I2 is served."""
+    counts = {"I2": sum(stuck.values())}
+    if result is not None:
+        counts.update(result.violations)
+    return {code: counts[code] for code in INVARIANTS if code in counts}
 
 
 def read_snapshot(conn: Connection, config: ExporterConfig) -> DatabaseSnapshot:
@@ -241,12 +246,6 @@ def read_snapshot(conn: Connection, config: ExporterConfig) -> DatabaseSnapshot:
         reconciliation_pending=active[State.RECONCILIATION_PENDING.value],
         reconciliation_pending_oldest_age_seconds=oldest_reconciliation_pending_age(conn, now),
         operations_stuck=stuck,
-        invariant_violations=invariant_violations(
-            conn,
-            now,
-            stuck_after_seconds=config.stuck_after_seconds,
-            window_seconds=config.invariant_window_seconds,
-        ),
     )
 
 
@@ -300,7 +299,9 @@ def make_scrape_engine(url: str, config: ExporterConfig) -> Engine:
     )
 
 
-def scrape(engine: Engine, config: ExporterConfig) -> DatabaseSnapshot:
+@contextmanager
+def read_transaction(engine: Engine, config: ExporterConfig) -> Iterator[Connection]:
+    """One read-only transaction of the engine's, each statement bounded (a scrape, a pass)."""
     with engine.connect() as conn, conn.begin():
         if conn.dialect.name == "postgresql":
             timeout_ms = int(config.statement_timeout_seconds * 1000)
@@ -308,6 +309,11 @@ def scrape(engine: Engine, config: ExporterConfig) -> DatabaseSnapshot:
             # Every query reads a few thousand rows at most: starting parallel workers
             # would cost more than it saves and take them from the application.
             conn.execute(text("SET LOCAL max_parallel_workers_per_gather = 0"))
+        yield conn
+
+
+def scrape(engine: Engine, config: ExporterConfig) -> DatabaseSnapshot:
+    with read_transaction(engine, config) as conn:
         return read_snapshot(conn, config)
 
 
@@ -318,7 +324,9 @@ class DatabaseCollector(Collector):
     """Computes the database gauges on every collect; never raises.
 
     Scrapes are serialized: two concurrent scrapers (Prometheus and a person
-    with curl) must not double the load on the database.
+    with curl) must not double the load on the database. The invariant passes
+    (`passes`, started by `start_passes`) have an engine of their own, so a long
+    pass never holds up a scrape.
     """
 
     def __init__(self, database_url: str, config: ExporterConfig) -> None:
@@ -327,16 +335,34 @@ class DatabaseCollector(Collector):
         self._engine: Engine | None = None
         self._lock = threading.Lock()
         self._errors = 0
+        self._pass_engine: Engine | None = None
+        self.passes = InvariantPasses(
+            self._pass_transaction, config.invariant_window_seconds, config.invariant_interval_seconds
+        )
+
+    @contextmanager
+    def _pass_transaction(self) -> Iterator[Connection]:
+        # Only the passes' thread (one pass at a time) gets here.
+        if self._pass_engine is None:
+            self._pass_engine = make_scrape_engine(self._database_url, self._config)
+        with read_transaction(self._pass_engine, self._config) as conn:
+            yield conn
+
+    def start_passes(self) -> None:
+        self.passes.start()
 
     def close(self) -> None:
+        self.passes.stop()
         with self._lock:
             if self._engine is not None:
                 self._engine.dispose()
                 self._engine = None
+        if self._pass_engine is not None:
+            self._pass_engine.dispose()
 
     def describe(self) -> Iterable[Metric]:
         # Names only, without touching the database at registration time.
-        return list(self._families(None, 0.0, up=False, errors=0))
+        return list(self._families(None, 0.0, up=False, errors=0, passes=None))
 
     def collect(self) -> Iterable[Metric]:
         with self._lock:
@@ -353,11 +379,14 @@ class DatabaseCollector(Collector):
                 log.warning("database scrape failed: %s: %s", type(exc).__name__, first_line)
             duration = time.perf_counter() - started
             errors = self._errors
-        return list(self._families(snapshot, duration, up=snapshot is not None, errors=errors))
+        return list(self._families(
+            snapshot, duration, up=snapshot is not None, errors=errors, passes=self.passes.status()
+        ))
 
     @staticmethod
     def _families(
-        snapshot: DatabaseSnapshot | None, duration: float, *, up: bool, errors: int
+        snapshot: DatabaseSnapshot | None, duration: float, *, up: bool, errors: int,
+        passes: PassStatus | None,
     ) -> Iterator[Metric]:
         scrape_duration = GaugeMetricFamily(
             "toolfence_exporter_scrape_duration_seconds",
@@ -376,6 +405,7 @@ class DatabaseCollector(Collector):
         )
         database_up.add_metric([], 1.0 if up else 0.0)
         yield database_up
+        yield from _pass_families(passes)
 
         backlog = GaugeMetricFamily(
             "toolfence_outbox_backlog", "Outbox rows not yet published to the broker."
@@ -408,7 +438,7 @@ class DatabaseCollector(Collector):
         violations = GaugeMetricFamily(
             "toolfence_invariant_violations",
             "Invariant violations I1-I7 found in the database, as `toolfence check` counts them "
-            "over the recent window (I2: operations stuck now).",
+            "over the recent window, from the last completed pass (I2: operations stuck now).",
             labels=["invariant"],
         )
         if snapshot is not None:
@@ -421,9 +451,41 @@ class DatabaseCollector(Collector):
             pending_age.add_metric([], snapshot.reconciliation_pending_oldest_age_seconds)
             for state, count in snapshot.operations_stuck.items():
                 stuck.add_metric([state], count)
-            for invariant, count in snapshot.invariant_violations.items():
+            last = passes.last.result if passes is not None and passes.last is not None else None
+            for invariant, count in invariant_counts(snapshot.operations_stuck, last).items():
                 violations.add_metric([metrics.INVARIANT.admit(invariant)], count)
         yield from (backlog, outbox_age, active, started_age, pending, pending_age, stuck, violations)
+
+
+def _pass_families(passes: PassStatus | None) -> Iterator[Metric]:
+    """The invariant passes' own gauges: an alert fires on the age when passes stop."""
+    age = GaugeMetricFamily(
+        "toolfence_exporter_invariant_pass_age_seconds",
+        "Seconds since the last invariant pass completed (since the exporter started, before the "
+        "first): the invariant gauges are this old.",
+    )
+    duration = GaugeMetricFamily(
+        "toolfence_exporter_invariant_pass_duration_seconds",
+        "Time the last completed invariant pass took.",
+    )
+    judged = GaugeMetricFamily(
+        "toolfence_exporter_invariant_pass_judged",
+        "Operations and calls the last completed invariant pass judged (the first pass: the "
+        "whole window; later ones: what was touched since the previous one).",
+        labels=["subject"],
+    )
+    errors = CounterMetricFamily(
+        "toolfence_exporter_invariant_pass_errors",
+        "Invariant passes that failed (the next one reads from where the last completed one did).",
+    )
+    if passes is not None:
+        age.add_metric([], passes.age_seconds)
+        errors.add_metric([], passes.errors)
+        if passes.last is not None:
+            duration.add_metric([], passes.last.duration)
+            judged.add_metric(["operations"], passes.last.result.operations)
+            judged.add_metric(["calls"], passes.last.result.calls)
+    yield from (age, duration, judged, errors)
 
 
 class MultiprocessTreeCollector(Collector):
@@ -499,6 +561,7 @@ def start(
     database = DatabaseCollector(settings.database_url, config or ExporterConfig.from_env())
     registry = build_registry(settings, database)
     server, thread = start_http_server(port, addr=host, registry=registry)
+    database.start_passes()
     return RunningExporter(server, thread, registry, database)
 
 

@@ -1,102 +1,32 @@
 """`toolfence check` on a real database (SQLite and PostgreSQL): clean after a small real
 run, and failing, naming the invariant and an operation, for each of I1–I7 planted
-the way a bug would leave the rows; the exporter's gauge shows each one too.
-
-The run is real: calls admitted by `enqueue`, run by the worker's `OperationRunner`
-in process. The planted rows are what a broken store, worker or producer would
-have written, through plain INSERTs and UPDATEs, after the run.
+the way a bug would leave the rows (tests/integration/checkkit.py); the exporter's
+gauge shows each one too.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from notekit import NoteArgs, Out, read_note
-from paykit import Paid, PayArgs
-from sqlalchemy import Connection, Engine, insert, select, update
+from checkkit import PLANTS, STUCK_AFTER, Run, exporter_gauges, make_run, plant_i1, plant_i5, plant_i6
+from sqlalchemy import Engine, insert, update
 
 from executor.cli.main import main
-from executor.core.identifiers import default_operation_id
-from executor.core.tools import Access, Approval, Effect, Mode, Registry, RunContext, Tool, Written
-from executor.core.types import ProposedCall, ServerContext
-from executor.settings import Settings
-from executor.store.clock import db_now
 from executor.store.invariant_check import INVARIANTS, check
-from executor.store.schema import audit_events, calls, operations, receipts
-from executor.telemetry.exporter import ExporterConfig, invariant_violations, make_scrape_engine, scrape
-from executor.worker.runner import OperationRunner
+from executor.store.invariant_watch import WATCHED, InvariantWatch
+from executor.store.schema import audit_events, calls, receipts
+from executor.telemetry.exporter import DatabaseCollector, ExporterConfig
 from ledger import service as ledger_service
 from ledger.service import Ledger, effects, fenced_writes
-from outbox.producer import enqueue
-
-TENANT = "acme"
-ALICE = ServerContext(principal="alice", tenant=TENANT, roles=frozenset({"member"}), request_id="r")
-STUCK_AFTER = 600.0
-
-
-def _pay(args: PayArgs, ctx: RunContext) -> Written:
-    receipt = f"pay-{ctx.operation_id[-8:]}"
-    return Written(Paid(receipt=receipt), receipt)
-
-
-REGISTRY = Registry([
-    Tool(
-        name="bank.pay", description="pay from an account", mode=Mode.WRITE, untrusted_output=False,
-        input_model=PayArgs, output_model=Paid, run=_pay, access=Access.public_tool(),
-        approval=Approval.never(), effect=[Effect.IDEMPOTENT],
-    ),
-    Tool(
-        name="notes.read", description="read a note", mode=Mode.READ, input_model=NoteArgs,
-        output_model=Out, run=read_note, access=Access.public_tool(), untrusted_output=False,
-        approval=Approval.never(),
-    ),
-])
-
-
-@dataclass(frozen=True)
-class Run:
-    """What the small real run left: a succeeded write, a succeeded read, a rejected call."""
-
-    write: str
-    read: str
-    rejected_call: str
-    rejected_operation: str
-    now: float
 
 
 @pytest.fixture
 def run(engine: Engine, db_url: str, monkeypatch: pytest.MonkeyPatch) -> Run:
     monkeypatch.setenv("TOOLFENCE_DATABASE_URL", db_url)
     monkeypatch.delenv("TOOLFENCE_CONFIG", raising=False)
-    proposals = [
-        ProposedCall(call_id="c-pay", tool_name="bank.pay", arguments={"account": "a-1", "amount": 5}),
-        ProposedCall(call_id="c-read", tool_name="notes.read", arguments={"text": "hello"}),
-        ProposedCall(call_id="c-pay-2", tool_name="bank.pay", arguments={"account": "a-2", "amount": 7}),
-        # Refused by the schema gate: never runs.
-        ProposedCall(call_id="c-bad", tool_name="bank.pay", arguments={"account": "a-1", "amount": -1}),
-    ]
-    context = ALICE.model_copy(update={"request_id": "req-1"})
-    with engine.begin() as conn:
-        handle = enqueue(conn, proposals, context, REGISTRY)
-    admitted = {c.call_id: c.operation_id for c in handle.calls}
-    assert admitted["c-bad"] is None
-    runner = OperationRunner(Settings(database_url=db_url, broker_url="memory://"), REGISTRY, engine)
-    for call_id in ("c-pay", "c-read", "c-pay-2"):
-        operation_id = admitted[call_id]
-        assert operation_id is not None
-        runner.handle(operation_id)
-    with engine.connect() as conn:
-        now = float(conn.execute(select(db_now())).scalar_one())
-        states = dict(conn.execute(select(operations.c.call_id, operations.c.state)).all())
-    assert states == {"c-pay": "succeeded", "c-read": "succeeded", "c-pay-2": "succeeded"}
-    return Run(
-        write=str(admitted["c-pay"]), read=str(admitted["c-read"]), rejected_call="c-bad",
-        rejected_operation=default_operation_id(TENANT, "req-1", "c-bad"), now=now,
-    )
+    return make_run(engine, db_url)
 
 
 def toolfence_check(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
@@ -142,89 +72,6 @@ def test_check__after_a_real_run__every_invariant_holds_exit_0(
 # ------------------------------------------------------------------ one violation each
 
 
-def _event(operation_id: str, from_state: str | None, to_state: str, generation: int, at: float,
-           decision: str = "planted") -> dict[str, Any]:
-    return {
-        "operation_id": operation_id, "from_state": from_state, "to_state": to_state,
-        "decision_code": decision, "generation": generation, "at": at,
-    }
-
-
-def plant_i1(conn: Connection, run: Run) -> str:
-    # A second, different receipt accepted for the write: a second effect downstream.
-    conn.execute(insert(receipts).values(
-        operation_id=run.write, generation=1, receipt="pay-second", accepted=True, source="worker",
-        recorded_at=run.now,
-    ))
-    return run.write
-
-
-def plant_i2(conn: Connection, run: Run) -> str:
-    # A call admitted an hour ago whose message was lost, and no reconciler ran since.
-    with_context = ALICE.model_copy(update={"request_id": "req-lost"})
-    handle = enqueue(conn, [ProposedCall(call_id="c-lost", tool_name="notes.read",
-                                         arguments={"text": "lost"})], with_context, REGISTRY)
-    operation_id = str(handle.calls[0].operation_id)
-    conn.execute(update(operations).where(operations.c.operation_id == operation_id).values(
-        available_at=run.now - 3600, queued_at=run.now - 3600,
-    ))
-    return operation_id
-
-
-def plant_i3(conn: Connection, run: Run) -> str:
-    # The write's lease was taken over (generation 2), then the stale generation 1
-    # completed it: the CAS on the generation did not hold.
-    conn.execute(update(audit_events).where(
-        audit_events.c.operation_id == run.write, audit_events.c.to_state == "succeeded"
-    ).values(from_state="started", to_state="started", generation=2, decision_code="lease_takeover"))
-    conn.execute(insert(audit_events).values(_event(run.write, "started", "succeeded", 1, run.now)))
-    conn.execute(update(operations).where(operations.c.operation_id == run.write).values(generation=2))
-    return run.write
-
-
-def plant_i4(conn: Connection, run: Run) -> str:
-    # An operation (with its audit event) that no call row admitted.
-    invented = "op-invented"
-    row = conn.execute(select(operations).where(operations.c.operation_id == run.read)).one()._asdict()
-    row.update(operation_id=invented, call_id="c-nobody", state="queued", generation=0,
-               created_at=run.now, available_at=run.now, finished_at=None, result=None)
-    conn.execute(insert(operations).values(row))
-    conn.execute(insert(audit_events).values(_event(invented, None, "queued", 0, run.now)))
-    return invented
-
-
-def plant_i5(conn: Connection, run: Run) -> str:
-    # A terminal operation moved on: succeeded → failed_terminal is no transition.
-    conn.execute(insert(audit_events).values(
-        _event(run.read, "succeeded", "failed_terminal", 1, run.now)
-    ))
-    return run.read
-
-
-def plant_i6(conn: Connection, run: Run) -> str:
-    # A read's call row answered by the write's operation (a repeat pointed at the wrong one).
-    conn.execute(insert(calls).values(
-        tenant=TENANT, request_id="req-1", call_id="c-read-again", position=5, tool_name="notes.read",
-        operation_id=run.write, reused_from_call_id="c-read", created_at=run.now,
-    ))
-    return run.write
-
-
-def plant_i7(conn: Connection, run: Run) -> str:
-    # The rejected call's handler ran anyway and its receipt was recorded.
-    conn.execute(insert(receipts).values(
-        operation_id=run.rejected_operation, generation=1, receipt="pay-rejected", accepted=True,
-        source="worker", recorded_at=run.now,
-    ))
-    return run.rejected_operation
-
-
-PLANTS: dict[str, Callable[[Connection, Run], str]] = {
-    "I1": plant_i1, "I2": plant_i2, "I3": plant_i3, "I4": plant_i4,
-    "I5": plant_i5, "I6": plant_i6, "I7": plant_i7,
-}
-
-
 @pytest.mark.parametrize("code", INVARIANTS)
 def test_check__planted_violation__exit_1_naming_the_invariant_and_the_operation(
     code: str, run: Run, engine: Engine, db_url: str, capsys: pytest.CaptureFixture[str]
@@ -249,15 +96,17 @@ def test_check__planted_violation__exit_1_naming_the_invariant_and_the_operation
     also = {"I3": {"I5"}, "I7": {"I4"}}.get(code, set())
     assert set(found) == {code} | also, report
 
-    # And the exporter's gauge counts it, from the same code over its window
-    config = ExporterConfig(stuck_after_seconds=STUCK_AFTER, invariant_window_seconds=3600.0)
-    scraper = make_scrape_engine(db_url, config)
+    # And the exporter's gauge counts it after its first pass, from the same code over its window
+    collector = DatabaseCollector(
+        db_url, ExporterConfig(stuck_after_seconds=STUCK_AFTER, invariant_window_seconds=3600.0)
+    )
     try:
-        snapshot = scrape(scraper, config)
+        collector.passes.run_once()
+        gauges = exporter_gauges(collector)
     finally:
-        scraper.dispose()
-    assert snapshot.invariant_violations[code] == 1, snapshot.invariant_violations
-    assert {c for c, n in snapshot.invariant_violations.items() if n} == {code} | also
+        collector.close()
+    assert gauges[code] == 1, gauges
+    assert {c for c, n in gauges.items() if n} == {code} | also
 
 
 def test_check__violation_older_than_the_window__only_all_history_sees_it(
@@ -346,13 +195,15 @@ def test_check__chunks_smaller_than_the_run__same_report(run: Run, engine: Engin
         plant_i1(conn, run)
         plant_i5(conn, run)
         plant_i6(conn, run)
-    # When checked a chunk of one operation (and one call) at a time, and all at once
+    # When checked a chunk of one operation (and one call) at a time, and all at once, and
+    # judged by an exporter's pass a chunk at a time over a window reaching before the run
     with engine.connect() as conn, conn.begin():
         small = check(conn, since=None, stuck_after_seconds=STUCK_AFTER, chunk=1)
         large = check(conn, since=None, stuck_after_seconds=STUCK_AFTER)
-        gauges = invariant_violations(conn, small.now, stuck_after_seconds=STUCK_AFTER, window_seconds=None)
+        watched = InvariantWatch(10 * 365 * 86_400.0, chunk=1).run(conn, now=small.now).violations
     # Then the counts do not depend on the chunking, and the exporter's agree
-    assert small.counts() == large.counts() == gauges
+    assert small.counts() == large.counts()
+    assert watched == {code: small.counts()[code] for code in WATCHED}
     assert {c for c, n in small.counts().items() if n} == {"I1", "I5", "I6"}
 
 

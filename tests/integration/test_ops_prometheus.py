@@ -273,7 +273,14 @@ def test_prometheus__scrapes_the_exporter__database_gauge_is_queryable(stack: St
     assert instant_value(stack, 'toolfence_operations_active{state="queued"}') == 1.0
     assert instant_value(stack, 'up{job="toolfence"}') == 1.0
     assert instant_value(stack, "toolfence_exporter_database_up") == 1.0
-    # Every invariant has its series; the planted operation violates I4 and I5 only
+    # Every invariant has its series once the exporter's first invariant pass is done
+    # (I2 is the scrape's own); the planted operation violates I4 and I5 only
+    wait_for(
+        "the first invariant pass's gauges in Prometheus",
+        lambda: instant_value(stack, 'toolfence_invariant_violations{invariant="I7"}') is not None,
+        60, stack.prometheus,
+    )
+    assert instant_value(stack, "toolfence_exporter_invariant_pass_age_seconds") is not None
     violations = {
         code: instant_value(stack, f'toolfence_invariant_violations{{invariant="{code}"}}')
         for code in ("I1", "I2", "I3", "I4", "I5", "I6", "I7")
