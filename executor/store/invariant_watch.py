@@ -84,7 +84,7 @@ class _Found:
         self.now = now
         self.violating: dict[str, dict[str, float]] = {code: {} for code in WATCHED}
         self.judged_again: dict[str, set[str]] = {code: set() for code in WATCHED}
-        self.rejected: dict[str, tuple[RejectedCall, float]] = {}
+        self.rejected: dict[str, float] = {}
         self.operations = 0
         self.calls = 0
 
@@ -101,8 +101,10 @@ class InvariantWatch:
         self._chunk = chunk
         self._previous_start: float | None = None
         self._violating: dict[str, dict[str, float]] = {code: {} for code in WATCHED}
-        # The window's rejected calls, by the operation id each would have had (I7).
-        self._rejected: dict[str, tuple[RejectedCall, float]] = {}
+        # The window's rejected calls: the operation id each would have had (I7), and
+        # when the call was written. Only the id: a pass keeps no reasons, and an hour
+        # of 100 rejections a second is 360,000 of them.
+        self._rejected: dict[str, float] = {}
 
     @property
     def previous_start(self) -> float | None:
@@ -137,7 +139,7 @@ class InvariantWatch:
             found.operations += len(part.operation_ids)
             verdicts = judge_operations(part.records)
             # Rejected calls of earlier passes whose would-be operation was touched since.
-            again = [self._rejected[op][0] for op in part.operation_ids if op in self._rejected]
+            again = [RejectedCall("", "", op) for op in part.operation_ids if op in self._rejected]
             for code in OPERATION_INVARIANTS:
                 found.judged_again[code].update(
                     op for op in part.operation_ids if op in self._violating[code]
@@ -160,17 +162,16 @@ class InvariantWatch:
             if not rejected:
                 continue
             for call, row in zip(rejected, (r for r in rows if r.operation_id is None), strict=True):
-                found.rejected[call.operation_id] = (call, row.created_at)
+                found.rejected[call.operation_id] = row.created_at
             records = traces(conn, [r.operation_id for r in rejected], None)
             self._judge_rejected(rejected, judge_rejected(rejected, records), found)
 
     def _judge_rejected(
         self, rejected: list[RejectedCall], violations: list[Violation], found: _Found
     ) -> None:
-        written = {
-            call.operation_id: (found.rejected.get(call.operation_id) or self._rejected[call.operation_id])[1]
-            for call in rejected
-        }
+        # When each call was written: this pass read it, or an earlier one did.
+        ids = [call.operation_id for call in rejected]
+        written = {op: found.rejected[op] if op in found.rejected else self._rejected[op] for op in ids}
         found.judged_again["I7"].update(op for op in written if op in self._violating["I7"])
         self._keep(found, "I7", violations, written)
 
@@ -190,5 +191,5 @@ class InvariantWatch:
             kept.update(found.violating[code])
             self._violating[code] = {s: at for s, at in kept.items() if at >= start}
         self._rejected.update(found.rejected)
-        self._rejected = {op: entry for op, entry in self._rejected.items() if entry[1] >= start}
+        self._rejected = {op: at for op, at in self._rejected.items() if at >= start}
         self._previous_start = now
