@@ -3,8 +3,10 @@
 For each size it creates a scratch database, migrates it, fills it with
 `INSERT … SELECT generate_series` (a million operations in about a minute),
 VACUUM ANALYZEs it (the steady state autovacuum keeps), then times
-`executor.telemetry.exporter.scrape` — every database gauge — and, for comparison, the
-same gauges computed over the whole history (what the exporter does NOT do).
+`executor.telemetry.exporter.scrape` — every database gauge a scrape reads (the
+invariant passes run on their own thread, not in the scrape: bench/check_cost.py
+measures them) — and, for comparison, the same gauges computed over the whole
+history (what the exporter does NOT do).
 
 The shape of the data does not change with size: `--active` operations in
 non-terminal states and `--recent` rows within the invariant window; everything
@@ -31,12 +33,12 @@ from sqlalchemy import Connection, Engine, event, select, text
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from executor.store.clock import db_now
+from executor.store.invariant_check import check
+from executor.store.invariant_watch import InvariantWatch
 from executor.store.migrate import migrate
 from executor.telemetry.exporter import (
     ExporterConfig,
     active_operations,
-    i1_violations,
-    i6_violations,
     make_scrape_engine,
     scrape,
 )
@@ -165,7 +167,8 @@ def summary(samples: list[float]) -> str:
 
 
 def full_history_queries(engine: Engine) -> dict[str, Callable[[], object]]:
-    """The unbounded alternatives: every state counted, I1 and I6 over all rows."""
+    """The unbounded alternatives: every state counted, the invariants over all rows
+    (`toolfence check --all`; bench/check_cost.py measures the command itself)."""
 
     def run(query: Callable[[Connection, float], object]) -> Callable[[], object]:
         def timed_query() -> object:
@@ -178,8 +181,8 @@ def full_history_queries(engine: Engine) -> dict[str, Callable[[], object]]:
     return {
         "count by state, all states": run(lambda conn, _now: conn.execute(text(
             "SELECT state, count(*) FROM toolfence_operations GROUP BY state")).all()),
-        "I1 over all receipts": run(lambda conn, now: i1_violations(conn, now, None)),
-        "I6 over all calls": run(lambda conn, now: i6_violations(conn, now, None)),
+        "I1-I7 over all history": run(lambda conn, now: check(
+            conn, since=None, stuck_after_seconds=ExporterConfig().stuck_after_seconds, now=now)),
     }
 
 
@@ -191,14 +194,17 @@ def explain(conn: Connection, config: ExporterConfig) -> None:
     def capture(_conn: Connection, _cursor: object, statement: str, params: object, *_: object) -> None:
         if isinstance(params, dict):
             for key, value in params.items():
-                statement = statement.replace(f"%({key})s", repr(value))
+                # An array parameter (`= ANY`, the chunk reads) as an ARRAY literal.
+                shown = f"ARRAY[{', '.join(map(repr, value))}]" if isinstance(value, list) else repr(value)
+                statement = statement.replace(f"%({key})s", shown)
         captured.append(statement)
 
     event.listen(conn, "before_cursor_execute", capture)
     try:
         active_operations(conn)
-        i1_violations(conn, now, config.invariant_window_seconds)
-        i6_violations(conn, now, config.invariant_window_seconds)
+        # The first invariant pass of an exporter: its whole window (bench/check_cost.py
+        # measures the passes themselves).
+        InvariantWatch(config.invariant_window_seconds).run(conn, now=now)
     finally:
         event.remove(conn, "before_cursor_execute", capture)
     for statement in captured:
@@ -217,7 +223,7 @@ def run_size(args: argparse.Namespace, size: int, config: ExporterConfig) -> Non
         snapshot = scrape(engine, config)
         print(
             f"  gauges: active={dict(snapshot.operations_active)} "
-            f"backlog={snapshot.outbox_backlog} violations={dict(snapshot.invariant_violations)}"
+            f"backlog={snapshot.outbox_backlog} stuck={dict(snapshot.operations_stuck)}"
         )
         bounded = timed(lambda: scrape(engine, config), args.repeat)
         print(f"  exporter scrape (bounded):   {summary(bounded)}")

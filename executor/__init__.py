@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     )
     from executor.core.identifiers import (
         InvalidIdentifier,
+        default_operation_id,
     )
     from executor.core.states import (
         State,
@@ -173,7 +174,6 @@ if TYPE_CHECKING:
         HostedCalls,
         InvalidBatch,
         NoApprovalResponse,
-        default_operation_id,
         enqueue,
         hosted_approval_responses,
     )
@@ -235,7 +235,7 @@ _EXPORTS: dict[str, str] = {
     "InvalidIdentifier": "executor.core.identifiers",
     "NoApprovalResponse": "outbox.producer",
     "hosted_approval_responses": "outbox.producer",
-    "default_operation_id": "outbox.producer",
+    "default_operation_id": "executor.core.identifiers",
     "enqueue": "outbox.producer",
     "final": "outbox.results",
     "results": "outbox.results",

@@ -41,6 +41,7 @@ from sqlalchemy import (
     Engine,
     Executable,
     Float,
+    Index,
     Integer,
     MetaData,
     String,
@@ -86,6 +87,9 @@ effects = Table(
     Column("amount_cents", BigInteger),
     Column("at", Float, nullable=False),
 )
+# `toolfence check` reads a chunk of operations' effects, and the effects of a window.
+Index("ix_ledger_effects_operation", effects.c.operation_id)
+Index("ix_ledger_effects_at", effects.c.at)
 
 # Dedupe tables: one row per key that ever produced an effect.
 dedupe = Table(
@@ -113,6 +117,8 @@ fenced_writes = Table(
     Column("highest_token", Integer, nullable=False),
     Column("at", Float, nullable=False),
 )
+Index("ix_ledger_fenced_operation", fenced_writes.c.operation_id)
+Index("ix_ledger_fenced_at", fenced_writes.c.at)
 
 invoices = Table(
     "ledger_invoices",

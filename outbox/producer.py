@@ -38,6 +38,7 @@ from executor.core.identifiers import (
     MAX_IDENTIFIER_CHARS,
     IdentifierField,
     check_server_context,
+    default_operation_id,
     identifier_problem,
     storable_key,
 )
@@ -114,14 +115,6 @@ class EnqueueHandle:
     def operation_ids(self) -> dict[str, str]:
         """call id → operation id: keep these to retry the same logical operations."""
         return {c.call_id: c.operation_id for c in self.calls if c.operation_id}
-
-
-def default_operation_id(tenant: str, request_id: str, call_id: str) -> str:
-    """Deterministic per (tenant, request, call): re-enqueueing the same request reuses
-    the operations, and two tenants' requests of one id never share one."""
-    material = f"{tenant}\0{request_id}\0{call_id}".encode("utf-8", "surrogatepass")
-    digest = hashlib.sha256(material).hexdigest()
-    return f"op_{digest[:32]}"
 
 
 def _check_batch(calls: Sequence[ProposedCall]) -> None:

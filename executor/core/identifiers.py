@@ -149,3 +149,13 @@ __all__ = [
     "storable_key",
     "storable_text",
 ]
+
+
+def default_operation_id(tenant: str, request_id: str, call_id: str) -> str:
+    """Deterministic per (tenant, request, call): re-enqueueing the same request reuses
+    the operations, and two tenants' requests of one id never share one. (Here, in
+    pure code, because `toolfence check` and the exporter name the operation id a
+    rejected call would have had, I7, from the calls table alone.)"""
+    material = f"{tenant}\0{request_id}\0{call_id}".encode("utf-8", "surrogatepass")
+    digest = hashlib.sha256(material).hexdigest()
+    return f"op_{digest[:32]}"

@@ -283,6 +283,10 @@ DECLARED: tuple[Variable, ...] = (
         "the invariant gauges look at this much recent history", minimum=0, above=True,
     ),
     Variable(
+        "TOOLFENCE_EXPORTER_INVARIANT_INTERVAL_SECONDS", NUMBER, 60.0,
+        "from the end of one invariant pass to the start of the next", minimum=0, above=True,
+    ),
+    Variable(
         "TOOLFENCE_EXPORTER_STATEMENT_TIMEOUT_SECONDS", NUMBER, 10.0, "bound on one scrape's queries",
         minimum=0, above=True,
     ),

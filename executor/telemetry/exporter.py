@@ -10,11 +10,15 @@ Two sources feed one `/metrics` page (`toolfence metrics --port 9464`):
   into their own subdirectory (PIDs repeat across containers, and two processes
   writing one `counter_<pid>.db` would overwrite each other's counts).
 - Gauges read from the operation store on every scrape (`DatabaseCollector`).
-  Each query reads either the small active part of the operations table through
-  its partial indexes, or rows written within a recent window through a time
-  index, so a scrape costs the same on a table of a million operations as on ten
-  thousand (`bench/scrape_cost.py`). Terminal operations are never counted here:
-  their rates come from the counter `toolfence_operations_terminal_total`.
+  Each query reads the small active part of the operations table through its
+  partial indexes, so a scrape costs the same on a table of a million operations
+  as on ten thousand (`bench/scrape_cost.py`). Terminal operations are never
+  counted here: their rates come from the counter
+  `toolfence_operations_terminal_total`.
+- The invariants I1 and I3–I7, judged by passes on a thread of their own
+  (`executor.telemetry.invariant_passes`): each pass reads only what was touched
+  since the previous one, and a scrape serves the last completed pass. I2, a
+  present condition, is counted by every scrape.
 
 A failing database never fails the scrape: the database gauges are left out,
 `toolfence_exporter_database_up` drops to 0 and
@@ -31,6 +35,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,34 +50,30 @@ from sqlalchemy import (
     ColumnElement,
     Connection,
     Engine,
-    and_,
-    case,
     create_engine,
     event,
     func,
     literal_column,
-    null,
     select,
     text,
-    true,
 )
 from sqlalchemy.engine import make_url
 
-from executor.core import invariants
-from executor.core.states import ACTIVE, SETTLED, ApprovalState, State
+from executor.core.states import ACTIVE, SETTLED, State
 from executor.errors import ConfigurationError
 from executor.settings import Settings, read
 from executor.store.clock import db_now
 from executor.store.engine import make_engine, normalize_url
-from executor.store.ordering import runnable_queued, sql_literal
+from executor.store.invariant_check import INVARIANTS as CHECKED_INVARIANTS
+from executor.store.invariant_reader import stuck_queries
+from executor.store.invariant_watch import PassResult
 from executor.store.schema import (
     ACTIVE_STATES,
-    approvals,
-    calls,
     operations,
     outbox,
-    receipts,
 )
+from executor.telemetry import metrics
+from executor.telemetry.invariant_passes import InvariantPasses, PassStatus
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ LOOPBACK = "127.0.0.1"
 """Where the exporter listens unless told otherwise (TOOLFENCE_METRICS_HOST): it has no
 authentication, and its series name tenants, tools and error codes."""
 
-INVARIANTS = ("I1", "I2", "I6")
+INVARIANTS = CHECKED_INVARIANTS
 # States an operation can be stuck in (I2): every active state but
 # reconciliation_pending, which is a settled state waiting for a person.
 STUCK_STATES = tuple(state.value for state in State if state in ACTIVE - SETTLED)
@@ -99,12 +100,15 @@ class ExporterConfig:
     # approval expired but still pending. Well above the reconciler's period, so a
     # healthy fleet never shows one.
     stuck_after_seconds: float = 600.0
-    # I1 and I6 look only at receipts and calls recorded within this window: their
-    # tables grow with every call, and a check over all history would cost O(table)
-    # per scrape. A violation stays visible for the whole window, far longer than
-    # the alert needs to fire; `invariant_violations(…, window_seconds=None)`
-    # checks all history offline.
+    # The invariants count the operations and calls touched within this window that
+    # violate them (`toolfence check --since`, the same code). A violation stays
+    # visible for the whole window, far longer than the alert needs to fire;
+    # `toolfence check --all` checks all history.
     invariant_window_seconds: float = 3600.0
+    # Seconds from the end of one invariant pass to the start of the next: a pass
+    # reads what was touched since the previous one began, so its cost follows this
+    # interval times the fleet's rate, never the window.
+    invariant_interval_seconds: float = 60.0
     # Upper bound on one scrape's queries and on connecting: a slow or absent
     # database makes a failed scrape, never a hung exporter.
     statement_timeout_seconds: float = 10.0
@@ -116,6 +120,9 @@ class ExporterConfig:
             stuck_after_seconds=_env_float("TOOLFENCE_EXPORTER_STUCK_AFTER_SECONDS", 600.0),
             invariant_window_seconds=_env_float(
                 "TOOLFENCE_EXPORTER_INVARIANT_WINDOW_SECONDS", 3600.0
+            ),
+            invariant_interval_seconds=_env_float(
+                "TOOLFENCE_EXPORTER_INVARIANT_INTERVAL_SECONDS", 60.0
             ),
             statement_timeout_seconds=_env_float(
                 "TOOLFENCE_EXPORTER_STATEMENT_TIMEOUT_SECONDS", 10.0
@@ -135,7 +142,6 @@ class DatabaseSnapshot:
     reconciliation_pending: int
     reconciliation_pending_oldest_age_seconds: float
     operations_stuck: Mapping[str, int]
-    invariant_violations: Mapping[str, int]
 
 
 # ------------------------------------------------------------------- queries
@@ -207,130 +213,23 @@ def oldest_reconciliation_pending_age(conn: Connection, now: float) -> float:
 
 
 def stuck_operations(conn: Connection, now: float, stuck_after_seconds: float) -> dict[str, int]:
-    """Operations overdue by more than the threshold, per state (I2).
-
-    - started: lease expired that long ago and the reconciler has not acted
-      (partial index on lease_expires_at);
-    - queued: due (`available_at`) that long ago and runnable, by the store's own
-      predicate (`runnable_queued`: not waiting on an earlier call, so a worker
-      should have taken it), yet not reserved;
-    - retry_wait: backoff over that long ago and not promoted (partial index);
-    - pending_approval: approval expired that long ago and not expired by the
-      reconciler (partial index on pending approvals).
-    """
-    cutoff = now - stuck_after_seconds
-    started = conn.execute(
-        select(func.count()).where(
-            _state_is(State.STARTED), operations.c.lease_expires_at < cutoff
-        )
-    ).scalar_one()
-    queued = conn.execute(
-        select(func.count()).where(
-            runnable_queued(operations), operations.c.available_at < cutoff
-        )
-    ).scalar_one()
-    retry_wait = conn.execute(
-        select(func.count()).where(
-            _state_is(State.RETRY_WAIT), operations.c.available_at < cutoff
-        )
-    ).scalar_one()
-    pending_approval = conn.execute(
-        select(func.count()).where(
-            approvals.c.state == sql_literal(ApprovalState.PENDING), approvals.c.expires_at < cutoff
-        )
-    ).scalar_one()
+    """Operations overdue by more than the threshold, per state (I2): the store's
+    `stuck_queries`, the ones `toolfence check` lists, counted."""
     return {
-        State.PENDING_APPROVAL.value: int(pending_approval),
-        State.QUEUED.value: int(queued),
-        State.STARTED.value: int(started),
-        State.RETRY_WAIT.value: int(retry_wait),
+        state: int(conn.execute(select(func.count()).select_from(query.subquery())).scalar_one())
+        for state, query in stuck_queries(now - stuck_after_seconds).items()
     }
 
 
-def i1_violations(conn: Connection, now: float, window_seconds: float | None) -> int:
-    """Operations with more than one accepted side effect (I1, `invariants.i1_more_than_one_effect`).
-
-    Bounded: only operations that had an accepted receipt recorded within the
-    window are examined (range scan on ix_toolfence_receipts_accepted_recorded),
-    and of those only the ones with two or more accepted receipt rows, the least
-    an operation needs for two distinct receipts, have their receipts read and
-    judged. A second effect, including a stale owner's late one after the
-    operation ended, is always a fresh receipt, so it is seen within the window
-    after it happens.
-    """
-    accepted = receipts.c.accepted == true()
-    candidates = select(receipts.c.operation_id).where(accepted)
-    if window_seconds is not None:
-        candidates = candidates.where(receipts.c.recorded_at >= now - window_seconds)
-    several = (
-        select(receipts.c.operation_id)
-        .where(accepted, receipts.c.operation_id.in_(candidates))
-        .group_by(receipts.c.operation_id)
-        .having(func.count() > 1)
-    )
-    rows = conn.execute(
-        select(receipts.c.operation_id, receipts.c.generation, receipts.c.receipt,
-               receipts.c.recorded_at)
-        .where(accepted, receipts.c.operation_id.in_(several))
-    )
-    return len(invariants.i1_more_than_one_effect(
-        invariants.ReceiptRecord(row.operation_id, row.generation, row.receipt, True, row.recorded_at)
-        for row in rows
-    ))
-
-
-def i6_violations(conn: Connection, now: float, window_seconds: float | None) -> int:
-    """Calls whose result is not exactly one result of their own tool (I6,
-    `invariants.result_problem`; terminality is I2's, a live system has calls in flight).
-
-    A call row (one per proposed call id) is answered by the result stored when
-    admission decided it, or else by its operation, under that operation's tool
-    name; a call naming an operation that does not exist has no readable result.
-    Calls are grouped by (their tool, their answer's tool) in the database and
-    each group judged once, so a scrape reads a row per tool pair, not per call.
-    Bounded: only calls created within the window (index on created_at); the
-    operation is looked up by primary key.
-    """
-    op = operations.alias("op")
-    answer_tool = case(
-        (and_(calls.c.operation_id.is_not(None), op.c.operation_id.is_(None)), null()),
-        (calls.c.result.is_not(None), calls.c.tool_name),
-        else_=op.c.tool_name,
-    )
-    query = (
-        select(calls.c.tool_name, answer_tool.label("answer_tool"), func.count().label("calls"))
-        .select_from(calls.outerjoin(op, op.c.operation_id == calls.c.operation_id))
-        .group_by(calls.c.tool_name, answer_tool)
-    )
-    if window_seconds is not None:
-        query = query.where(calls.c.created_at >= now - window_seconds)
-    violating = 0
-    for row in conn.execute(query):
-        answers = [] if row.answer_tool is None else [
-            invariants.ResultRecord("", "", row.answer_tool, status="pending")
-        ]
-        if invariants.result_problem(row.tool_name, answers, quiet=False) is not None:
-            violating += int(row.calls)
-    return violating
-
-
-def invariant_violations(
-    conn: Connection,
-    now: float,
-    *,
-    stuck_after_seconds: float,
-    window_seconds: float | None,
-    stuck: Mapping[str, int] | None = None,
-) -> dict[str, int]:
-    """I1, I2 (stuck operations of every state) and I6. `window_seconds=None`
-    checks I1 and I6 over all history (for tests and offline audits, not scrapes)."""
-    if stuck is None:
-        stuck = stuck_operations(conn, now, stuck_after_seconds)
-    return {
-        "I1": i1_violations(conn, now, window_seconds),
-        "I2": sum(stuck.values()),
-        "I6": i6_violations(conn, now, window_seconds),
-    }
+def invariant_counts(stuck: Mapping[str, int], result: PassResult | None) -> dict[str, int]:
+    """`toolfence_invariant_violations`: I2 the operations stuck now (this scrape's
+    `stuck`), the others what the last completed pass left (`InvariantWatch`),
+    which is what `toolfence check --since <window>` counts; before the first pass
+    completes only I2 is known, and only I2 is served."""
+    counts = {"I2": sum(stuck.values())}
+    if result is not None:
+        counts.update(result.violations)
+    return {code: counts[code] for code in INVARIANTS if code in counts}
 
 
 def read_snapshot(conn: Connection, config: ExporterConfig) -> DatabaseSnapshot:
@@ -347,13 +246,6 @@ def read_snapshot(conn: Connection, config: ExporterConfig) -> DatabaseSnapshot:
         reconciliation_pending=active[State.RECONCILIATION_PENDING.value],
         reconciliation_pending_oldest_age_seconds=oldest_reconciliation_pending_age(conn, now),
         operations_stuck=stuck,
-        invariant_violations=invariant_violations(
-            conn,
-            now,
-            stuck_after_seconds=config.stuck_after_seconds,
-            window_seconds=config.invariant_window_seconds,
-            stuck=stuck,
-        ),
     )
 
 
@@ -407,7 +299,9 @@ def make_scrape_engine(url: str, config: ExporterConfig) -> Engine:
     )
 
 
-def scrape(engine: Engine, config: ExporterConfig) -> DatabaseSnapshot:
+@contextmanager
+def read_transaction(engine: Engine, config: ExporterConfig) -> Iterator[Connection]:
+    """One read-only transaction of the engine's, each statement bounded (a scrape, a pass)."""
     with engine.connect() as conn, conn.begin():
         if conn.dialect.name == "postgresql":
             timeout_ms = int(config.statement_timeout_seconds * 1000)
@@ -415,6 +309,11 @@ def scrape(engine: Engine, config: ExporterConfig) -> DatabaseSnapshot:
             # Every query reads a few thousand rows at most: starting parallel workers
             # would cost more than it saves and take them from the application.
             conn.execute(text("SET LOCAL max_parallel_workers_per_gather = 0"))
+        yield conn
+
+
+def scrape(engine: Engine, config: ExporterConfig) -> DatabaseSnapshot:
+    with read_transaction(engine, config) as conn:
         return read_snapshot(conn, config)
 
 
@@ -425,7 +324,9 @@ class DatabaseCollector(Collector):
     """Computes the database gauges on every collect; never raises.
 
     Scrapes are serialized: two concurrent scrapers (Prometheus and a person
-    with curl) must not double the load on the database.
+    with curl) must not double the load on the database. The invariant passes
+    (`passes`, started by `start_passes`) have an engine of their own, so a long
+    pass never holds up a scrape.
     """
 
     def __init__(self, database_url: str, config: ExporterConfig) -> None:
@@ -434,16 +335,34 @@ class DatabaseCollector(Collector):
         self._engine: Engine | None = None
         self._lock = threading.Lock()
         self._errors = 0
+        self._pass_engine: Engine | None = None
+        self.passes = InvariantPasses(
+            self._pass_transaction, config.invariant_window_seconds, config.invariant_interval_seconds
+        )
+
+    @contextmanager
+    def _pass_transaction(self) -> Iterator[Connection]:
+        # Only the passes' thread (one pass at a time) gets here.
+        if self._pass_engine is None:
+            self._pass_engine = make_scrape_engine(self._database_url, self._config)
+        with read_transaction(self._pass_engine, self._config) as conn:
+            yield conn
+
+    def start_passes(self) -> None:
+        self.passes.start()
 
     def close(self) -> None:
+        self.passes.stop()
         with self._lock:
             if self._engine is not None:
                 self._engine.dispose()
                 self._engine = None
+        if self._pass_engine is not None:
+            self._pass_engine.dispose()
 
     def describe(self) -> Iterable[Metric]:
         # Names only, without touching the database at registration time.
-        return list(self._families(None, 0.0, up=False, errors=0))
+        return list(self._families(None, 0.0, up=False, errors=0, passes=None))
 
     def collect(self) -> Iterable[Metric]:
         with self._lock:
@@ -460,11 +379,14 @@ class DatabaseCollector(Collector):
                 log.warning("database scrape failed: %s: %s", type(exc).__name__, first_line)
             duration = time.perf_counter() - started
             errors = self._errors
-        return list(self._families(snapshot, duration, up=snapshot is not None, errors=errors))
+        return list(self._families(
+            snapshot, duration, up=snapshot is not None, errors=errors, passes=self.passes.status()
+        ))
 
     @staticmethod
     def _families(
-        snapshot: DatabaseSnapshot | None, duration: float, *, up: bool, errors: int
+        snapshot: DatabaseSnapshot | None, duration: float, *, up: bool, errors: int,
+        passes: PassStatus | None,
     ) -> Iterator[Metric]:
         scrape_duration = GaugeMetricFamily(
             "toolfence_exporter_scrape_duration_seconds",
@@ -483,6 +405,7 @@ class DatabaseCollector(Collector):
         )
         database_up.add_metric([], 1.0 if up else 0.0)
         yield database_up
+        yield from _pass_families(passes)
 
         backlog = GaugeMetricFamily(
             "toolfence_outbox_backlog", "Outbox rows not yet published to the broker."
@@ -514,7 +437,8 @@ class DatabaseCollector(Collector):
         )
         violations = GaugeMetricFamily(
             "toolfence_invariant_violations",
-            "Invariant violations found in the database (I1, I6: within the recent window).",
+            "Invariant violations I1-I7 found in the database, as `toolfence check` counts them "
+            "over the recent window, from the last completed pass (I2: operations stuck now).",
             labels=["invariant"],
         )
         if snapshot is not None:
@@ -527,9 +451,41 @@ class DatabaseCollector(Collector):
             pending_age.add_metric([], snapshot.reconciliation_pending_oldest_age_seconds)
             for state, count in snapshot.operations_stuck.items():
                 stuck.add_metric([state], count)
-            for invariant, count in snapshot.invariant_violations.items():
-                violations.add_metric([invariant], count)
+            last = passes.last.result if passes is not None and passes.last is not None else None
+            for invariant, count in invariant_counts(snapshot.operations_stuck, last).items():
+                violations.add_metric([metrics.INVARIANT.admit(invariant)], count)
         yield from (backlog, outbox_age, active, started_age, pending, pending_age, stuck, violations)
+
+
+def _pass_families(passes: PassStatus | None) -> Iterator[Metric]:
+    """The invariant passes' own gauges: an alert fires on the age when passes stop."""
+    age = GaugeMetricFamily(
+        "toolfence_exporter_invariant_pass_age_seconds",
+        "Seconds since the last invariant pass completed (since the exporter started, before the "
+        "first): the invariant gauges are this old.",
+    )
+    duration = GaugeMetricFamily(
+        "toolfence_exporter_invariant_pass_duration_seconds",
+        "Time the last completed invariant pass took.",
+    )
+    judged = GaugeMetricFamily(
+        "toolfence_exporter_invariant_pass_judged",
+        "Operations and calls the last completed invariant pass judged (the first pass: the "
+        "whole window; later ones: what was touched since the previous one).",
+        labels=["subject"],
+    )
+    errors = CounterMetricFamily(
+        "toolfence_exporter_invariant_pass_errors",
+        "Invariant passes that failed (the next one reads from where the last completed one did).",
+    )
+    if passes is not None:
+        age.add_metric([], passes.age_seconds)
+        errors.add_metric([], passes.errors)
+        if passes.last is not None:
+            duration.add_metric([], passes.last.duration)
+            judged.add_metric(["operations"], passes.last.result.operations)
+            judged.add_metric(["calls"], passes.last.result.calls)
+    yield from (age, duration, judged, errors)
 
 
 class MultiprocessTreeCollector(Collector):
@@ -605,6 +561,7 @@ def start(
     database = DatabaseCollector(settings.database_url, config or ExporterConfig.from_env())
     registry = build_registry(settings, database)
     server, thread = start_http_server(port, addr=host, registry=registry)
+    database.start_passes()
     return RunningExporter(server, thread, registry, database)
 
 

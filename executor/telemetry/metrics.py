@@ -26,6 +26,7 @@ from executor.core.states import State, TurnState
 from executor.core.tools import Effect, is_declared_tool_name
 from executor.core.types import ErrorCode
 from executor.store.approvals import HOSTED_APPROVAL_TOOL
+from executor.store.invariant_check import INVARIANTS
 from executor.store.records import Decision, DecisionOutcome
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
@@ -115,6 +116,8 @@ HOSTED_KIND = _domain({
     "mcp_server_tool_call", "retrieval_call", "processing_call",
 })
 HTTP_STATUS = _domain(str(status) for status in range(100, 600))
+# The exporter's `toolfence_invariant_violations{invariant}`: I1–I7 (docs/design.md §Invariants).
+INVARIANT = _domain(INVARIANTS)
 
 
 class _Closed:

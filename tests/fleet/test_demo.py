@@ -106,6 +106,13 @@ def test_demo__embedded_default__every_invariant_passes_and_nothing_is_left_runn
     # It ran in a fresh directory under TOOLFENCE_HOME, and left no process behind
     runs = list(home.glob("demo-*"))
     assert len(runs) == 1 and (runs[0] / "toolfence.db").exists()
+    # And `toolfence check` finds every invariant holding on the demo's database
+    checked = subprocess.run(
+        [sys.executable, "-m", "executor.cli", "check", "--all"], env=_demo_env(runs[0]),
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "all invariants hold" in checked.stdout and "the ledger's" in checked.stdout, checked.stdout
     leftovers = lambda: _processes_mentioning(str(tmp_path))  # noqa: E731
     assert _wait_for(lambda: not leftovers(), 10), leftovers()
     assert seconds < 120, f"the demo took {seconds:.0f} s"

@@ -62,6 +62,8 @@ def test_exporter_after_a_reconcile_run__gauges_and_counters_match_the_database(
     report = json.loads(result.stdout)["actions"]
     exporter = start_exporter(settings, 0, "127.0.0.1")
     try:
+        # The invariant gauges but I2 come from the exporter's first pass, on its own thread.
+        assert exporter.database.passes.wait_for(1, timeout=60), exporter.database.passes.status()
         page = scrape(exporter.port)
     finally:
         exporter.stop()

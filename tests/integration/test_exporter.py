@@ -22,6 +22,7 @@ from sqlalchemy import Connection, Engine, insert, select
 from executor import store
 from executor.settings import Settings
 from executor.store.clock import db_now
+from executor.store.invariant_check import check
 from executor.store.schema import (
     ACTIVE_STATES,
     TERMINAL_STATES,
@@ -32,9 +33,9 @@ from executor.store.schema import (
     receipts,
 )
 from executor.telemetry.exporter import (
+    DatabaseCollector,
     ExporterConfig,
     RunningExporter,
-    invariant_violations,
     mark_process_dead,
     prepare_multiprocess_dir,
     start,
@@ -245,9 +246,13 @@ def value(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: s
 def exporter_for(request: pytest.FixtureRequest) -> Iterator[Any]:
     started: list[RunningExporter] = []
 
-    def _start(settings: Settings) -> RunningExporter:
-        running = start(settings, 0, "127.0.0.1", CONFIG)
+    def _start(settings: Settings, *, first_pass: bool = True,
+               config: ExporterConfig = CONFIG) -> RunningExporter:
+        running = start(settings, 0, "127.0.0.1", config)
         started.append(running)
+        # The invariant gauges come from the passes' thread: its first pass, at start.
+        if first_pass:
+            assert running.database.passes.wait_for(1, timeout=60), running.database.passes.status()
         return running
 
     yield _start
@@ -306,26 +311,63 @@ def test_metrics__operations_in_every_state__gauges_match_direct_counts(
     assert value(samples, "toolfence_invariant_violations", invariant="I2") == 4
     assert value(samples, "toolfence_invariant_violations", invariant="I6") == 3
     assert value(samples, "toolfence_exporter_scrape_duration_seconds") > 0
+    # And the gauges of the pass they come from: it judged the window's operations and calls
+    assert value(samples, "toolfence_exporter_invariant_pass_judged", subject="calls") == 6
+    assert value(samples, "toolfence_exporter_invariant_pass_judged", subject="operations") > 0
+    assert value(samples, "toolfence_exporter_invariant_pass_duration_seconds") > 0
+    assert value(samples, "toolfence_exporter_invariant_pass_age_seconds") >= 0
+    assert value(samples, "toolfence_exporter_invariant_pass_errors_total") == 0
 
 
-def test_invariant_violations__no_window__counts_all_history(engine: Engine) -> None:
-    # Given violations planted inside and outside the scrape window
+def test_invariant_gauges__the_window__all_history_counts_more(db_url: str, engine: Engine) -> None:
+    # Given violations planted inside and outside the exporter's window
     with engine.begin() as conn:
         fill_every_state(conn)
 
-    # When the invariants are checked over all history
+    # When the exporter's first pass judges its window, and the check all history
+    collector = DatabaseCollector(db_url, CONFIG)
+    try:
+        collector.passes.run_once()
+        windowed = {
+            sample.labels["invariant"]: sample.value
+            for family in collector.collect() if family.name == "toolfence_invariant_violations"
+            for sample in family.samples
+        }
+    finally:
+        collector.close()
     with engine.connect() as conn:
-        now = float(conn.execute(select(db_now())).scalar_one())
-        windowed = invariant_violations(
-            conn, now, stuck_after_seconds=STUCK_AFTER, window_seconds=WINDOW
-        )
-        everything = invariant_violations(
-            conn, now, stuck_after_seconds=STUCK_AFTER, window_seconds=None
-        )
+        everything = check(conn, since=None, stuck_after_seconds=STUCK_AFTER).counts()
 
-    # Then the old ones count only without the window
-    assert windowed == {"I1": 1, "I2": 4, "I6": 3}
-    assert everything == {"I1": 2, "I2": 4, "I6": 4}
+    # Then the old ones count only without the window (the planted rows have no audit
+    # trail and few call rows, so I4 and I5 count too: tests/integration/test_check.py
+    # plants each invariant's violation on its own)
+    assert set(windowed) == set(everything) == {"I1", "I2", "I3", "I4", "I5", "I6", "I7"}
+    assert {code: windowed[code] for code in ("I1", "I2", "I6")} == {"I1": 1, "I2": 4, "I6": 3}
+    assert {code: everything[code] for code in ("I1", "I2", "I6")} == {"I1": 2, "I2": 4, "I6": 4}
+
+
+def test_metrics__violation_written_while_running__a_later_pass_serves_it(
+    db_url: str, engine: Engine, exporter_for: Any
+) -> None:
+    # Given an exporter whose passes run every few hundredths of a second, on a clean database
+    running = exporter_for(
+        Settings(database_url=db_url, broker_url="memory://"),
+        config=ExporterConfig(invariant_interval_seconds=0.05),
+    )
+    assert value(scrape_http(running.port), "toolfence_invariant_violations", invariant="I1") == 0
+
+    # When an operation's second accepted effect is recorded (I1)
+    with engine.begin() as conn:
+        now = float(conn.execute(select(db_now())).scalar_one())
+        conn.execute(insert(receipts), [_receipt(now, "op-twice", "r-a"), _receipt(now, "op-twice", "r-b")])
+    # (the pass under way may have taken its snapshot before: wait for the one after it)
+    passes = running.database.passes
+    assert passes.wait_for(passes.status().completed + 2, timeout=60)
+
+    # Then a scrape after the next pass serves it, from a pass that judged only that operation
+    samples = scrape_http(running.port)
+    assert value(samples, "toolfence_invariant_violations", invariant="I1") == 1
+    assert value(samples, "toolfence_exporter_invariant_pass_judged", subject="operations") == 1
 
 
 def test_metrics__empty_database__every_gauge_present_and_zero(
@@ -336,7 +378,7 @@ def test_metrics__empty_database__every_gauge_present_and_zero(
     samples = scrape_http(running.port)
 
     # Alert expressions need the series to exist even when nothing is wrong.
-    for invariant in ("I1", "I2", "I6"):
+    for invariant in ("I1", "I2", "I3", "I4", "I5", "I6", "I7"):
         assert value(samples, "toolfence_invariant_violations", invariant=invariant) == 0
     for state in ACTIVE_STATES:
         assert value(samples, "toolfence_operations_active", state=state) == 0
@@ -432,14 +474,17 @@ def test_metrics__database_unreachable__scrape_succeeds_and_counts_errors(
     database_url: str, exporter_for: Any
 ) -> None:
     # Given an exporter whose database is out
-    running = exporter_for(Settings(database_url=database_url, broker_url="memory://"))
+    running = exporter_for(Settings(database_url=database_url, broker_url="memory://"), first_pass=False)
 
     # When it is scraped twice
     first = scrape_http(running.port)
     second = scrape_http(running.port)
 
     # Then both scrapes answer 200, report the outage, and leave the gauges out
+    # (the invariant passes' own age is served: it grows until a pass completes)
     assert value(first, "toolfence_exporter_database_up") == 0.0
+    assert value(second, "toolfence_exporter_invariant_pass_age_seconds") >= 0
+    assert ("toolfence_exporter_invariant_pass_duration_seconds", ()) not in second
     assert value(first, "toolfence_exporter_scrape_errors_total") == 1.0
     assert value(second, "toolfence_exporter_scrape_errors_total") == 2.0
     assert not any(name == "toolfence_invariant_violations" for name, _ in second)

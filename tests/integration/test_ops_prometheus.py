@@ -167,7 +167,8 @@ def stop(process: subprocess.Popen[str]) -> int:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     base = tmp_path_factory.mktemp("prometheus-stack")
 
-    # A database with one queued operation, so a database gauge reads 1.
+    # A database with one queued operation, so a database gauge reads 1; written
+    # without a call row or an audit event, it also violates I4 and I5.
     database_url = f"sqlite:///{base / 'toolfence.db'}"
     migrate(database_url)
     engine = make_engine(database_url)
@@ -271,8 +272,33 @@ def test_prometheus__scrapes_the_exporter__database_gauge_is_queryable(stack: St
 
     assert instant_value(stack, 'toolfence_operations_active{state="queued"}') == 1.0
     assert instant_value(stack, 'up{job="toolfence"}') == 1.0
-    assert instant_value(stack, 'toolfence_invariant_violations{invariant="I1"}') == 0.0
     assert instant_value(stack, "toolfence_exporter_database_up") == 1.0
+    # Every invariant has its series once the exporter's first invariant pass is done
+    # (I2 is the scrape's own); the planted operation violates I4 and I5 only
+    wait_for(
+        "the first invariant pass's gauges in Prometheus",
+        lambda: instant_value(stack, 'toolfence_invariant_violations{invariant="I7"}') is not None,
+        60, stack.prometheus,
+    )
+    assert instant_value(stack, "toolfence_exporter_invariant_pass_age_seconds") is not None
+    violations = {
+        code: instant_value(stack, f'toolfence_invariant_violations{{invariant="{code}"}}')
+        for code in ("I1", "I2", "I3", "I4", "I5", "I6", "I7")
+    }
+    assert violations == {"I1": 0, "I2": 0, "I3": 0, "I4": 1, "I5": 1, "I6": 0, "I7": 0}
+
+
+def test_prometheus__planted_violation__its_invariant_alert_goes_pending(stack: Stack) -> None:
+    def alerts() -> set[str] | None:
+        status, body = http_json(f"{stack.prometheus_url}/api/v1/alerts")
+        assert status == 200, body
+        active = {a["labels"]["alertname"] for a in body["data"]["alerts"]
+                  if a["labels"]["alertname"].startswith("ToolfenceInvariant")}
+        return active or None
+
+    # The rule's `for: 1m` keeps it pending first; pending or firing, it is the planted ones'
+    active = wait_for("an invariant alert pending", alerts, 60, stack.prometheus)
+    assert active == {"ToolfenceInvariantI4Violated", "ToolfenceInvariantI5Violated"}
 
 
 def test_prometheus__scrapes_the_exporter__worker_counter_is_queryable(stack: Stack) -> None:

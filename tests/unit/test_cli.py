@@ -43,7 +43,7 @@ from outbox.relay import Relay
 from tests.netkit import REFUSED_PASSWORD, Directory, refused_database_url
 
 COMMANDS = [
-    "migrate", "demo", "worker", "relay", "reconcile", "metrics", "enqueue", "results",
+    "migrate", "demo", "worker", "relay", "reconcile", "check", "metrics", "enqueue", "results",
     "show", "approvals", "approve", "deny", "pending", "resolve", "turn", "serve", "keys", "config",
 ]
 WHO = ["--tenant", "acme", "--principal", "alice"]

@@ -9,6 +9,7 @@ from types import ModuleType
 from executor.cli.commands import (
     approvals,
     approve,
+    check,
     config,
     demo,
     deny,
@@ -28,6 +29,6 @@ from executor.cli.commands import (
 )
 
 COMMANDS: tuple[ModuleType, ...] = (
-    migrate, demo, worker, relay, reconcile, metrics, enqueue, serve, keys, results, show,
+    migrate, demo, worker, relay, reconcile, check, metrics, enqueue, serve, keys, results, show,
     approvals, approve, deny, turn, pending, resolve, config,
 )
