@@ -134,7 +134,9 @@ class TurnSurface:
             raise SurfaceDeclarationError(f"surface {self.name!r}: approvers must be an ApproverPolicy")
         if self.targets is not None and not callable(self.targets):
             raise SurfaceDeclarationError(f"surface {self.name!r}: targets must be callable")
-        if not 1 <= self.max_targets <= MAX_TARGETS:
+        if not isinstance(self.instructions, str):
+            raise SurfaceDeclarationError(f"surface {self.name!r}: instructions is text")
+        if not isinstance(self.max_targets, int) or not 1 <= self.max_targets <= MAX_TARGETS:
             raise SurfaceDeclarationError(
                 f"surface {self.name!r}: max_targets must be between 1 and {MAX_TARGETS}"
             )

@@ -58,6 +58,8 @@ def tool(name: str = "items.cancel", *, mode: Mode = Mode.READ, listed: Any = ("
     ({"name": "chat", "tools": {"a"}, "writes": "approval"}, "must declare approvers"),
     ({"name": "chat", "tools": {"a"}, "writes": "policy", "targets": "x"}, "callable"),
     ({"name": "chat", "tools": {"a"}, "writes": "policy", "max_targets": MAX_TARGETS + 1}, "max_targets"),
+    ({"name": "chat", "tools": {"a"}, "writes": "policy", "max_targets": "5"}, "max_targets"),
+    ({"name": "chat", "tools": {"a"}, "writes": "policy", "instructions": None}, "instructions"),
 ])
 def test_surface_declaration__a_mistake_is_an_error_naming_it(kwargs: dict[str, Any], says: str) -> None:
     with pytest.raises(SurfaceDeclarationError, match=says):
