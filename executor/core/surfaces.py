@@ -3,7 +3,7 @@
 A surface (say `chat`) is declared by the application in its registry
 (`Registry.add_surface`) and named by a turn's server context
 (`ServerContext.surface`, set by `start_turn(surface=...)`, an API key or
-`TOOLFENCE_TURN_SURFACE`; never by the model). It says three things:
+`TOOLFENCE_TURN_SURFACE`; never by the model). It says four things:
 
 - **its catalog** (`tools`): the only tools its turns are shown and may run. The
   roles still apply: a tool is offered when the roles expose it *and* the
@@ -21,7 +21,13 @@ A surface (say `chat`) is declared by the application in its registry
   application's orders); they are shown as a numbered list, and a tool argument
   declared `listed` must name one of them (`target_not_offered` otherwise,
   before the tool's access rule runs), so "cancel that one" can only pick among
-  what the server listed.
+  what the server listed;
+- **provider-run calls** (`hosted`): off unless the surface says so. A call the
+  provider ran itself (an OpenAI `mcp_call`, an Anthropic `server_tool_use`)
+  has already happened when toolfence reads it, so it cannot become a card: in
+  a surface's turns every one is refused (the turn ends
+  `hosted_call_not_allowed`) unless `hosted=True`, and then the application's
+  hosted policy decides, as without a surface.
 
 Everything here is checked twice, like every safety promise: at admission (the
 friendly early answer) and by the worker just before the handler, on the
@@ -105,6 +111,7 @@ class TurnSurface:
     targets: TargetSource | None = None
     max_targets: int = 20
     instructions: str = ""
+    hosted: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or identifier_problem(self.name, 64) is not None:
@@ -134,6 +141,8 @@ class TurnSurface:
             raise SurfaceDeclarationError(f"surface {self.name!r}: approvers must be an ApproverPolicy")
         if self.targets is not None and not callable(self.targets):
             raise SurfaceDeclarationError(f"surface {self.name!r}: targets must be callable")
+        if not isinstance(self.hosted, bool):
+            raise SurfaceDeclarationError(f"surface {self.name!r}: hosted is True or False")
         if not isinstance(self.instructions, str):
             raise SurfaceDeclarationError(f"surface {self.name!r}: instructions is text")
         if not isinstance(self.max_targets, int) or not 1 <= self.max_targets <= MAX_TARGETS:

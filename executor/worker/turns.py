@@ -56,7 +56,7 @@ from executor.core.tools import Mode, Registry, Tool
 from executor.core.types import CallStatus, ServerContext
 from executor.faults import Faults
 from executor.providers import SURFACES
-from executor.providers.hosted import HostedCall, HostedPolicy, load_hosted_policy
+from executor.providers.hosted import NO_HOSTED_TOOLS, HostedCall, HostedPolicy, load_hosted_policy
 from executor.settings import Settings
 from executor.store import new_owner_token
 from executor.store import turns as turn_store
@@ -475,9 +475,11 @@ class TurnRunner:
                 conn, lease.turn_id, lease.generation, lease.owner_token, self.settings.lease_seconds
             ):
                 return False  # (no hosted calls: record_step's own owner check fences the step)
+            # A surface runs no provider-run call unless it says so: one already
+            # happened at the provider, so it can never be a card.
+            policy = self.hosted_policy if surface is None or surface.hosted else NO_HOSTED_TOOLS
             stop = record_hosted(
-                conn, self.registry, context.model_copy(update={"request_id": request_id}), hosted,
-                self.hosted_policy,
+                conn, self.registry, context.model_copy(update={"request_id": request_id}), hosted, policy,
             )
             error = stop or (parsed.to_json() if isinstance(parsed, ContractError) else None)
             if not turn_store.record_step(

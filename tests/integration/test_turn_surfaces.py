@@ -374,3 +374,36 @@ def test_surface_from_the_setting__applies_when_start_turn_names_none(
     assert drive(engine, settings, registry, turn_id) == "succeeded"
     view = get_turn(engine, "acme", turn_id)
     assert view is not None and view["end_reason"] == "approval_card"
+
+
+@pytest.mark.parametrize("allowed", [False, True], ids=["surface_default", "hosted_true"])
+def test_hosted_calls__refused_in_a_surface_turn_unless_it_allows_them(
+    engine: Engine, settings: Settings, ledger: Ledger, tmp_path: Path, allowed: bool
+) -> None:
+    from test_turn_ends import CRM, balance_call, mcp_call, responses, text
+
+    # Given a surface (writes keep each tool's policy) and a hosted policy allowing the
+    # CRM's lookup, and a native turn whose provider ran that lookup itself
+    registry = Registry([*ledger_tools.registry])
+    registry.add_surface(TurnSurface("chat", tools=frozenset({"ledger.get_balance"}),
+                                     writes=Writes.POLICY, hosted=allowed))
+    script = write_script(tmp_path / "t.jsonl", [
+        responses(mcp_call("lookup"), balance_call()), responses(text("acme-1 holds 100,000.00.")),
+    ])
+    with engine.begin() as conn:
+        turn_id = start_turn(conn, ALICE, "conv-1", "look it up",
+                             driver=f"scripted+openai-responses:{script}", surface="chat",
+                             registry=registry).turn_id
+    state = drive(engine, settings, registry, turn_id, hosted_policy=CRM)
+    view = get_turn(engine, "acme", turn_id)
+    assert view is not None
+    if allowed:
+        # Then with hosted=True the application's policy decides, as without a surface
+        assert (state, view["end_reason"]) == ("succeeded", "final")
+    else:
+        # Then by default the call the provider already ran ends the turn, and none of
+        # the step's proposals is enqueued (a surface's turn runs no provider-run call)
+        assert (state, view["end_reason"]) == ("fallback", "hosted_call_not_allowed")
+        assert view["steps"][0]["calls"][0]["error"]["code"] == "hosted_call_not_allowed"
+        with engine.connect() as conn:
+            assert conn.execute(select(operations.c.operation_id)).all() == []
