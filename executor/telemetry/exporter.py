@@ -237,8 +237,8 @@ TURN_STATES = (TURN_RUNNING, TURN_WAITING_APPROVAL)
 
 
 def active_turns(conn: Connection) -> dict[str, int]:
-    """Turns running and waiting for an approval: each a count on its partial index
-    (`ux_toolfence_turns_running`, `ix_toolfence_turns_waiting`)."""
+    """Turns running and waiting for an approval: each a count on a partial index of
+    its state (the state written as a literal, as above, so the planner can use it)."""
     return {
         state: int(conn.execute(
             select(func.count()).select_from(turns)
