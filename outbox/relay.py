@@ -90,7 +90,8 @@ class Relay:
                 ids = {"operation_id" if row.kind is None else "turn_id": row.operation_id}
                 try:
                     with logcontext.log_context(**ids):
-                        publish(row.operation_id)
+                        with metrics.RELAY_PUBLISH_SECONDS.time():
+                            publish(row.operation_id)
                         log.info("published %s", row.operation_id)
                 except Exception as exc:
                     metrics.RELAY_PUBLISH_FAILURES.inc()

@@ -11,6 +11,7 @@
 #   redis-cli                            redis-tools        tests/fleet, scripts/services.sh
 #   rabbitmq-server                      rabbitmq-server    scripts/services.sh
 #   promtool, prometheus                 prometheus         tests/integration/test_ops_prometheus.py
+#   prometheus-alertmanager, amtool      prometheus-alertmanager  tests/integration/test_ops_alertmanager.py
 #   setpriv                              util-linux         tests/integration/test_setup_scripts.py
 #   chromium                             chromium           tests/http (the console, via Playwright)
 #
@@ -20,8 +21,8 @@
 # so a test can hide one by narrowing PATH; $TOOLFENCE_PG_BIN (default
 # /usr/lib/postgresql/15/bin, as in tests/chaos/services.py) is checked by path.
 #
-# Package post-install scripts would start services (prometheus on :9090, the
-# servers under their packaged configuration); a policy-rc.d that refuses
+# Package post-install scripts would start services (prometheus on :9090,
+# alertmanager on :9093, the servers under their packaged configuration); a policy-rc.d that refuses
 # service starts is put in place for the install (unless one exists), and
 # scripts/services.sh starts the servers the way the suite expects.
 set -eu
@@ -57,6 +58,8 @@ check() {
     need rabbitmq-server rabbitmq-server "$(has rabbitmq-server)"
     need prometheus promtool "$(has promtool)"
     need prometheus prometheus "$(has prometheus)"
+    need prometheus-alertmanager prometheus-alertmanager "$(has prometheus-alertmanager)"
+    need prometheus-alertmanager amtool "$(has amtool)"
     need util-linux setpriv "$(has setpriv)"
     need chromium chromium "$(has chromium)"
 }
@@ -92,12 +95,15 @@ if ! { apt-get -o DPkg::Lock::Timeout=300 update &&
     exit 1
 fi
 
-# Belt and braces: if a service manager started prometheus anyway, stop it (it
-# would hold :9090 and write to /var/lib/prometheus for nothing).
-if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet prometheus 2>/dev/null; then
-    systemctl stop prometheus || true
-    systemctl disable prometheus || true
-fi
+# Belt and braces: if a service manager started prometheus or alertmanager
+# anyway, stop it (it would hold :9090 or :9093 and write to /var/lib/prometheus
+# for nothing).
+for unit in prometheus prometheus-alertmanager; do
+    if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet "$unit" 2>/dev/null; then
+        systemctl stop "$unit" || true
+        systemctl disable "$unit" || true
+    fi
+done
 
 check
 if [ -n "$missing" ]; then

@@ -69,8 +69,11 @@ from executor.store.invariant_reader import stuck_queries
 from executor.store.invariant_watch import PassResult
 from executor.store.schema import (
     ACTIVE_STATES,
+    TURN_RUNNING,
+    TURN_WAITING_APPROVAL,
     operations,
     outbox,
+    turns,
 )
 from executor.telemetry import metrics
 from executor.telemetry.invariant_passes import InvariantPasses, PassStatus
@@ -142,6 +145,8 @@ class DatabaseSnapshot:
     reconciliation_pending: int
     reconciliation_pending_oldest_age_seconds: float
     operations_stuck: Mapping[str, int]
+    approvals_waiting_oldest_age_seconds: float = 0.0
+    turns_active: Mapping[str, int] | None = None
 
 
 # ------------------------------------------------------------------- queries
@@ -212,6 +217,37 @@ def oldest_reconciliation_pending_age(conn: Connection, now: float) -> float:
     return _age(now, oldest)
 
 
+def oldest_approval_waiting_age(conn: Connection, now: float) -> float:
+    """Seconds the oldest `pending_approval` operation has waited since it was admitted.
+
+    `created_at`, not `updated_at`: a refused approver writes a pending → pending
+    event that moves `updated_at`, and the call has waited all along. The rows are
+    found through the active index (the IN term repeats its WHERE, as above); they
+    are the few calls waiting for a person, so reading their `created_at` is cheap.
+    """
+    oldest = conn.execute(
+        select(func.min(operations.c.created_at)).where(
+            _state_in(ACTIVE_STATES), _state_is(State.PENDING_APPROVAL)
+        )
+    ).scalar_one()
+    return _age(now, oldest)
+
+
+TURN_STATES = (TURN_RUNNING, TURN_WAITING_APPROVAL)
+
+
+def active_turns(conn: Connection) -> dict[str, int]:
+    """Turns running and waiting for an approval: each a count on a partial index of
+    its state (the state written as a literal, as above, so the planner can use it)."""
+    return {
+        state: int(conn.execute(
+            select(func.count()).select_from(turns)
+            .where(turns.c.state == literal_column(f"'{state}'"))
+        ).scalar_one())
+        for state in TURN_STATES
+    }
+
+
 def stuck_operations(conn: Connection, now: float, stuck_after_seconds: float) -> dict[str, int]:
     """Operations overdue by more than the threshold, per state (I2): the store's
     `stuck_queries`, the ones `toolfence check` lists, counted."""
@@ -246,6 +282,8 @@ def read_snapshot(conn: Connection, config: ExporterConfig) -> DatabaseSnapshot:
         reconciliation_pending=active[State.RECONCILIATION_PENDING.value],
         reconciliation_pending_oldest_age_seconds=oldest_reconciliation_pending_age(conn, now),
         operations_stuck=stuck,
+        approvals_waiting_oldest_age_seconds=oldest_approval_waiting_age(conn, now),
+        turns_active=active_turns(conn),
     )
 
 
@@ -435,6 +473,16 @@ class DatabaseCollector(Collector):
             "Operations overdue beyond the stuck threshold, by state (their sum is I2).",
             labels=["state"],
         )
+        approvals_age = GaugeMetricFamily(
+            "toolfence_approvals_waiting_oldest_age_seconds",
+            "Seconds the oldest operation waiting for an approval has waited since it was "
+            "admitted (0 when none; how many: toolfence_operations_active{state=\"pending_approval\"}).",
+        )
+        turns_active = GaugeMetricFamily(
+            "toolfence_turns_active",
+            "Turns running or waiting for an approval (ended ones: toolfence_turns_ended_total).",
+            labels=["state"],
+        )
         violations = GaugeMetricFamily(
             "toolfence_invariant_violations",
             "Invariant violations I1-I7 found in the database, as `toolfence check` counts them "
@@ -451,10 +499,16 @@ class DatabaseCollector(Collector):
             pending_age.add_metric([], snapshot.reconciliation_pending_oldest_age_seconds)
             for state, count in snapshot.operations_stuck.items():
                 stuck.add_metric([state], count)
+            approvals_age.add_metric([], snapshot.approvals_waiting_oldest_age_seconds)
+            for state, count in (snapshot.turns_active or {}).items():
+                turns_active.add_metric([state], count)
             last = passes.last.result if passes is not None and passes.last is not None else None
             for invariant, count in invariant_counts(snapshot.operations_stuck, last).items():
                 violations.add_metric([metrics.INVARIANT.admit(invariant)], count)
-        yield from (backlog, outbox_age, active, started_age, pending, pending_age, stuck, violations)
+        yield from (
+            backlog, outbox_age, active, started_age, pending, pending_age, stuck, approvals_age,
+            turns_active, violations,
+        )
 
 
 def _pass_families(passes: PassStatus | None) -> Iterator[Metric]:

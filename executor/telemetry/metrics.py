@@ -252,6 +252,12 @@ RELAY_PUBLISH_FAILURES = _counter(
     "toolfence_relay_publish_failures_total",
     "Outbox rows whose publish failed (they back off and are tried again).",
 )
+RELAY_PUBLISH_SECONDS = _histogram(
+    "toolfence_relay_publish_seconds",
+    "Time one broker publish of the relay took (failed ones included): the broker's share of "
+    "the outbox lag.",
+    buckets=LATENCY_BUCKETS,
+)
 EXECUTION_SECONDS = _histogram(
     "toolfence_execution_seconds",
     "Time spent in a tool handler.",

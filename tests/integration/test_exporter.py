@@ -31,6 +31,7 @@ from executor.store.schema import (
     operations,
     outbox,
     receipts,
+    turns,
 )
 from executor.telemetry.exporter import (
     DatabaseCollector,
@@ -213,6 +214,7 @@ def direct_counts(conn: Connection) -> dict[str, Any]:
     unpublished = [r for r in conn.execute(select(outbox)) if r.published_at is None]
     started = [r.started_at for r in ops.values() if r.state == "started"]
     pending = [r.updated_at for r in ops.values() if r.state == "reconciliation_pending"]
+    waiting = [r.created_at for r in ops.values() if r.state == "pending_approval"]
     return {
         "toolfence_outbox_backlog": len(unpublished),
         "toolfence_outbox_oldest_unpublished_age_seconds":
@@ -222,6 +224,7 @@ def direct_counts(conn: Connection) -> dict[str, Any]:
         "toolfence_reconciliation_pending": len(pending),
         "toolfence_reconciliation_pending_oldest_age_seconds":
             now - min(pending) if pending else 0.0,
+        "toolfence_approvals_waiting_oldest_age_seconds": now - min(waiting) if waiting else 0.0,
         "terminal": sum(states.get(s, 0) for s in TERMINAL_STATES),
     }
 
@@ -295,11 +298,16 @@ def test_metrics__operations_in_every_state__gauges_match_direct_counts(
         "toolfence_outbox_oldest_unpublished_age_seconds",
         "toolfence_oldest_started_age_seconds",
         "toolfence_reconciliation_pending_oldest_age_seconds",
+        "toolfence_approvals_waiting_oldest_age_seconds",
     ):
         assert value(samples, age) == pytest.approx(expected[age], abs=AGE_TOLERANCE), age
     assert expected["toolfence_oldest_started_age_seconds"] == pytest.approx(800, abs=AGE_TOLERANCE)
     assert expected["toolfence_reconciliation_pending_oldest_age_seconds"] == pytest.approx(
         5000, abs=AGE_TOLERANCE
+    )
+    # Waiting since admission (created_at), not since the row was last written (updated_at, now)
+    assert expected["toolfence_approvals_waiting_oldest_age_seconds"] == pytest.approx(
+        1000, abs=AGE_TOLERANCE
     )
 
     # And the stuck operations and invariant violations are exactly the planted ones
@@ -386,6 +394,40 @@ def test_metrics__empty_database__every_gauge_present_and_zero(
     assert value(samples, "toolfence_outbox_oldest_unpublished_age_seconds") == 0
     assert value(samples, "toolfence_oldest_started_age_seconds") == 0
     assert value(samples, "toolfence_reconciliation_pending_oldest_age_seconds") == 0
+    assert value(samples, "toolfence_approvals_waiting_oldest_age_seconds") == 0
+    assert value(samples, "toolfence_turns_active", state="running") == 0
+    assert value(samples, "toolfence_turns_active", state="waiting_approval") == 0
+
+
+def _turn(now: float, turn_id: str, state: str) -> dict[str, Any]:
+    return {
+        "turn_id": turn_id, "tenant": "t", "principal": "p", "conversation_id": turn_id,
+        # One running turn per (tenant, scope_key): a scope of its own each.
+        "scope_key": turn_id, "context": "{}", "message": "m", "driver": "d", "options": "{}",
+        "state": state, "created_at": now, "updated_at": now,
+    }
+
+
+def test_metrics__turns_in_every_state__running_and_waiting_counted(
+    db_url: str, engine: Engine, exporter_for: Any
+) -> None:
+    # Given turns running, waiting for an approval and ended
+    with engine.begin() as conn:
+        now = float(conn.execute(select(db_now())).scalar_one())
+        conn.execute(insert(turns), [
+            _turn(now, "run-1", "running"), _turn(now, "run-2", "running"),
+            _turn(now, "wait-1", "waiting_approval"),
+            _turn(now, "done-1", "succeeded"), _turn(now, "failed-1", "failed"),
+        ])
+
+    # When the exporter is scraped
+    samples = scrape_http(exporter_for(Settings(database_url=db_url, broker_url="memory://")).port)
+
+    # Then only the live turns count, by state; ended ones are the counter's
+    assert value(samples, "toolfence_turns_active", state="running") == 2
+    assert value(samples, "toolfence_turns_active", state="waiting_approval") == 1
+    exported = {labels for (name, labels) in samples if name == "toolfence_turns_active"}
+    assert exported == {(("state", "running"),), (("state", "waiting_approval"),)}
 
 
 def _queued_behind(

@@ -91,3 +91,34 @@ def test_relay_pass__a_fresh_row_is_published_before_the_due_retry_query(
 
     # Then its message went out first: the retry query is not on its path
     assert events == [f"publish {operation_id}", "due_retries"]
+
+
+def _publishes_timed() -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value("toolfence_relay_publish_seconds_count") or 0.0
+
+
+def test_relay_pass__each_publish__timed_failed_ones_too(
+    engine: Engine, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given two rows, and a broker that refuses the second publish
+    monkeypatch.setenv("TOOLFENCE_DATABASE_URL", db_url)
+    published: list[str] = []
+
+    def publish(operation_id: str) -> None:
+        if published:
+            raise ConnectionError("broker gone")
+        published.append(operation_id)
+
+    relay = Relay(Settings.from_env(), engine, publish)
+    _register(engine)
+    _register(engine)
+    before = _publishes_timed()
+
+    # When one pass runs
+    count = relay.run_once()
+
+    # Then both publishes were timed (the broker's share of the outbox lag), one succeeded
+    assert count == 1 and len(published) == 1
+    assert _publishes_timed() - before == 2

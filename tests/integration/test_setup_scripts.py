@@ -255,6 +255,25 @@ def test_deps__not_root_and_promtool_missing__one_line_names_the_package(readabl
     assert result.stdout == ""
 
 
+def test_deps__not_root_and_alertmanager_missing__one_line_names_the_package(
+    readable_copy: Path,
+) -> None:
+    # Given a PATH without Debian's alertmanager (tests/integration/test_ops_alertmanager.py)
+    assert shutil.which("prometheus-alertmanager", path="/usr/sbin:/sbin") is None
+    path = path_without(readable_copy, "prometheus-alertmanager", "amtool")
+    # When the deps script runs as a user who is not root
+    result = run_script(
+        readable_copy / "ci-deps.sh", env={"PATH": path}, unprivileged=True, cwd=readable_copy
+    )
+    # Then it names both commands and the one package that provides them
+    assert result.returncode == 1
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "missing prometheus-alertmanager, amtool;" in lines[0]
+    assert lines[0].split("apt-get install", 1)[1].split()[0] == "prometheus-alertmanager"
+    assert result.stdout == ""
+
+
 def test_deps__not_root_and_everything_installed__silent_success(readable_copy: Path) -> None:
     # Given the packages `make test` installed; when the deps script runs as a user who is not root
     result = run_script(readable_copy / "ci-deps.sh", unprivileged=True, cwd=readable_copy)

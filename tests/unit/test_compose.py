@@ -8,6 +8,7 @@ README for source, version and license).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from functools import cache
@@ -168,3 +169,97 @@ def test_compose__exporter_target_matches_prometheus_config() -> None:
     # on its loopback only.
     assert exporter["command"][exporter["command"].index("--host") + 1] == "0.0.0.0"
     assert exporter["ports"] == ["127.0.0.1:9464:9464"]
+
+
+# ----------------------------------------------------------------- secrets (.env.example)
+
+ENV_EXAMPLE = ROOT / ".env.example"
+# `${NAME}`, `${NAME:-default}`, `${NAME:?message}`, …: Compose's interpolation.
+INTERPOLATION = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?P<form>[^}]*)\}")
+
+
+def interpolations() -> list[tuple[str, str]]:
+    """Every interpolation outside YAML comments (compose does not read those)."""
+    lines = COMPOSE.read_text(encoding="utf-8").splitlines()
+    text = "\n".join(line for line in lines if not line.lstrip().startswith("#"))
+    return [(m["name"], m["form"]) for m in INTERPOLATION.finditer(text)]
+
+
+def env_example() -> dict[str, str]:
+    entries = {}
+    for line in ENV_EXAMPLE.read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            name, _, value = line.partition("=")
+            entries[name.strip()] = value
+    return entries
+
+
+def test_compose__no_secret_has_a_default() -> None:
+    text = COMPOSE.read_text(encoding="utf-8")
+
+    assert "change-me" not in text
+    assert "postgres:postgres@" not in text
+    assert "POSTGRES_PASSWORD: postgres" not in text
+    # Every variable is required: `:?` stops compose when it is unset or empty.
+    assert interpolations(), "docker-compose.yml reads no secret from .env"
+    for name, form in interpolations():
+        assert form.startswith(":?"), f"${{{name}{form}}} has a default or may be empty"
+
+
+def test_compose__the_secrets_it_reads__are_those_env_example_lists_empty() -> None:
+    example = env_example()
+
+    assert set(example) == {name for name, _ in interpolations()}
+    assert set(example) >= {"POSTGRES_PASSWORD", "TOOLFENCE_HTTP_SESSION_SECRET", "GRAFANA_ADMIN_PASSWORD"}
+    # No value is committed: a copied example must be filled in to start.
+    assert all(value == "" for value in example.values()), example
+    ignored = (ROOT / ".gitignore").read_text(encoding="utf-8").splitlines()
+    assert ".env" in ignored
+
+
+def test_compose__database_url_and_postgres_share_one_password() -> None:
+    all_services = services()
+    url = all_services["relay"]["environment"]["TOOLFENCE_DATABASE_URL"]
+    password = all_services["postgres"]["environment"]["POSTGRES_PASSWORD"]
+
+    assert url.startswith(f"postgresql+psycopg://postgres:{password}@postgres:5432/")
+
+
+def test_compose__secret_checks_can_fail() -> None:
+    # The interpolation parser sees a default where there is one.
+    text = "X: ${A:-change-me} Y: ${B:?required}"
+    found = [(m["name"], m["form"]) for m in INTERPOLATION.finditer(text)]
+
+    assert found == [("A", ":-change-me"), ("B", ":?required")]
+
+
+# ----------------------------------------------------------------- alertmanager
+
+
+def test_compose__prometheus_sends_alerts_to_the_alertmanager_service() -> None:
+    all_services = services()
+    config = yaml.safe_load((ROOT / "ops" / "prometheus.yml").read_text(encoding="utf-8"))
+    (alertmanagers,) = config["alerting"]["alertmanagers"]
+    targets = [t for static in alertmanagers["static_configs"] for t in static["targets"]]
+
+    assert targets == ["alertmanager:9093"]
+    alertmanager = all_services["alertmanager"]
+    assert "./ops/alertmanager.yml:/etc/alertmanager/alertmanager.yml:ro" in alertmanager["volumes"]
+    assert "--config.file=/etc/alertmanager/alertmanager.yml" in alertmanager["command"]
+    # No authentication: the host reaches it on its loopback only.
+    assert alertmanager["ports"] == ["127.0.0.1:9093:9093"]
+    assert "alertmanager" in all_services["prometheus"]["depends_on"]
+
+
+def test_alertmanager_config__every_alert_reaches_a_webhook() -> None:
+    config = yaml.safe_load((ROOT / "ops" / "alertmanager.yml").read_text(encoding="utf-8"))
+    receivers = {r["name"]: r for r in config["receivers"]}
+    route = config["route"]
+    routed = [route["receiver"], *(child["receiver"] for child in route.get("routes", []))]
+
+    for name in routed:
+        (webhook,) = receivers[name]["webhook_configs"]
+        assert webhook["url"].startswith("http")
+        assert webhook["send_resolved"] is True
+    # One notification per rule and invariant: an I1 page is never folded into another.
+    assert route["group_by"] == ["alertname", "invariant"]

@@ -123,17 +123,35 @@ def test_dashboard__panels_do_not_overlap() -> None:
         ("invariant violations", "toolfence_invariant_violations"),
         ("lease takeovers", "toolfence_lease_takeovers_total"),
         ("retries", "toolfence_retries_total"),
+        # issue 28: turns, the HTTP API, approvals waiting, relay publish latency
+        ("turns running and waiting approval", "toolfence_turns_active"),
+        ("turns ended by reason", "toolfence_turns_ended_total"),
+        ("steps per turn", "toolfence_turn_steps_bucket"),
+        ("tokens", "toolfence_model_tokens_total"),
+        ("HTTP rate and status codes", "toolfence_http_responses_total"),
+        ("HTTP latency", "toolfence_http_request_seconds_bucket"),
+        ("approvals waiting (count)", "toolfence_operations_active"),
+        ("approvals waiting (oldest age)", "toolfence_approvals_waiting_oldest_age_seconds"),
+        ("relay publish latency", "toolfence_relay_publish_seconds_bucket"),
     ],
 )
 def test_dashboard__has_a_panel_for(what: str, metric: str) -> None:
     assert any(metric in set(METRIC_NAME.findall(e)) for e in dashboard_expressions()), what
 
 
-def test_dashboard__latency_panel_shows_p50_and_p99() -> None:
-    latency = [e for e in dashboard_expressions() if "toolfence_enqueue_to_terminal" in e]
+@pytest.mark.parametrize(
+    "histogram",
+    ["toolfence_enqueue_to_terminal", "toolfence_http_request_seconds", "toolfence_relay_publish_seconds"],
+)
+def test_dashboard__latency_panel_shows_p50_and_p99(histogram: str) -> None:
+    latency = [e for e in dashboard_expressions() if histogram in e]
 
     assert any(e.startswith("histogram_quantile(0.5,") for e in latency)
     assert any(e.startswith("histogram_quantile(0.99,") for e in latency)
+
+
+def test_dashboard__approvals_waiting_panel_counts_pending_approval_operations() -> None:
+    assert 'sum(toolfence_operations_active{state="pending_approval"})' in dashboard_expressions()
 
 
 def test_grafana_provisioning__datasource_uid_and_dashboard_path_match_compose() -> None:
