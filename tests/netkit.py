@@ -8,13 +8,16 @@ is down), with a password in it that no error may repeat (`REFUSED_PASSWORD`).
 `Directory` is what a tool's hook or an application's role resolver reads: a
 real PostgreSQL server while `up`, a refused port while not.
 `terminate_backend(pid)` kills a PostgreSQL session for real and waits until the
-server has let it go.
+server has let it go. `stop_process(process)` ends a server a test started:
+SIGTERM, then SIGKILL if it has not exited within 20 s.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import subprocess
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +39,18 @@ def terminate_backend(pid: int) -> None:
         while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone():
             assert time.monotonic() < deadline, f"backend {pid} still there"
             time.sleep(0.01)
+
+
+def stop_process(process: subprocess.Popen[Any]) -> int:
+    """SIGTERM, then SIGKILL after 20 s; the exit status."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+    return int(process.returncode)
 
 
 def free_port() -> int:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -32,7 +31,7 @@ import yaml
 from checkkit import make_run, plant_i1
 
 from executor.store.engine import make_engine
-from tests.netkit import free_port
+from tests.netkit import free_port, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 OPS = ROOT / "ops"
@@ -106,18 +105,8 @@ def start(args: list[str], log: Path, stack: ExitStack, cwd: Path) -> subprocess
     """A process writing to `log`, stopped (SIGTERM, then SIGKILL) when `stack` closes."""
     output = stack.enter_context(log.open("w"))
     process = subprocess.Popen(args, cwd=cwd, stdout=output, stderr=subprocess.STDOUT, text=True)
-    stack.callback(stop, process)
+    stack.callback(stop_process, process)
     return process
-
-
-def stop(process: subprocess.Popen[str]) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float,

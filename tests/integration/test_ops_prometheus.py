@@ -13,7 +13,6 @@ import multiprocessing
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -33,7 +32,7 @@ from executor.store.clock import db_now
 from executor.store.engine import make_engine
 from executor.store.migrate import migrate
 from executor.store.schema import operations
-from tests.netkit import free_port
+from tests.netkit import free_port, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 OPS = ROOT / "ops"
@@ -174,17 +173,6 @@ class Stack:
         return http_json(url)
 
 
-def stop(process: subprocess.Popen[str]) -> int:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
-    return int(process.returncode)
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     base = tmp_path_factory.mktemp("prometheus-stack")
@@ -268,8 +256,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                  prometheus)
         yield running
     finally:
-        prometheus_code = stop(prometheus)
-        exporter_code = stop(exporter)
+        prometheus_code = stop_process(prometheus)
+        exporter_code = stop_process(exporter)
         exporter_output.close()
         prometheus_output.close()
         # serve() ends cleanly on SIGTERM (what `docker stop` sends).
