@@ -124,10 +124,17 @@ def _id(p: Picker) -> Any:
     return p.pick(IDS) if p.count(5) else p.text(24)
 
 
+KNOWN_SLOTS = 16
+
+
 def known(p: Picker, ids: dict[str, list[str]], name: str, fallback: str) -> str:
-    """An id the rig has seen answered (a real request, approval, operation), or `fallback`."""
+    """An id the rig has seen answered (a real request, approval, operation), or `fallback`.
+
+    Drawn as one of a fixed number of slots, taken modulo what was seen: the choices
+    a picker records never depend on the rig's state, which grows from example to
+    example (Hypothesis refuses data generation that does: FlakyStrategyDefinition)."""
     seen = ids.get(name) or [fallback]
-    return p.pick(seen)
+    return seen[p.count(KNOWN_SLOTS - 1) % len(seen)]
 
 
 def _maybe_text(p: Picker, menu: Sequence[Any]) -> Any:
