@@ -50,7 +50,7 @@ def timed(client: httpx.Client, key: str) -> tuple[float, httpx.Response]:
     return time.perf_counter() - started, answer
 
 
-def test_key_ids__unknown_and_known_with_a_wrong_secret__answer_alike_within_ten_percent(
+def test_key_ids__unknown_and_known_with_a_wrong_secret__answer_alike_within_a_quarter(
     pg_url: str, book: Ledger, tmp_path: Path
 ) -> None:
     # Given a real server (failed authentications not limited here) and one key
@@ -83,14 +83,17 @@ def test_key_ids__unknown_and_known_with_a_wrong_secret__answer_alike_within_ten
     finally:
         server.terminate()
         server.wait(timeout=30)
-    # Then every one is the same 401 with the same body, and the medians are within 10 %
+    # Then every one is the same 401 with the same body, and the medians are within 25 %:
+    # the oracle this guards against is an unknown id answered without a hash, some
+    # twenty times faster than a known one; 10 % failed on noise alone (a 15 % gap, in
+    # either direction, on a shared 2-core machine)
     assert {(a.status_code, a.json()["detail"], a.json()["code"]) for a in answers} == {
         (401, "the key is not valid", "unauthenticated")
     }
     assert good.status_code == 200
     median_unknown, median_known = statistics.median(unknown), statistics.median(known)
     print(f"medians: unknown {median_unknown * 1000:.1f} ms, known {median_known * 1000:.1f} ms")
-    assert abs(median_unknown - median_known) <= 0.10 * max(median_unknown, median_known), (
+    assert abs(median_unknown - median_known) <= 0.25 * max(median_unknown, median_known), (
         f"unknown {median_unknown * 1000:.1f} ms, known {median_known * 1000:.1f} ms"
     )
     # (and both paid for a hash: far slower than a request with the verified key)
