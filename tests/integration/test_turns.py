@@ -119,7 +119,10 @@ def test_turn__ledger_database_down_when_its_calls_are_enqueued__resumes_and_run
     engine: Engine, settings: Settings, ledger: Ledger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given a turn whose step 1 was checkpointed while the ledger's database, which the
-    # tools' access rule reads, refused connections: admission could not decide
+    # tools' access rule reads, refused connections: admission could not decide (a
+    # lease of 5 s, not the fixture's 1 s: the first job must still hold the turn when
+    # it gives it back, however slow a loaded machine makes its SQLite commits)
+    settings = settings.with_(lease_seconds=5.0)
     down = Ledger(refused_database_url("ledger"))
     monkeypatch.setattr(ledger_service, "_default", down)
     script = write_script(tmp_path / "turn.jsonl", THREE_STEPS)
