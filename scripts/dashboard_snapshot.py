@@ -72,8 +72,9 @@ def wait_until(what: str, check: Any, timeout: float, process: subprocess.Popen[
 
 def start(args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     with log.open("wb") as output:
-        return subprocess.Popen(args, stdout=output, stderr=subprocess.STDOUT, cwd=ROOT,
-                                env=env, start_new_session=True)
+        return subprocess.Popen(
+            args, stdout=output, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True
+        )
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:
@@ -89,7 +90,8 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 def query_range(prometheus: str, expr: str, begin: float, end: float, step: float) -> list[dict[str, Any]]:
     expr = expr.replace("$__rate_interval", RATE_INTERVAL).replace('=~"$tool"', '=~".*"')
     url = f"{prometheus}/api/v1/query_range?" + urllib.parse.urlencode(
-        {"query": expr, "start": begin, "end": end, "step": step})
+        {"query": expr, "start": begin, "end": end, "step": step}
+    )
     with urllib.request.urlopen(url, timeout=30) as response:
         body = json.load(response)
     if body.get("status") != "success":
@@ -100,14 +102,17 @@ def query_range(prometheus: str, expr: str, begin: float, end: float, step: floa
 def http_trickle(base_url: str, key: str, stop_event: threading.Event) -> None:
     """Reads (404: no such request), health checks and calls without a key (401)."""
     calls = [
-        ("GET", "/healthz", None), ("GET", "/readyz", None),
-        ("GET", "/v1/requests/req-dashboard-none", key), ("POST", "/v1/requests", None),
+        ("GET", "/healthz", None),
+        ("GET", "/readyz", None),
+        ("GET", "/v1/requests/req-dashboard-none", key),
+        ("POST", "/v1/requests", None),
     ]
     n = 0
     while not stop_event.is_set():
         method, path, bearer = calls[n % len(calls)]
-        request = urllib.request.Request(base_url + path, method=method,
-                                         data=b"{}" if method == "POST" else None)
+        request = urllib.request.Request(
+            base_url + path, method=method, data=b"{}" if method == "POST" else None
+        )
         request.add_header("Content-Type", "application/json")
         if bearer:
             request.add_header("Authorization", f"Bearer {bearer}")
@@ -131,8 +136,13 @@ def unit_suffix(unit: str | None) -> str:
     return {"s": " s", "ops": "/s", "reqps": " req/s"}.get(unit or "", "")
 
 
-def draw(panels: list[dict[str, Any]], series: dict[int, list[tuple[str, list[float], list[float]]]],
-         begin: float, out: Path, title: str) -> None:
+def draw(
+    panels: list[dict[str, Any]],
+    series: dict[int, list[tuple[str, list[float], list[float]]]],
+    begin: float,
+    out: Path,
+    title: str,
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -149,7 +159,9 @@ def draw(panels: list[dict[str, Any]], series: dict[int, list[tuple[str, list[fl
         left, top = pos["x"] / 24, (pos["y"] * unit_px + 50) / height
         w, h = pos["w"] / 24, pos["h"] * unit_px / height
         if panel["type"] == "row":
-            fig.text(left + 0.005, 1 - top - h * 0.8, panel["title"], color="#d8d9da", fontsize=12, weight="bold")
+            fig.text(
+                left + 0.005, 1 - top - h * 0.8, panel["title"], color="#d8d9da", fontsize=12, weight="bold"
+            )
             continue
         ax = fig.add_axes((left + 0.03 * w + 0.004, 1 - top - h + 0.16 * h, w * 0.94 - 0.008, h * 0.7))
         ax.set_facecolor("#181b1f")
@@ -163,27 +175,45 @@ def draw(panels: list[dict[str, Any]], series: dict[int, list[tuple[str, list[fl
             ax.set_xticks([])
             ax.set_yticks([])
             if not found:
-                ax.text(0.5, 0.5, "No data", color="#9fa7b3", ha="center", va="center", transform=ax.transAxes)
+                ax.text(
+                    0.5, 0.5, "No data", color="#9fa7b3", ha="center", va="center", transform=ax.transAxes
+                )
             for n, (name, _, values) in enumerate(found):
                 value = values[-1] if values else float("nan")
                 colour = "#73bf69" if value == 0 else "#f2495c"
                 x = (n + 0.5) / len(found)
-                ax.text(x, 0.55, f"{value:g}", color=colour, fontsize=18, weight="bold",
-                        ha="center", va="center", transform=ax.transAxes)
+                ax.text(
+                    x,
+                    0.55,
+                    f"{value:g}",
+                    color=colour,
+                    fontsize=18,
+                    weight="bold",
+                    ha="center",
+                    va="center",
+                    transform=ax.transAxes,
+                )
                 ax.text(x, 0.2, name, color="#9fa7b3", fontsize=7, ha="center", transform=ax.transAxes)
             continue
         if not found:
             ax.text(0.5, 0.5, "No data", color="#9fa7b3", ha="center", va="center", transform=ax.transAxes)
         for n, (name, xs, ys) in enumerate(found[:8]):
-            ax.plot([x - begin for x in xs], ys, color=palette[n % len(palette)], linewidth=1.2,
-                    label=name[:38])
+            ax.plot(
+                [x - begin for x in xs], ys, color=palette[n % len(palette)], linewidth=1.2, label=name[:38]
+            )
         ax.set_xlabel("seconds since the demo started", color="#9fa7b3", fontsize=6)
         if unit_suffix(unit):
             ax.set_ylabel(unit_suffix(unit).strip(), color="#9fa7b3", fontsize=7)
         ax.grid(color="#2c3235", linewidth=0.5)
         if found:
-            ax.legend(fontsize=6, loc="upper left", facecolor="#181b1f", edgecolor="#2c3235",
-                      labelcolor="#d8d9da", ncol=2 if len(found) > 3 else 1)
+            ax.legend(
+                fontsize=6,
+                loc="upper left",
+                facecolor="#181b1f",
+                edgecolor="#2c3235",
+                labelcolor="#d8d9da",
+                ncol=2 if len(found) > 3 else 1,
+            )
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, facecolor=fig.get_facecolor())
     plt.close(fig)
@@ -193,8 +223,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "dashboard.png")
     parser.add_argument("--calls", type=int, default=400, help="the demo's proposed calls")
-    parser.add_argument("--after", type=float, default=20.0,
-                        help="seconds Prometheus keeps scraping after the demo's report")
+    parser.add_argument(
+        "--after", type=float, default=20.0, help="seconds Prometheus keeps scraping after the demo's report"
+    )
     args = parser.parse_args()
     prometheus_binary = shutil.which("prometheus")
     if prometheus_binary is None:
@@ -203,14 +234,18 @@ def main() -> int:
     panels = sorted(dashboard["panels"], key=lambda p: (p["gridPos"]["y"], p["gridPos"]["x"]))
 
     base = Path(tempfile.mkdtemp(prefix="toolfence-dashboard-"))
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("TOOLFENCE_") and k != "PROMETHEUS_MULTIPROC_DIR"}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("TOOLFENCE_") and k != "PROMETHEUS_MULTIPROC_DIR"
+    }
     env["TOOLFENCE_HOME"] = str(base / "home")
     processes: list[subprocess.Popen[bytes]] = []
     try:
         began = time.time()
-        demo = start([sys.executable, "-m", "executor.cli", "demo", "--calls", str(args.calls)],
-                     base / "demo.log", env)
+        demo = start(
+            [sys.executable, "-m", "executor.cli", "demo", "--calls", str(args.calls)], base / "demo.log", env
+        )
         processes.append(demo)
 
         def run_dir() -> str | None:
@@ -220,9 +255,12 @@ def main() -> int:
         wait_until("the demo's database", lambda: run_dir() is not None, 120, demo)
         place = Path(str(run_dir()))
         exporter_port, prometheus_port = free_port(), free_port()
-        exporter_env = {**env, "TOOLFENCE_DATABASE_URL": f"sqlite:///{place / 'toolfence.db'}",
-                        "PROMETHEUS_MULTIPROC_DIR": str(place / "metrics"),
-                        "TOOLFENCE_TOOLS": "ledger.tools:registry"}
+        exporter_env = {
+            **env,
+            "TOOLFENCE_DATABASE_URL": f"sqlite:///{place / 'toolfence.db'}",
+            "PROMETHEUS_MULTIPROC_DIR": str(place / "metrics"),
+            "TOOLFENCE_TOOLS": "ledger.tools:registry",
+        }
         exporter_url = f"http://127.0.0.1:{exporter_port}/metrics"
         # The demo migrates its database right after creating it: retry until it can.
         exporter = None
@@ -231,20 +269,43 @@ def main() -> int:
             if exporter is not None and exporter.poll() is not None:
                 exporter = None
             if exporter is None:
-                exporter = start([sys.executable, "-m", "executor.cli", "metrics", "--port", str(exporter_port)],
-                                 base / "exporter.log", exporter_env)
+                exporter = start(
+                    [sys.executable, "-m", "executor.cli", "metrics", "--port", str(exporter_port)],
+                    base / "exporter.log",
+                    exporter_env,
+                )
                 processes.append(exporter)
             if time.monotonic() > deadline:
-                raise SystemExit(f"dashboard-snapshot: the exporter did not answer; see {base / 'exporter.log'}")
+                raise SystemExit(
+                    f"dashboard-snapshot: the exporter did not answer; see {base / 'exporter.log'}"
+                )
             time.sleep(0.5)
         key = subprocess.run(
-            [sys.executable, "-m", "executor.cli", "keys", "create", "--tenant", "acme",
-             "--principal", "dashboard", "--scope", "read"],
-            env=exporter_env, cwd=ROOT, capture_output=True, text=True, check=True,
+            [
+                sys.executable,
+                "-m",
+                "executor.cli",
+                "keys",
+                "create",
+                "--tenant",
+                "acme",
+                "--principal",
+                "dashboard",
+                "--scope",
+                "read",
+            ],
+            env=exporter_env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.strip()
         serve_port = free_port()
-        serve = start([sys.executable, "-m", "executor.cli", "serve", "--port", str(serve_port)],
-                      base / "serve.log", exporter_env)
+        serve = start(
+            [sys.executable, "-m", "executor.cli", "serve", "--port", str(serve_port)],
+            base / "serve.log",
+            exporter_env,
+        )
         processes.append(serve)
         serve_url = f"http://127.0.0.1:{serve_port}"
         wait_until("toolfence serve", lambda: answers(f"{serve_url}/healthz"), 60, serve)
@@ -252,14 +313,32 @@ def main() -> int:
         trickle = threading.Thread(target=http_trickle, args=(serve_url, key, trickle_stop), daemon=True)
         trickle.start()
         config = base / "prometheus.yml"
-        config.write_text(json.dumps({
-            "global": {"scrape_interval": f"{SCRAPE_SECONDS}s", "scrape_timeout": f"{SCRAPE_SECONDS}s",
-                       "evaluation_interval": f"{SCRAPE_SECONDS}s"},
-            "scrape_configs": [{"job_name": "toolfence",
-                                "static_configs": [{"targets": [f"127.0.0.1:{exporter_port}"]}]}],
-        }))
-        prometheus = start([prometheus_binary, f"--config.file={config}", f"--storage.tsdb.path={base / 'data'}",
-                            f"--web.listen-address=127.0.0.1:{prometheus_port}"], base / "prometheus.log")
+        config.write_text(
+            json.dumps(
+                {
+                    "global": {
+                        "scrape_interval": f"{SCRAPE_SECONDS}s",
+                        "scrape_timeout": f"{SCRAPE_SECONDS}s",
+                        "evaluation_interval": f"{SCRAPE_SECONDS}s",
+                    },
+                    "scrape_configs": [
+                        {
+                            "job_name": "toolfence",
+                            "static_configs": [{"targets": [f"127.0.0.1:{exporter_port}"]}],
+                        }
+                    ],
+                }
+            )
+        )
+        prometheus = start(
+            [
+                prometheus_binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={base / 'data'}",
+                f"--web.listen-address=127.0.0.1:{prometheus_port}",
+            ],
+            base / "prometheus.log",
+        )
         processes.append(prometheus)
         prometheus_url = f"http://127.0.0.1:{prometheus_port}"
         wait_until("prometheus", lambda: answers(f"{prometheus_url}/-/ready"), 60, prometheus)
@@ -278,10 +357,18 @@ def main() -> int:
                     ys = [float(v) for _, v in result["values"]]
                     name = legend(target.get("legendFormat"), result["metric"], target["expr"])
                     series.setdefault(index, []).append((name, xs, ys))
-        draw(panels, series, began, args.out,
-             f"{dashboard['title']}: ops/grafana/toolfence.json's queries over `toolfence demo --calls {args.calls}`")
-        print(f"dashboard-snapshot: wrote {args.out} ({len(panels)} panels, "
-              f"{sum(len(v) for v in series.values())} series, {end - began:.0f} s of scrapes)")
+        draw(
+            panels,
+            series,
+            began,
+            args.out,
+            f"{dashboard['title']}: ops/grafana/toolfence.json's queries over "
+            f"`toolfence demo --calls {args.calls}`",
+        )
+        print(
+            f"dashboard-snapshot: wrote {args.out} ({len(panels)} panels, "
+            f"{sum(len(v) for v in series.values())} series, {end - began:.0f} s of scrapes)"
+        )
         return 0
     finally:
         for process in reversed(processes):
