@@ -14,6 +14,9 @@
 #   prometheus-alertmanager, amtool      prometheus-alertmanager  tests/integration/test_ops_alertmanager.py
 #   setpriv                              util-linux         tests/integration/test_setup_scripts.py
 #   chromium                             chromium           tests/http (the console, via Playwright)
+#   nft                                  nftables           tests/chaos/netns.py (partitions, loss, duplication)
+#   ip, tc, nstat                        iproute2           tests/chaos/netns.py (namespaces, veth, TBF/HTB)
+#   libfaketime.so.1                     libfaketime        tests/chaos (clock skew and jumps on workers, relays)
 #
 # Idempotent and silent when everything is there. Not root and something is
 # missing: one line on stderr naming the packages to install, exit 1. Commands
@@ -29,6 +32,7 @@ set -eu
 
 PATH="$PATH:/usr/sbin:/sbin"
 PG_BIN="${TOOLFENCE_PG_BIN:-/usr/lib/postgresql/15/bin}"
+FAKETIME_LIB=/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1
 
 missing=""     # what is absent, for the message
 packages=""    # the Debian packages that provide it, deduplicated
@@ -62,6 +66,10 @@ check() {
     need prometheus-alertmanager amtool "$(has amtool)"
     need util-linux setpriv "$(has setpriv)"
     need chromium chromium "$(has chromium)"
+    need nftables nft "$(has nft)"
+    need iproute2 ip "$(has ip)"
+    need iproute2 tc "$(has tc)"
+    need libfaketime "$FAKETIME_LIB" "$(if [ -e "$FAKETIME_LIB" ]; then echo 1; else echo 0; fi)"
 }
 
 check

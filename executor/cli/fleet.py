@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,6 +123,11 @@ class Fleet:
     # chaos campaign routes workers through its proxy and names each role's
     # database sessions (`application_name`) so it can terminate them by role.
     role_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    # Per member (role, index): a command prefix and more environment. The partitions
+    # campaign (tests/chaos/partitions.py) runs each member in a network namespace of
+    # its own (`ip netns exec NAME`, which execs in place: the pid stays the member's)
+    # under a clock it can skew.
+    launcher: Callable[[str, int], tuple[Sequence[str], Mapping[str, str]]] | None = None
     members: list[Member] = field(default_factory=list)
 
     def _spawn(self, role: str, index: int, args: list[str]) -> Member:
@@ -130,11 +135,12 @@ class Fleet:
         log_path = self.log_dir / f"{role}-{index}.log"
         log = log_path.open("ab")
         log_start = log.tell()
-        env = {**os.environ, **self.env, **self.role_env.get(role, {}), "PYTHONUNBUFFERED": "1"}
+        prefix, extra = self.launcher(role, index) if self.launcher else ((), {})
+        env = {**os.environ, **self.env, **self.role_env.get(role, {}), **extra, "PYTHONUNBUFFERED": "1"}
         with _interrupts_deferred():
             try:
                 process = subprocess.Popen(
-                    [sys.executable, "-m", "executor.cli", *args],
+                    [*prefix, sys.executable, "-m", "executor.cli", *args],
                     env=env,
                     stdout=log,
                     stderr=subprocess.STDOUT,

@@ -3,7 +3,11 @@
 The campaign restarts PostgreSQL (`-m immediate`) and kills Redis, so it never
 touches the shared servers other tests use: each run gets its own cluster and
 its own `redis-server`, on free loopback ports, in its own directories, and
-removes them afterwards.
+removes them afterwards. The partitions campaign (`tests/chaos/partitions.py`)
+runs the same servers inside a network namespace: `host` is then the address
+they listen on there, `prefix` the command that enters the namespace
+(`ip netns exec NAME`), and the harness itself reaches them through their Unix
+sockets (filesystem paths, which no network namespace hides).
 
 PostgreSQL refuses to run as root, so its binaries run as the `postgres` user
 when we are root. `fsync=off` is safe here: an immediate shutdown is a process
@@ -24,6 +28,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote
 
 import psycopg
 
@@ -58,6 +63,9 @@ class PrivatePostgres:
     port: int = field(default_factory=free_port)
     root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="toolfence-chaos-pg-")))
     restarts: int = 0
+    # Where it listens, and what runs its binaries in a network namespace (empty: here).
+    host: str = "127.0.0.1"
+    prefix: list[str] = field(default_factory=list)
 
     @property
     def data_dir(self) -> Path:
@@ -69,6 +77,13 @@ class PrivatePostgres:
 
     def _run(self, *args: str, check: bool = True, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
         ids = _pg_user()
+        if self.prefix:
+            # Entering a namespace needs root, so the user changes after it, with setpriv.
+            drop = ([f"--reuid={ids[0]}", f"--regid={ids[1]}", "--clear-groups"] if ids else [])
+            return subprocess.run(
+                [*self.prefix, "setpriv", *drop, "--", *args], check=check, timeout=timeout,
+                capture_output=True, text=True, cwd=self.root,
+            )
         return subprocess.run(
             list(args), check=check, timeout=timeout, capture_output=True, text=True,
             user=ids[0] if ids else None, group=ids[1] if ids else None,
@@ -87,7 +102,7 @@ class PrivatePostgres:
         options = " ".join(
             [
                 f"-p {self.port}",
-                "-c listen_addresses=127.0.0.1",
+                f"-c listen_addresses={self.host}",
                 f"-c unix_socket_directories={self.root}",
                 "-c max_connections=400",
                 "-c fsync=off",
@@ -137,6 +152,8 @@ class PrivatePostgres:
 
     @property
     def admin_dsn(self) -> str:
+        if self.prefix:  # the harness is outside the namespace: the Unix socket
+            return f"postgresql://postgres@{quote(str(self.root), safe='')}:{self.port}/postgres"
         return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
     def create_database(self, name: str) -> None:
@@ -144,7 +161,16 @@ class PrivatePostgres:
             conn.execute(f'CREATE DATABASE "{name}"')
 
     def url(self, database: str, *, port: int | None = None, application_name: str | None = None) -> str:
-        url = f"postgresql+psycopg://postgres@127.0.0.1:{port or self.port}/{database}"
+        """The harness's URL: over TCP here, or the Unix socket when in a namespace."""
+        if self.prefix:
+            url = f"postgresql+psycopg://postgres@/{database}?host={self.root}&port={self.port}"
+            return url + (f"&application_name={application_name}" if application_name else "")
+        return self.node_url(database, port=port, application_name=application_name)
+
+    def node_url(self, database: str, *, port: int | None = None,
+                 application_name: str | None = None) -> str:
+        """The URL of a process that reaches the server over the network, at `host`."""
+        url = f"postgresql+psycopg://postgres@{self.host}:{port or self.port}/{database}"
         if application_name:
             url += f"?application_name={application_name}"
         return url
@@ -163,6 +189,12 @@ class PrivateRedis:
     aof: bool = True
     process: subprocess.Popen[bytes] | None = None
     kills: int = 0
+    host: str = "127.0.0.1"
+    prefix: list[str] = field(default_factory=list)
+
+    @property
+    def socket_path(self) -> Path:
+        return self.root / "redis.sock"
 
     def start(self, *, aof: bool | None = None) -> PrivateRedis:
         if aof is not None:
@@ -172,9 +204,12 @@ class PrivateRedis:
             shutil.rmtree(self.root / "data", ignore_errors=True)
         (self.root / "data").mkdir(parents=True, exist_ok=True)
         log = (self.root / "redis.log").open("ab")
+        # `ip netns exec` execs redis-server in place: the Popen's pid is the server's.
         self.process = subprocess.Popen(
             [
-                "redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+                *self.prefix,
+                "redis-server", "--port", str(self.port), "--bind", self.host,
+                "--unixsocket", str(self.socket_path), "--unixsocketperm", "700",
                 "--dir", str(self.root / "data"), "--save", "",
                 "--appendonly", "yes" if self.aof else "no", "--appendfsync", "everysec",
                 "--daemonize", "no", "--protected-mode", "no",
@@ -191,7 +226,7 @@ class PrivateRedis:
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"redis-server exited: see {self.root / 'redis.log'}")
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+                with self._connect() as sock:
                     sock.sendall(b"PING\r\n")
                     if sock.recv(64).startswith(b"+PONG"):
                         return
@@ -199,6 +234,18 @@ class PrivateRedis:
                 pass
             time.sleep(0.05)
         raise RuntimeError(f"redis-server not ready on {self.port}")
+
+    def _connect(self) -> socket.socket:
+        if self.prefix:  # in a namespace: the harness uses the Unix socket
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(0.5)
+            try:
+                sock.connect(str(self.socket_path))
+            except OSError:
+                sock.close()
+                raise
+            return sock
+        return socket.create_connection(("127.0.0.1", self.port), timeout=0.5)
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -214,7 +261,7 @@ class PrivateRedis:
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"redis://{self.host}:{self.port}/0"
 
     def destroy(self) -> None:
         if self.process is not None and self.process.poll() is None:
