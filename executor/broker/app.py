@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from celery import Celery
+from kombu import Exchange, Queue
 
-from executor.settings import Settings
+from executor.settings import Settings, SettingsError
 
 TASK_NAME = "toolfence.execute"
 TURN_TASK_NAME = "toolfence.run_turn"
@@ -43,7 +44,29 @@ def broker_url(settings: Settings) -> str:
     return "filesystem://" if settings.broker_url.startswith("filesystem://") else settings.broker_url
 
 
+def task_queue(settings: Settings) -> Queue | None:
+    """The queue declared with its arguments, or None for the broker's default.
+
+    TOOLFENCE_BROKER_QUEUE_TYPE=quorum declares a RabbitMQ quorum queue (durable,
+    replicated by Raft across the cluster's nodes): the publisher (the relay) and
+    the worker declare it alike, so neither meets a classic queue of that name. A
+    queue already declared classic on the broker cannot become quorum in place
+    (RabbitMQ answers PRECONDITION_FAILED): delete it, or name a new TOOLFENCE_QUEUE.
+    """
+    if settings.broker_queue_type == "classic":
+        return None
+    if not settings.broker_url.startswith(("amqp://", "amqps://", "pyamqp://")):
+        raise SettingsError(
+            f"TOOLFENCE_BROKER_QUEUE_TYPE={settings.broker_queue_type} needs a RabbitMQ broker "
+            f"(amqp://…); TOOLFENCE_BROKER_URL is not one"
+        )
+    name = settings.queue_name
+    return Queue(name, Exchange(name), routing_key=name, durable=True,
+                 queue_arguments={"x-queue-type": settings.broker_queue_type})
+
+
 def make_celery(settings: Settings) -> Celery:
+    queue = task_queue(settings)
     app = Celery("toolfence", broker=broker_url(settings), set_as_current=False)
     app.conf.update(
         task_acks_late=True,
@@ -66,6 +89,11 @@ def make_celery(settings: Settings) -> Celery:
         worker_consumer="executor.worker.celery_app:CountingConsumer",
         worker_cancel_long_running_tasks_on_connection_loss=True,
     )
+    if queue is not None:
+        # Quorum queues refuse a global QoS: Celery 5.5+ sees the x-queue-type and
+        # applies the prefetch per consumer (worker_detect_quorum_queues, on by default).
+        app.conf.task_queues = [queue]
+        app.conf.worker_detect_quorum_queues = True
     if settings.broker_url.startswith("filesystem://"):
         # Atomic message files: the stock transport lets a consumer read a half-written one.
         app.conf.broker_transport = "executor.broker.fs_transport:Transport"

@@ -89,6 +89,8 @@ class Settings:
     lease_seconds: float = 10.0
     hard_time_limit_seconds: float = 60.0
     queue_name: str = "toolfence"
+    # RabbitMQ's x-queue-type of that queue: "classic", or "quorum" (Raft-replicated).
+    broker_queue_type: str = "classic"
     relay_batch_size: int = 100
     relay_poll_seconds: float = 0.2
     reconcile_queued_after_seconds: float = 30.0
@@ -165,6 +167,7 @@ class Settings:
             lease_seconds=v["TOOLFENCE_LEASE_SECONDS"],
             hard_time_limit_seconds=v["TOOLFENCE_HARD_TIME_LIMIT_SECONDS"],
             queue_name=v["TOOLFENCE_QUEUE"],
+            broker_queue_type=v["TOOLFENCE_BROKER_QUEUE_TYPE"],
             relay_batch_size=v["TOOLFENCE_RELAY_BATCH_SIZE"],
             relay_poll_seconds=v["TOOLFENCE_RELAY_POLL_SECONDS"],
             reconcile_queued_after_seconds=v["TOOLFENCE_RECONCILE_QUEUED_AFTER_SECONDS"],

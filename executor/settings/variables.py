@@ -176,6 +176,11 @@ DECLARED: tuple[Variable, ...] = (
     ),
     Variable("TOOLFENCE_QUEUE", TEXT, "toolfence", "the broker queue workers consume"),
     Variable(
+        "TOOLFENCE_BROKER_QUEUE_TYPE", CHOICE, "classic",
+        "RabbitMQ only: the queue's x-queue-type (quorum: replicated by Raft across a cluster)",
+        choices=("classic", "quorum"),
+    ),
+    Variable(
         "TOOLFENCE_TOOLS", TEXT, None,
         "module:attribute of the tool Registry (required by commands that run or admit tools)",
     ),

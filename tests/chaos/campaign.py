@@ -201,60 +201,10 @@ class Campaign:
     def _run(self, began: float) -> dict[str, Any]:
         cfg = self.config
         self.log(f"run dir {self.run_dir}")
-        self.postgres = pg = PrivatePostgres().start()
-        pg.create_database(DATABASE)
-        direct = pg.url(DATABASE)
-        migrate(direct)
-        book = Ledger(direct)
-        book.create_schema()
-        tenants = make_tenants()
-        for tenant in tenants:
-            for account in tenant.accounts:
-                book.open_account(account, tenant.name, OPENING_BALANCE_CENTS)
-        book.engine.dispose()
-        self.redis = redis = PrivateRedis().start(aof=True)
-        self.proxy = proxy = ProxyControl(
-            {"pg": ("127.0.0.1", pg.port), "redis": ("127.0.0.1", redis.port)},
-            log_path=self.run_dir / "proxy.log",
-        )
-        self.log(f"postgres :{pg.port}, redis :{redis.port}, proxy {proxy.ports}")
-
-        common = {
-            "TOOLFENCE_QUEUE": f"tf-chaos-{uuid.uuid4().hex[:8]}",
-            "TOOLFENCE_LEASE_SECONDS": str(cfg.lease_seconds),
-            "TOOLFENCE_RELAY_POLL_SECONDS": "0.05",
-            "TOOLFENCE_RECONCILE_QUEUED_AFTER_SECONDS": str(cfg.lease_seconds),
-            "TOOLFENCE_HOME": str(self.run_dir / "home"),
-            "TOOLFENCE_TOOLS": "ledger.tools:registry",
-            "TOOLFENCE_LEDGER_LATENCY_MS": str(cfg.ledger_latency_ms),
-            "TOOLFENCE_FAULT_LOG": str(self.run_dir / "fault-points.log"),
-            "TOOLFENCE_FAULT_POINTS": "",
-        }
-        role_env = {
-            "worker": {
-                "TOOLFENCE_DATABASE_URL": pg.url(DATABASE, port=proxy.ports["pg"],
-                                                 application_name="toolfence-worker"),
-                "TOOLFENCE_BROKER_URL": f"redis://127.0.0.1:{proxy.ports['redis']}/0",
-                "TOOLFENCE_FAULT_POINTS_FILE": str(self.run_dir / "fault-points-worker.spec"),
-            },
-            "relay": {
-                "TOOLFENCE_DATABASE_URL": pg.url(DATABASE, application_name="toolfence-relay"),
-                "TOOLFENCE_BROKER_URL": redis.url,
-                "TOOLFENCE_FAULT_POINTS_FILE": str(self.run_dir / "fault-points-relay.spec"),
-            },
-            "reconciler": {
-                "TOOLFENCE_DATABASE_URL": pg.url(DATABASE, application_name="toolfence-reconciler"),
-                "TOOLFENCE_BROKER_URL": redis.url,
-            },
-        }
-        self.fleet = fleet = Fleet(
-            env=common, log_dir=self.run_dir / "logs", workers=cfg.workers, concurrency=cfg.concurrency,
-            reconcile_every=cfg.reconcile_every, relays=cfg.relays, role_env=role_env,
-        )
-        fleet.start(wait_ready=90)
-        self.log(f"fleet up: {cfg.relays} relays, {cfg.workers}x{cfg.concurrency} workers, reconciler "
-                 f"(setup {time.monotonic() - began:.1f}s)")
-
+        pg, redis, direct = self._start_services(began)
+        fleet = self.fleet
+        assert fleet is not None
+        tenants = make_tenants()  # the accounts _start_services opened
         # The producer runs in this process: admission's access rules and business
         # checks read the ledger through its default client, which reads the URL here.
         producer_url = pg.url(DATABASE, application_name="toolfence-producer")
@@ -266,10 +216,9 @@ class Campaign:
         history.add("config", **{k: (str(v) if isinstance(v, Path) else v)
                                  for k, v in asdict(cfg).items()})
         workload = Workload(engine, registry, history, tenants, clients=cfg.clients, seed=cfg.seed)
-        setup = Setup(fleet, pg, redis, proxy, DATABASE, cfg.lease_seconds, cfg.reconcile_every,
+        setup = Setup(fleet, pg, redis, self.proxy, DATABASE, cfg.lease_seconds, cfg.reconcile_every,
                       self.run_dir)
-        nemesis = Nemesis(setup, history, chaos_seconds=cfg.chaos_seconds, targets=cfg.targets,
-                          seed=cfg.seed, workers=cfg.workers, relays=cfg.relays)
+        nemesis = self._make_nemesis(setup, history)
         workload.start()
         nemesis.start()
         chaos_began = time.monotonic()
@@ -309,6 +258,76 @@ class Campaign:
         (self.run_dir / "report.json").write_text(json.dumps(report, indent=2, default=str))
         self.log(f"report: {self.run_dir / 'report.json'} passed={report['passed']}")
         return report
+
+    def _start_services(self, began: float) -> tuple[PrivatePostgres, PrivateRedis, str]:
+        """PostgreSQL, Redis, the proxy and the fleet; returns the harness's database URL."""
+        cfg = self.config
+        self.postgres = pg = PrivatePostgres().start()
+        direct = self._prepare_database(pg)
+        self.redis = redis = PrivateRedis().start(aof=True)
+        self.proxy = proxy = ProxyControl(
+            {"pg": ("127.0.0.1", pg.port), "redis": ("127.0.0.1", redis.port)},
+            log_path=self.run_dir / "proxy.log",
+        )
+        self.log(f"postgres :{pg.port}, redis :{redis.port}, proxy {proxy.ports}")
+        common = self._common_env()
+        role_env = {
+            "worker": {
+                "TOOLFENCE_DATABASE_URL": pg.url(DATABASE, port=proxy.ports["pg"],
+                                                 application_name="toolfence-worker"),
+                "TOOLFENCE_BROKER_URL": f"redis://127.0.0.1:{proxy.ports['redis']}/0",
+                "TOOLFENCE_FAULT_POINTS_FILE": str(self.run_dir / "fault-points-worker.spec"),
+            },
+            "relay": {
+                "TOOLFENCE_DATABASE_URL": pg.url(DATABASE, application_name="toolfence-relay"),
+                "TOOLFENCE_BROKER_URL": redis.url,
+                "TOOLFENCE_FAULT_POINTS_FILE": str(self.run_dir / "fault-points-relay.spec"),
+            },
+            "reconciler": {
+                "TOOLFENCE_DATABASE_URL": pg.url(DATABASE, application_name="toolfence-reconciler"),
+                "TOOLFENCE_BROKER_URL": redis.url,
+            },
+        }
+        self.fleet = fleet = Fleet(
+            env=common, log_dir=self.run_dir / "logs", workers=cfg.workers, concurrency=cfg.concurrency,
+            reconcile_every=cfg.reconcile_every, relays=cfg.relays, role_env=role_env,
+        )
+        fleet.start(wait_ready=90)
+        self.log(f"fleet up: {cfg.relays} relays, {cfg.workers}x{cfg.concurrency} workers, reconciler "
+                 f"(setup {time.monotonic() - began:.1f}s)")
+        return pg, redis, direct
+
+    def _prepare_database(self, pg: PrivatePostgres) -> str:
+        """The campaign's database, migrated, with the ledger's accounts; its harness URL."""
+        pg.create_database(DATABASE)
+        direct = pg.url(DATABASE)
+        migrate(direct)
+        book = Ledger(direct)
+        book.create_schema()
+        for tenant in make_tenants():
+            for account in tenant.accounts:
+                book.open_account(account, tenant.name, OPENING_BALANCE_CENTS)
+        book.engine.dispose()
+        return direct
+
+    def _common_env(self) -> dict[str, str]:
+        cfg = self.config
+        return {
+            "TOOLFENCE_QUEUE": f"tf-chaos-{uuid.uuid4().hex[:8]}",
+            "TOOLFENCE_LEASE_SECONDS": str(cfg.lease_seconds),
+            "TOOLFENCE_RELAY_POLL_SECONDS": "0.05",
+            "TOOLFENCE_RECONCILE_QUEUED_AFTER_SECONDS": str(cfg.lease_seconds),
+            "TOOLFENCE_HOME": str(self.run_dir / "home"),
+            "TOOLFENCE_TOOLS": "ledger.tools:registry",
+            "TOOLFENCE_LEDGER_LATENCY_MS": str(cfg.ledger_latency_ms),
+            "TOOLFENCE_FAULT_LOG": str(self.run_dir / "fault-points.log"),
+            "TOOLFENCE_FAULT_POINTS": "",
+        }
+
+    def _make_nemesis(self, setup: Setup, history: History) -> Nemesis:
+        cfg = self.config
+        return Nemesis(setup, history, chaos_seconds=cfg.chaos_seconds, targets=cfg.targets,
+                       seed=cfg.seed, workers=cfg.workers, relays=cfg.relays)
 
     def _requirements(self, report: dict[str, Any], nemesis: Nemesis) -> dict[str, dict[str, Any]]:
         fired = nemesis.summary()["fired"]

@@ -82,7 +82,7 @@ class Setup:
     fleet: Fleet
     postgres: PrivatePostgres
     redis: PrivateRedis
-    proxy: ProxyControl
+    proxy: ProxyControl | None  # None in the partitions campaign (the network is real there)
     database: str
     lease_seconds: float
     reconcile_every: float
@@ -197,12 +197,17 @@ class Nemesis:
             if thread.name != "nemesis-supervisor":
                 thread.join(120)
         self._resume_all()
-        self.s.proxy.heal_all()
+        if self.s.proxy is not None:
+            self.s.proxy.heal_all()
+        self._heal_extra()
         self._ensure_services()
         self.stopped_at = time.monotonic()
         self._collect_points()
         self.history.add("phase", phase="faults_stopped")
         return self.stopped_at
+
+    def _heal_extra(self) -> None:
+        """End the faults of lanes a subclass adds (tests/chaos/partitions.py)."""
 
     def stop_supervisor(self) -> None:
         self._supervise_stop.set()
@@ -447,6 +452,7 @@ class Nemesis:
         latency_ms = self.s.lease_seconds * 1000 / 10
         self.history.add("fault", fault=kind, route=route, seconds=seconds,
                          latency_ms=latency_ms if mode == "latency" else None)
+        assert self.s.proxy is not None, "network faults through the proxy need the proxy"
         self.s.proxy.set(route, mode, latency_ms)
         self.counts.add(kind)
         self.counts.add(f"net_route_{route}")

@@ -99,6 +99,10 @@ class PrivatePostgres:
             str(PG_BIN / "initdb"), "-D", str(self.data_dir), "-U", "postgres", "--auth=trust",
             "--no-sync", "-E", "UTF8", "--locale=C",
         )
+        if self.host != "127.0.0.1":
+            # Nodes on the namespace's subnet connect over TCP (initdb trusts loopback only).
+            with (self.data_dir / "pg_hba.conf").open("a") as hba:
+                hba.write("host all all samenet trust\n")
         options = " ".join(
             [
                 f"-p {self.port}",
