@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SERVICES ?= postgres redis rabbitmq
 
-.PHONY: demo test deps services lint chaos chaos-long bench fuzz dashboard-snapshot clean
+.PHONY: demo test deps services lint chaos chaos-long chaos-partitions bench fuzz dashboard-snapshot clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,13 @@ chaos: deps services $(STAMP)
 
 chaos-long: $(STAMP)
 	$(BIN)/python -m tests.chaos.campaign --minutes 30 --report bench/CHAOS.md
+
+# Root: every node in a network namespace; partitions, loss, delay, reordering,
+# duplication and clock skew with the process faults (tests/chaos/partitions.py).
+# Writes bench/PARTITIONS.md and bench/PARTITIONS.png. PARTITIONS_MINUTES=5 for a short one.
+PARTITIONS_MINUTES ?= 30
+chaos-partitions: deps $(STAMP)
+	$(BIN)/python -m tests.chaos.partitions --minutes $(PARTITIONS_MINUTES) --report bench/PARTITIONS.md
 
 bench: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[test,bench]'

@@ -95,6 +95,26 @@ def _share(percent: int) -> str:
     return "" if percent == 100 else f"numgen random mod 100 lt {percent} "
 
 
+def compile_clock_shim(directory: Path) -> Path:
+    """Build the `clock_nanosleep` preload (`_SHIM`) into `directory`; its path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    source, shim = directory / "clock_nanosleep_shim.c", directory / "clock_nanosleep_shim.so"
+    source.write_text(_SHIM)
+    _run("cc", "-shared", "-fPIC", "-O2", "-o", str(shim), str(source), "-ldl")
+    return shim
+
+
+def faketime_env(shim: Path, clock_file: Path) -> dict[str, str]:
+    """Run a process under libfaketime: its wall clock offset by what `clock_file` says
+    (`+600s`, `-90s`; re-read every second), its monotonic clock real."""
+    return {
+        "LD_PRELOAD": f"{shim}:{FAKETIME_LIB}",
+        "FAKETIME_TIMESTAMP_FILE": str(clock_file),
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+        "FAKETIME_CACHE_DURATION": "1",
+    }
+
+
 class NetnsUnavailable(RuntimeError):
     """This machine (or user) cannot build namespaces: the reason, for a skip."""
 
@@ -181,10 +201,7 @@ class Network:
         self._nft(self.hub, "table bridge tf {\n"
                   "  chain faults { }\n"
                   "  chain forward { type filter hook forward priority 0; policy accept; jump faults; }\n}\n")
-        self.shim = self.run_dir / "clock_nanosleep_shim.so"
-        source = self.run_dir / "clock_nanosleep_shim.c"
-        source.write_text(_SHIM)
-        _run("cc", "-shared", "-fPIC", "-O2", "-o", str(self.shim), str(source), "-ldl")
+        self.shim = compile_clock_shim(self.run_dir)
         return self
 
     def add_node(self, name: str) -> Node:
@@ -211,21 +228,16 @@ class Network:
                      "htb", "rate", "10gbit")
             self._in(namespace, "tc", "class", "add", "dev", "eth0", "parent", "1:", "classid",
                      SLOW_CLASS, "htb", "rate", "1mbit", "ceil", "1mbit")
-            self._nft(namespace, "table ip tf {\n"
-                      "  chain faults { }\n"
-                      "  chain output { type filter hook output priority 0; policy accept; jump faults; }\n}\n")
+            self._nft(namespace, "table ip tf {\n  chain faults { }\n"
+                      "  chain output { type filter hook output priority 0; policy accept; "
+                      "jump faults; }\n}\n")
             self.nodes[name] = node
             return node
 
     def clock_env(self, node: Node) -> dict[str, str]:
         """The environment that runs a process under the node's clock."""
         assert self.shim is not None, "build() first"
-        return {
-            "LD_PRELOAD": f"{self.shim}:{FAKETIME_LIB}",
-            "FAKETIME_TIMESTAMP_FILE": str(node.clock_file),
-            "FAKETIME_DONT_FAKE_MONOTONIC": "1",
-            "FAKETIME_CACHE_DURATION": "1",
-        }
+        return faketime_env(self.shim, node.clock_file)
 
     def destroy(self) -> None:
         with self._lock:
