@@ -67,7 +67,8 @@ def _run_requests(engine, first: int, count: int) -> list[list]:  # type: ignore
         ]
         with engine.begin() as conn:
             enqueue(conn, calls, context(f"req-skew-{n}"), registry)
-    return [wait_for_results(engine, "acme", f"req-skew-{n}", timeout=90) for n in range(first, first + count)]
+    return [wait_for_results(engine, "acme", f"req-skew-{n}", timeout=90)
+            for n in range(first, first + count)]
 
 
 def test_workers_ten_minutes_ahead_and_behind__every_call_once_first_generation(
