@@ -256,10 +256,21 @@ def write_partitions_markdown(report: dict[str, Any], path: Path, run_dir: Path)
         "| while | windows | seconds | calls settled/s | p50 s | p95 s | longest wait after heal s |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for kind, row in effects(history).items():
+    rows = effects(history)
+    waits = [r["first_settle_after_heal_max"] for r in rows.values()
+             if r.get("first_settle_after_heal_max") is not None]
+    for kind, row in rows.items():
         lines.append(f"| {kind} | {row['windows'] or '-'} | {row['seconds']} | {row['per_second']} | "
                      f"{row['p50']} | {row['p95']} | {row.get('first_settle_after_heal_max', '-')} |")
-    lines += ["", FINDINGS.strip(), ""]
+    bound, longest = quiet.get("bound_seconds"), max(waits, default=0.0)
+    over = bound is not None and longest > bound
+    lines += [
+        "",
+        f"Longest wait after any heal before a call settled again: {longest} s "
+        f"(the quiet bound is {bound} s){' — OVER' if over else ''}.",
+        "",
+        FINDINGS.strip(), "",
+    ]
     path.write_text("\n".join(lines))
 
 
