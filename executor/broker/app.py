@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from celery import Celery
-from kombu import Exchange, Queue
+from kombu.entity import Exchange, Queue
 
 from executor.settings import Settings, SettingsError
 
@@ -61,7 +61,8 @@ def task_queue(settings: Settings) -> Queue | None:
             f"(amqp://…); TOOLFENCE_BROKER_URL is not one"
         )
     name = settings.queue_name
-    return Queue(name, Exchange(name), routing_key=name, durable=True,
+    exchange = Exchange(name)  # type: ignore[no-untyped-call]
+    return Queue(name, exchange, routing_key=name, durable=True,  # type: ignore[no-untyped-call]
                  queue_arguments={"x-queue-type": settings.broker_queue_type})
 
 
