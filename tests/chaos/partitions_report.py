@@ -174,12 +174,13 @@ def write_partitions_markdown(report: dict[str, Any], path: Path, run_dir: Path)
     path.parent.mkdir(parents=True, exist_ok=True)
     timeline_png(history, picture)
     minutes = cfg["chaos_seconds"] / 60
+    finished = time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(history.stat().st_mtime))
     lines = [
         "# Partitions campaign",
         "",
         f"{'PASSED' if report['passed'] else 'FAILED'}: `{cfg['label']}` run of "
         f"{report['seconds']['chaos']:.0f} s of faults ({minutes:g} minutes asked), finished "
-        f"{time.strftime('%Y-%m-%d %H:%M %Z', time.localtime(history.stat().st_mtime))}, on the working tree at commit `{_commit()}`.",
+        f"{finished}, on the working tree at commit `{_commit()}`.",
         "",
         f"Reproduce (root): `python -m tests.chaos.partitions --minutes {minutes:g} --seed {cfg['seed']} "
         f"--report {path}` (`make chaos-partitions`, 30 minutes); the CI-sized run is "
