@@ -293,7 +293,18 @@ FINDINGS = """
   issue 426). The campaign runs with the monotonic clock real, as an NTP step
   leaves it, and a six-line preload restores the kernel's `clock_nanosleep` for
   the monotonic clock (`tests/chaos/netns.py`).
+- A worker or relay that starts while its namespace is cut from PostgreSQL
+  exits 1 ("cannot reach the database") by design; the supervisor starts a
+  replacement in a new namespace. A worker's main process can also stop on
+  Celery/kombu's "'NoneType' object has no attribute 'hostname'" when its broker
+  connection breaks during a late ack (bench/CHAOS.md reports the same); it
+  exits 1 and is replaced.
+- A worker whose wall clock is off still measures its own histograms on it:
+  `toolfence_enqueue_to_terminal_seconds` is off by the skew (clamped at 0 when
+  behind), and a tool's `ctx.deadline` is the worker's `time.time()` plus the
+  timeout. No outcome depends on either: leases and audit times are on the
+  database clock (`tests/fleet/test_fleet_clock_skew.py`).
 - The broker is one Redis; a three-node RabbitMQ cluster across namespaces was
-  not run (see the decision record). The quorum-queue setting is tested on one
-  RabbitMQ node in `make test`.
+  not run (decision 0224). The quorum-queue setting is tested on one RabbitMQ
+  node in `make test` (`tests/fleet/test_fleet_quorum.py`).
 """
