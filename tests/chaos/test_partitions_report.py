@@ -38,7 +38,8 @@ def test_windows_and_effects__per_fault_rates_latencies_and_wait_after_heal(tmp_
     assert rows["part_db"]["first_settle_after_heal_max"] == 1.0  # the call at t=111
     assert rows["no network fault"]["seconds"] == 15.0
     assert rows["no network fault"]["per_second"] == round(15 / 15, 1)  # 14 whole + 112.5
-    assert rows["clock_skew"]["windows"] == 1 and rows["clock_skew"]["per_second"] == 4 / 2  # 112, 112.5, 113, 114
+    # 112, 112.5, 113 and 114 settled in its 2 s
+    assert rows["clock_skew"]["windows"] == 1 and rows["clock_skew"]["per_second"] == 4 / 2
     # And the timeline is drawn
     timeline_png(history, tmp_path / "t.png")
     assert (tmp_path / "t.png").stat().st_size > 5_000
