@@ -17,6 +17,7 @@
 #   nft                                  nftables           tests/chaos/netns.py (partitions, loss, duplication)
 #   ip, tc, nstat                        iproute2           tests/chaos/netns.py (namespaces, veth, TBF/HTB)
 #   libfaketime.so.1                     libfaketime        tests/chaos (clock skew and jumps on workers, relays)
+#   cc, <dlfcn.h>                        gcc, libc6-dev     tests/chaos/netns.py (a clock_nanosleep preload beside libfaketime)
 #
 # Idempotent and silent when everything is there. Not root and something is
 # missing: one line on stderr naming the packages to install, exit 1. Commands
@@ -70,6 +71,8 @@ check() {
     need iproute2 ip "$(has ip)"
     need iproute2 tc "$(has tc)"
     need libfaketime "$FAKETIME_LIB" "$(if [ -e "$FAKETIME_LIB" ]; then echo 1; else echo 0; fi)"
+    need gcc cc "$(has cc)"
+    need libc6-dev /usr/include/dlfcn.h "$(if [ -e /usr/include/dlfcn.h ]; then echo 1; else echo 0; fi)"
 }
 
 check
