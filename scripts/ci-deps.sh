@@ -15,7 +15,7 @@
 #   setpriv                              util-linux         tests/integration/test_setup_scripts.py
 #   chromium                             chromium           tests/http (the console, via Playwright)
 #   nft                                  nftables           tests/chaos/netns.py (partitions, loss, duplication)
-#   ip, tc, nstat                        iproute2           tests/chaos/netns.py (namespaces, veth, TBF/HTB)
+#   ip, tc                               iproute2           tests/chaos/netns.py (namespaces, veth, TBF/HTB)
 #   libfaketime.so.1                     libfaketime        tests/chaos (clock skew and jumps on workers, relays)
 #   cc, <dlfcn.h>                        gcc, libc6-dev     tests/chaos/netns.py (a clock_nanosleep preload beside libfaketime)
 #

@@ -328,17 +328,6 @@ class Network:
         temporary.write_text(f"{offset_seconds:+.0f}s\n")
         os.replace(temporary, node.clock_file)
 
-    def counters(self, node: Node) -> dict[str, int]:
-        """The node's TCP counters (`nstat -az`), e.g. TcpExtTCPOFOQueue, TcpRetransSegs."""
-        out = self._in(node.namespace, "nstat", "-az", "--json").stdout
-        import json
-
-        data = json.loads(out)
-        merged: dict[str, int] = {}
-        for table in data.values():
-            merged.update({k: int(v) for k, v in table.items()})
-        return merged
-
     def run_in(self, node: Node, args: Sequence[str], **kwargs: object) -> subprocess.Popen[bytes]:
         """Start a process in the node's namespace (under its clock)."""
         env = {**os.environ, **self.clock_env(node)}
