@@ -167,7 +167,8 @@ def _commit() -> str:
         return "?"
 
 
-def write_partitions_markdown(report: dict[str, Any], path: Path, run_dir: Path) -> None:
+def write_partitions_markdown(report: dict[str, Any], path: Path, run_dir: Path,
+                              commit: str | None = None) -> None:
     cfg, machine, counts = report["config"], report["machine"], report["counts"]
     history = run_dir / "history.jsonl"
     picture = path.with_suffix(".png")
@@ -180,7 +181,7 @@ def write_partitions_markdown(report: dict[str, Any], path: Path, run_dir: Path)
         "",
         f"{'PASSED' if report['passed'] else 'FAILED'}: `{cfg['label']}` run of "
         f"{report['seconds']['chaos']:.0f} s of faults ({minutes:g} minutes asked), finished "
-        f"{finished}, on the working tree at commit `{_commit()}`.",
+        f"{finished}, on the working tree at commit `{commit or _commit()}`.",
         "",
         f"Reproduce (root): `python -m tests.chaos.partitions --minutes {minutes:g} --seed {cfg['seed']} "
         f"--report {path}` (`make chaos-partitions`, 30 minutes); the CI-sized run is "
@@ -263,6 +264,18 @@ def write_partitions_markdown(report: dict[str, Any], path: Path, run_dir: Path)
     for kind, row in rows.items():
         lines.append(f"| {kind} | {row['windows'] or '-'} | {row['seconds']} | {row['per_second']} | "
                      f"{row['p50']} | {row['p95']} | {row.get('first_settle_after_heal_max', '-')} |")
+    base = rows["no network fault"]["per_second"] or 1.0
+    stopped = [k for k, r in rows.items() if k != "no network fault" and r["per_second"] < 0.5 * base]
+    dented = [k for k, r in rows.items() if k != "no network fault" and k not in stopped]
+    lines += [
+        "",
+        f"Below half the throughput of the time without a network fault: {', '.join(stopped) or 'none'} "
+        "(a split in halves leaves most workers away from PostgreSQL or Redis, so little can "
+        "run until it heals); within half of it: "
+        f"{', '.join(dented) or 'none'} (one node of several is cut off, slowed or skewed, and "
+        "the others carry the work; what it held is taken over after its lease or by the "
+        "reconciler).",
+    ]
     bound, longest = quiet.get("bound_seconds"), max(waits, default=0.0)
     over = bound is not None and longest > bound
     lines += [
