@@ -7,7 +7,7 @@ Every name below is stable across the package layout (`executor/core`, `store`,
 loaded on first use (PEP 562), so `import executor.core.states` in a pure
 module does not pull in SQLAlchemy, Celery or an SDK through this file.
 
-- Declaring tools: `Tool`, `Mode`, `Effect`, `Access`, `Approval`,
+- Declaring tools: `Tool`, `Mode`, `Effect`, `Access`, `Approval`, `Amount`,
   `ApproverPolicy` (with `ApprovalSubject`, `ApproverRefusal`), `RetryPolicy`,
   `ToolBudget`, `Written`, `Observed`, `LookupAnswer`, `LookupResult`,
   `RunContext`, `Registry` (and its role resolver's `RoleResolutionFailed`),
@@ -65,6 +65,7 @@ if TYPE_CHECKING:
         TurnState,
     )
     from executor.core.surfaces import Target, TurnSurface, Writes
+    from executor.core.impact import Amount
     from executor.core.tools import (
         Access,
         Approval,
@@ -188,6 +189,7 @@ _EXPORTS: dict[str, str] = {
     "Budgets": "executor.core.budgets",
     "ToolBudget": "executor.core.budgets",
     "Access": "executor.core.tools",
+    "Amount": "executor.core.impact",
     "Approval": "executor.core.tools",
     "BusinessRuleViolation": "executor.core.tools",
     "Effect": "executor.core.tools",
@@ -285,6 +287,7 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = [
     "Access",
+    "Amount",
     "AdmissionError",
     "AdmissionUnavailable",
     "AdapterError",

@@ -16,6 +16,7 @@ from sqlalchemy.exc import DBAPIError
 
 from executor import (
     Access,
+    Amount,
     Approval,
     ApproverPolicy,
     BusinessRuleViolation,
@@ -45,6 +46,7 @@ APPROVAL_THRESHOLD_CENTS = 50_000
 NOTICE_BATCH_APPROVAL_THRESHOLD = 10
 MAX_NOTICE_BATCH = 200
 ACCOUNT = "account:"
+CURRENCY = "USD"
 
 
 class _Args(BaseModel):
@@ -135,12 +137,23 @@ def _sufficient_funds(args: TransferArgs, ctx: ServerContext) -> None:
 
 
 def _transfer_impact(args: TransferArgs, ctx: ServerContext) -> dict[str, Any]:
+    """Read on current state: the console recomputes it when a card is shown and when
+    the decision is made (executor/core/impact.py)."""
+    balance = default_ledger().balance(args.source_account)
     return {
         "summary": f"move {args.amount_cents / 100:.2f} from {args.source_account} "
         f"to {args.target_account}",
-        "source_balance_cents": default_ledger().balance(args.source_account),
+        "source_balance_cents": balance,
         "amount_cents": args.amount_cents,
+        "source_balance_after_cents": balance - args.amount_cents,
     }
+
+
+# How the console shows the impact's integers: cents of the ledger's currency.
+TRANSFER_AMOUNTS = {
+    name: Amount(CURRENCY, 2)
+    for name in ("source_balance_cents", "amount_cents", "source_balance_after_cents")
+}
 
 
 def _resources_account(args: Any, ctx: ServerContext) -> list[str]:
@@ -348,6 +361,7 @@ transfer: Tool[TransferArgs] = Tool(
     effect=[Effect.FENCED],
     check=_sufficient_funds,
     impact=_transfer_impact,
+    amounts=TRANSFER_AMOUNTS,
     resource_ids=_resources_transfer,
 )
 

@@ -517,7 +517,7 @@ def gate_resources(
         ) from None
 
 
-def _impact_with_resources(
+def impact_with_resources(
     impact: dict[str, Any] | None, resources: frozenset[str] | None
 ) -> dict[str, Any] | None:
     """The approver sees the server's set, whatever the tool's own impact hook says."""
@@ -673,7 +673,7 @@ def admit(
             call, tool, args, ctx, reraise, refusal_for,
             forced=surface_forces_approval(registry, tool, ctx),
         )
-        impact = _impact_with_resources(impact, approved_resources)
+        impact = impact_with_resources(impact, approved_resources)
         try:
             digest = compute_intent_hash(tool, args, ctx, approved_resources)
         except NotCanonicalizable:

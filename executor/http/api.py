@@ -404,7 +404,7 @@ def build_api(service: Service, authenticator: Authenticator, limiter: RateLimit
     async def approve(request: Request, approval_id: IdPath, who: Identity = approver) -> DecisionOut:
         body, _ = read_body(await request_body(request, empty_ok=True), DecisionBody, empty_ok=True)
         decided: DecisionOut = await _in_thread(
-            service.decide, who, approval_id, ApprovalDecision.APPROVE, body.reason
+            service.decide, who, approval_id, ApprovalDecision.APPROVE, body.reason, body.impact_digest
         )
         return decided
 

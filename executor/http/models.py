@@ -39,6 +39,8 @@ Shown = Annotated[str, AfterValidator(_shown)]
 with room for a reason)."""
 ShownJson = Annotated[dict[str, Any], AfterValidator(_shown_json)]
 """A JSON object a person reads (an impact, an error), sanitised with its structure kept."""
+ShownValue = Annotated[Any, AfterValidator(_shown_json)]
+"""Any JSON value a person reads (a tool's output), sanitised with its structure kept."""
 
 ProviderName = Literal["openai-chat", "openai-responses", "anthropic", "gemini", "gemini-interactions"]
 """The provider surfaces (executor.providers.SURFACES; a unit test keeps them equal)."""
@@ -114,8 +116,18 @@ class ProviderEnvelope(_Body):
     )
 
 
+IMPACT_DIGEST_PATTERN = r"^[0-9a-f]{32}$"
+
+
 class DecisionBody(_Body):
     reason: str | None = Field(default=None, max_length=1000, json_schema_extra=_TEXT_DOC)
+    impact_digest: str | None = Field(
+        default=None, pattern=IMPACT_DIGEST_PATTERN,
+        description="the `impact_digest` of the impact the approver was shown (GET /v1/approvals). "
+        "When given, an approval whose impact has changed since (recomputed on current state) is "
+        "refused 409 `impact_changed` and nothing is decided. When absent, the approval is decided "
+        "on the impact as it is now, which the answer's `impact_digest` names (decision 0218).",
+    )
 
 
 TURN_MESSAGE_MAX_CHARS = 100_000
@@ -171,6 +183,22 @@ class RequestAnswer(BaseModel):
     )
 
 
+class AmountOut(BaseModel):
+    """A tool's display hint for an integer of its impact: minor units of `currency`."""
+
+    currency: str
+    decimals: int
+
+
+class RelatedOut(BaseModel):
+    """Another pending or in-flight operation of the tenant on one of the card's resources."""
+
+    operation_id: str
+    tool: str
+    state: str
+    shared: list[str] = Field(description="the resources it shares with the card")
+
+
 class ApprovalOut(BaseModel):
     approval_id: str
     kind: Literal["operation", "hosted"]
@@ -179,7 +207,20 @@ class ApprovalOut(BaseModel):
     call_id: str | None
     tool: str
     requester: Shown
-    impact: ShownJson
+    impact: ShownJson = Field(
+        description="recomputed on current state when this answer was made (the tool's impact "
+        "hook); the stored one when it could not be (then `impact_current` is false)"
+    )
+    impact_digest: str | None = Field(
+        description="send it with the approval: a changed impact is refused `impact_changed`; "
+        "null when the impact could not be recomputed (the approval cannot be approved now)"
+    )
+    impact_as_of: str = Field(description="when the impact was computed (ISO 8601 UTC)")
+    impact_current: bool
+    amounts: dict[str, AmountOut] = Field(description="the tool's display hints for the impact's amounts")
+    related: list[RelatedOut] = Field(
+        description="the tenant's other pending and in-flight operations on the same resources"
+    )
     resources: list[str] | None
     intent_hash: str
     requested_at: float
@@ -197,6 +238,9 @@ class DecisionOut(BaseModel):
     decided_by: Shown
     operation_id: str | None
     state: str | None
+    impact_digest: str | None = Field(
+        default=None, description="the digest of the impact an approval was decided on"
+    )
 
 
 class ReceiptOut(BaseModel):
@@ -236,6 +280,17 @@ class RequestCallOut(BaseModel):
     tool_name: str
     operation_id: str | None
     gate: str | None
+    state: str | None = Field(default=None, description="its operation's state (null: refused at admission)")
+    error_code: str | None = None
+
+
+class ApprovalDecisionOut(BaseModel):
+    """How the operation's approval ended: who decided, when, and why."""
+
+    state: Literal["pending", "approved", "denied", "expired"]
+    decided_by: Shown | None
+    decided_at: float | None
+    reason: Shown | None
 
 
 class OperationOut(BaseModel):
@@ -253,6 +308,12 @@ class OperationOut(BaseModel):
     side_effects: int = Field(description="distinct accepted receipts (I1: at most one)")
     audit: list[AuditEventOut]
     request_calls: list[RequestCallOut]
+    arguments: ShownJson | None = Field(default=None, description="the call's arguments, redacted")
+    output: ShownValue = Field(default=None, description="what the tool returned, redacted")
+    error_message: Shown | None = None
+    approval: ApprovalDecisionOut | None = Field(
+        default=None, description="the approval it waited for, if any: the decision and its reason"
+    )
 
 
 class ResolveOut(BaseModel):
