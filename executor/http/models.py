@@ -260,6 +260,12 @@ class PendingOut(BaseModel):
     reason: Shown | None
     cause: str | None
     receipts: list[ReceiptOut]
+    age_seconds: float = Field(default=0.0, description="how long it has waited for a person")
+    arguments: ShownJson | None = Field(default=None, description="the call's arguments, redacted")
+    effects: list[str] = Field(
+        default_factory=list,
+        description="the tool's declared effects; `unsafe`: running it again may do it twice",
+    )
 
 
 class PendingList(BaseModel):

@@ -460,15 +460,22 @@ class Service:
         with read_only(self.engine).connect() as conn:
             rows = operator.reconciliation_pending(conn, tenant=who.tenant, limit=limit)
             receipts = {r.operation_id: operator.receipts_of(conn, r.operation_id) for r in rows}
+            now = store.read_now(conn) if rows else 0.0
         return [
             PendingOut(
                 operation_id=r.operation_id, request_id=r.request_id, call_id=r.call_id,
                 tool=r.tool_name, generation=r.generation, since=r.updated_at,
                 reason=operator.operation_reason(r), cause=operator.operation_cause(r),
                 receipts=[_receipt(x) for x in receipts[r.operation_id]],
+                age_seconds=max(0.0, now - r.updated_at), arguments=json.loads(r.arguments),
+                effects=self._effects(r.tool_name),
             )
             for r in rows
         ]
+
+    def _effects(self, tool_name: str) -> list[str]:
+        tool = self.registry.get(tool_name)
+        return sorted(e.value for e in tool.effects) if tool is not None else []
 
     def resolve(
         self, who: Identity, operation_id: str, outcome: str, reference: str | None, note: str | None

@@ -110,13 +110,17 @@ def _operation_filters(conn: Connection, tenant: str, f: Filters, *, with_state:
 
 
 def list_operations(
-    conn: Connection, tenant: str, f: Filters, after: Cursor | None = None, limit: int = 50
+    conn: Connection, tenant: str, f: Filters, after: Cursor | None = None, limit: int = 50,
+    *, request_id: str | None = None,
 ) -> Page:
+    where = _operation_filters(conn, tenant, f)
+    if request_id is not None:
+        where.append(operations.c.request_id == request_id)
     query = select(
         operations.c.operation_id.label("key"), operations.c.operation_id, operations.c.request_id,
         operations.c.call_id, operations.c.tool_name, operations.c.state, operations.c.error_code,
         operations.c.context, operations.c.created_at, operations.c.updated_at,
-    ).where(*_operation_filters(conn, tenant, f))
+    ).where(*where)
     return _page(conn, query, min(limit, MAX_PAGE), operations.c.created_at, operations.c.operation_id, after)
 
 
