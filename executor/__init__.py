@@ -60,12 +60,12 @@ if TYPE_CHECKING:
         InvalidIdentifier,
         default_operation_id,
     )
+    from executor.core.impact import Amount
     from executor.core.states import (
         State,
         TurnState,
     )
     from executor.core.surfaces import Target, TurnSurface, Writes
-    from executor.core.impact import Amount
     from executor.core.tools import (
         Access,
         Approval,

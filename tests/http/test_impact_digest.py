@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from servekit import Served
 from sqlalchemy import select
 from test_api import A, P, assert_problem, transfer
 
@@ -19,7 +20,6 @@ from executor.core.impact import Amount, impact_digest
 from executor.http.cards import iso
 from executor.store.schema import approvals, operations
 from ledger.service import Ledger
-from servekit import Served
 
 
 def _two_transfers(served: Served) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -46,18 +46,22 @@ def test_approvals__impact_is_recomputed_on_current_state__with_digest_hints_and
     carol = served.key("acme", "carol", A, roles=("approver",))
     # When carol reads the approvals, then the ledger moves 400.00 out of acme-1, and she reads again
     before = _cards(served, carol)
-    book.credit(key="k-out", operation_id="elsewhere", generation=1, account_id="acme-1", amount_cents=-40_000)
+    book.credit(
+        key="k-out", operation_id="elsewhere", generation=1, account_id="acme-1", amount_cents=-40_000
+    )
     after = _cards(served, carol)
     # Then each card shows the balance as it is when read, with a new digest
     card = before[second["approval_id"]]
+    later = after[second["approval_id"]]
     assert card["impact"]["source_balance_cents"] == 1_000_000
-    assert after[second["approval_id"]]["impact"]["source_balance_cents"] == 960_000
-    assert after[second["approval_id"]]["impact_digest"] == impact_digest(after[second["approval_id"]]["impact"])
-    assert card["impact_digest"] != after[second["approval_id"]]["impact_digest"]
+    assert later["impact"]["source_balance_cents"] == 960_000
+    assert later["impact_digest"] == impact_digest(later["impact"])
+    assert card["impact_digest"] != later["impact_digest"]
     assert card["impact_current"] is True and card["impact_as_of"].endswith("Z")
     # And the tool's display hints, and the other transfer on the same account
     assert card["amounts"]["amount_cents"] == {"currency": "USD", "decimals": 2}
-    assert [(r["operation_id"], r["state"]) for r in card["related"]] == [(first["operation_id"], "pending_approval")]
+    related = [(r["operation_id"], r["state"]) for r in card["related"]]
+    assert related == [(first["operation_id"], "pending_approval")]
     assert card["related"][0]["shared"] == ["account:acme-1", "account:acme-2"]
 
 
@@ -89,7 +93,8 @@ def test_approve__stale_digest__impact_changed_and_nothing_decided__current_dige
     # And the second is refused impact_changed, naming the current digest, and stays pending
     problem = assert_problem(stale, 409, "impact_changed")
     now = _cards(served, carol)[second["approval_id"]]
-    assert problem["errors"] == [{"path": "/impact_digest", "code": "stale", "expected": now["impact_digest"]}]
+    expected = {"path": "/impact_digest", "code": "stale", "expected": now["impact_digest"]}
+    assert problem["errors"] == [expected]
     assert now["impact"]["source_balance_cents"] == 400_000
     assert now["impact"]["source_balance_after_cents"] == -150_000
     assert_problem(malformed, 422, "invalid_request")
