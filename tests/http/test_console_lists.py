@@ -12,11 +12,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from test_api import A, OP, P, balance, notice, to_reconciliation_pending, transfer
+from servekit import Served
+from test_api import OP, A, P, balance, notice, to_reconciliation_pending, transfer
 from test_console_forms import csrf_of, signed_in
 
 from executor.http.console import lists
-from servekit import Served
 
 
 def _ids(page: str, attribute: str) -> list[str]:
