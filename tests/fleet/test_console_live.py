@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,9 @@ from executor.http.keys import KeyScope
 from executor.settings import Settings
 from executor.store.engine import make_engine
 from ledger.service import Ledger
-from servekit import free_port, serve_subprocess
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "http"))
+from servekit import free_port, serve_subprocess  # noqa: E402  (tests/http/servekit.py)
 
 pytestmark = pytest.mark.slow
 
@@ -133,18 +136,21 @@ def test_stale_impact__other_card_shows_the_new_balance_live__old_digest_refused
     # Then each card shows the balance in the ledger's currency, as of now, and the other transfer
     expect(card.locator("[data-field=source_balance_cents]")).to_have_text("100,000.00 USD")
     expect(card.locator("[data-field=amount_cents]")).to_have_text("50,000.00 USD")
-    expect(card.locator("[data-testid=as-of]")).to_contain_text(re.compile(r"as of \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"))
+    as_of = re.compile(r"as of \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
+    expect(card.locator("[data-testid=as-of]")).to_contain_text(as_of)
     expect(card.locator("[data-testid=related]")).to_contain_text(first["operation_id"])
     expect(card.locator("[data-testid=related]")).to_contain_text("pending_approval")
     shoot(page, "console-approvals.png", tmp_path)
     # When she approves the first, and it runs on the fleet
-    page.get_by_role("button", name=f"Approve ledger.transfer requested by alice, {first['approval_id']}").click()
+    named = f"Approve ledger.transfer requested by alice, {first['approval_id']}"
+    page.get_by_role("button", name=named).click()
     expect(page.locator(".notice")).to_contain_text("Approved")
     page.evaluate("window.__notReloaded = 'still this page'")
     wait_until(lambda: operation_state(settings, first["operation_id"]) == "succeeded",
                timeout=40, what="the first transfer to run", show=fleet.logs)
     # Then, without a reload, the other card shows the new balance
-    expect(card.locator("[data-field=source_balance_cents]")).to_have_text("40,000.00 USD", timeout=LIVE_TIMEOUT_MS)
+    balance = card.locator("[data-field=source_balance_cents]")
+    expect(balance).to_have_text("40,000.00 USD", timeout=LIVE_TIMEOUT_MS)
     expect(card.locator("[data-field=source_balance_after_cents]")).to_have_text("-10,000.00 USD")
     assert page.evaluate("window.__notReloaded") == "still this page"
     # When the page that still shows 100,000.00 approves the second on those figures
@@ -172,18 +178,23 @@ def _console_world(settings: Settings, server: str) -> dict[str, Any]:
     with the receipt a worker saw), made before any worker runs."""
     alice = new_key(settings, "acme", "alice", P, roles=("member",))
     auth = {"Authorization": f"Bearer {alice}"}
-    notices = httpx.post(f"{server}/v1/requests", headers=auth, timeout=30, json={"calls": [
-        {"call_id": f"n{i}", "tool_name": "ledger.send_notice",
-         "arguments": {"account_id": "acme-1", "text": f"Statement {i}"}}
+    # (one request each: a write of a request waits for the request's earlier writes)
+    notices = [
+        httpx.post(f"{server}/v1/requests", headers=auth, timeout=30, json={"calls": [
+            {"call_id": f"n{i}", "tool_name": "ledger.send_notice",
+             "arguments": {"account_id": "acme-1", "text": f"Statement {i}"}},
+        ]}).json()["calls"][0]
         for i in (1, 2)
-    ]}).json()["calls"]
+    ]
     for n in notices:
         _mark_unknown(settings, n["operation_id"])
     engine = make_engine(settings.database_url)
     with engine.begin() as conn:
         row = store.get_operation(conn, notices[0]["operation_id"])
         assert row is not None
-        store.record_receipt(conn, row.operation_id, row.generation, "notice-4711", accepted=True, source="worker")
+        store.record_receipt(
+            conn, row.operation_id, row.generation, "notice-4711", accepted=True, source="worker"
+        )
     engine.dispose()
     transfer = post_transfer(server, alice, "t9", 700_000)
     return {"alice": alice, "known": notices[0], "again": notices[1], "transfer": transfer}
