@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from executor.core.admission import AdmissionUnavailable
+    from executor.core.amounts import Amount
     from executor.core.approvers import (
         ApprovalSubject,
         ApproverPolicy,
@@ -60,7 +61,6 @@ if TYPE_CHECKING:
         InvalidIdentifier,
         default_operation_id,
     )
-    from executor.core.impact import Amount
     from executor.core.states import (
         State,
         TurnState,
@@ -189,7 +189,7 @@ _EXPORTS: dict[str, str] = {
     "Budgets": "executor.core.budgets",
     "ToolBudget": "executor.core.budgets",
     "Access": "executor.core.tools",
-    "Amount": "executor.core.impact",
+    "Amount": "executor.core.amounts",
     "Approval": "executor.core.tools",
     "BusinessRuleViolation": "executor.core.tools",
     "Effect": "executor.core.tools",

@@ -9,15 +9,15 @@ requester's context and the call's validated arguments), and carry the digest of
 impact that was shown (`impact_digest`). An approval whose impact has changed since is
 refused `impact_changed` (decision 0218): the person decides again on the new figures.
 
-`Amount` is a tool's display hint for an integer field of its impact: a currency and
-its decimals, so `source_balance_cents 45000` reads `450.00 USD`.
+`Amount` (executor/core/amounts.py) is a tool's display hint for an integer field of
+its impact: a currency and its decimals, so `source_balance_cents 45000` reads
+`450.00 USD`.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from executor.core.canonical import NotCanonicalizable, canonical_json
@@ -27,32 +27,6 @@ if TYPE_CHECKING:
     from executor.core.types import ServerContext
 
 DIGEST_CHARS = 32
-
-
-@dataclass(frozen=True)
-class Amount:
-    """A display hint: the impact's field is an integer count of minor units of
-    `currency` (cents: `decimals=2`). The figure is shown, never changed: the digest is
-    over the impact as the hook returned it."""
-
-    currency: str
-    decimals: int = 2
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.currency, str) or not self.currency.strip():
-            raise ValueError("an Amount names its currency")
-        decimals = self.decimals
-        if not isinstance(decimals, int) or isinstance(decimals, bool) or not 0 <= decimals <= 8:
-            raise ValueError("an Amount's decimals is an int from 0 to 8")
-
-    def format(self, value: Any) -> str | None:
-        """`value` as `1,234.50 USD`; None when it is not an integer (shown as it is)."""
-        if not isinstance(value, int) or isinstance(value, bool):
-            return None
-        sign = "-" if value < 0 else ""
-        whole, minor = divmod(abs(value), 10**self.decimals)
-        figure = f"{whole:,}" + (f".{minor:0{self.decimals}d}" if self.decimals else "")
-        return f"{sign}{figure} {self.currency}"
 
 
 class ImpactUnavailable(Exception):
@@ -95,13 +69,3 @@ def current_impact(
             raise ImpactUnavailable("the tool's impact hook failed") from None
     resources = frozenset(approved_resources) if approved_resources is not None else None
     return impact_with_resources(impact, resources) or impact
-
-
-def shown_rows(impact: Mapping[str, Any], amounts: Mapping[str, Amount]) -> list[tuple[str, Any, str | None]]:
-    """(name, value, formatted) per member, in the hook's order: `formatted` is the
-    amount's display when the tool declares a hint for that name, else None."""
-    rows: list[tuple[str, Any, str | None]] = []
-    for name, value in impact.items():
-        hint = amounts.get(name)
-        rows.append((name, value, hint.format(value) if hint is not None else None))
-    return rows

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from executor.core.amounts import Amount
 from executor.core.approvers import ApproverPolicy
 from executor.core.budgets import ToolBudget
-from executor.core.impact import Amount
 from executor.core.sanitize import ERROR_MESSAGE_MAX_CHARS, sanitize_error_text, sanitize_json
 from executor.core.types import ErrorCode, ErrorDetail, ServerContext
 from executor.errors import AdmissionError, ConfigurationError, WorkerError

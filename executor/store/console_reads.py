@@ -80,7 +80,8 @@ class Page:
 def _principal_of(conn: Connection, context: Any) -> ColumnElement[Any]:
     """The principal in a stored context (JSON text), per dialect."""
     if conn.dialect.name == "postgresql":
-        return cast(context, JSONB)["principal"].astext
+        found: ColumnElement[Any] = cast(context, JSONB)["principal"].astext
+        return found
     return func.json_extract(context, "$.principal")
 
 

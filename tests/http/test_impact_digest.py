@@ -16,7 +16,8 @@ from servekit import Served
 from sqlalchemy import select
 from test_api import A, P, assert_problem, transfer
 
-from executor.core.impact import Amount, impact_digest
+from executor import Amount
+from executor.core.impact import impact_digest
 from executor.http.cards import iso
 from executor.store.schema import approvals, operations
 from ledger.service import Ledger

@@ -568,6 +568,7 @@ def test_approvals__big_transfer__listed_with_impact_then_approved_once_and_anot
         "summary": "move 500.00 from acc-1 to acc-2",
         "source_balance_cents": 100_000,
         "amount_cents": 50_000,
+        "source_balance_after_cents": 50_000,
     }
     assert listed[0]["approval_id"] == big["calls"][0]["approval_id"]
 

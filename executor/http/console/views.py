@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from executor.core.impact import Amount
+from executor.core.amounts import Amount
 from executor.http.cards import iso
 from executor.store.console_reads import Cursor, Filters
 
