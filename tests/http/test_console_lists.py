@@ -172,3 +172,21 @@ def _approval_of(served: Served, operation_id: str) -> str:
         record = store.approval_for_operation(conn, operation_id)
     assert record is not None
     return record.approval_id
+
+
+def test_operations_list__sqlite__principal_and_tool_filters(served_sqlite: Served) -> None:
+    # Given the same store on SQLite (the principal is read from the stored context's JSON)
+    alice, bob = served_sqlite.key("acme", "alice", P), served_sqlite.key("acme", "bob", P)
+    with served_sqlite.client(alice) as client:
+        mine = client.post("/v1/requests", json={"calls": [balance("b1")]}).json()["calls"][0]
+    with served_sqlite.client(bob) as client:
+        theirs = client.post("/v1/requests", json={"calls": [notice("n1")]}).json()["calls"][0]
+    with signed_in(served_sqlite, served_sqlite.key("acme", "carol", OP)) as carol:
+        by_alice = carol.get("/console/operations?principal=alice").text
+        by_tool = carol.get("/console/operations?tool=ledger.send_notice").text
+        turns = carol.get("/console/turns?tool=ledger.get_balance").text
+        requests = carol.get("/console/requests?principal=bob&state=queued").text
+    assert _ids(by_alice, "data-operation-id") == [mine["operation_id"]]
+    assert _ids(by_tool, "data-operation-id") == [theirs["operation_id"]]
+    assert "No turn matches" in turns
+    assert len(_ids(requests, "data-request-id")) == 1
