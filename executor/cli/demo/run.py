@@ -207,7 +207,10 @@ def _run(run: DemoRun, requests: Sequence[DemoRequest], served: DemoConsole) -> 
     # The workload's figures and invariants first, so the turn's calls stay out of them.
     figures = gather(run.engine, requests, place.run_dir / "metrics")
     turn = run_turn(run)
-    run.fleet.stop()
+    if served.process is None:
+        run.fleet.stop()
+    # With --serve the fleet keeps running while the console is up (what the person
+    # approves there runs); it stops with the demo, in its cleanup.
     console.print()
     mistakes = next((r for r in requests if r.kind == "mistakes"), None)
     if mistakes is not None:
@@ -236,6 +239,7 @@ def _run(run: DemoRun, requests: Sequence[DemoRequest], served: DemoConsole) -> 
         console.print(
             f"  and the turn: TOOLFENCE_HOME={place.run_dir} toolfence turn show {turn.turn_id} --tenant acme"
         )
+    served.leave_for_a_person()
     served.hold()
     STOP.check()  # a Ctrl-C while the report was printed still ends as an interrupt
     return EXIT_OK if passed else EXIT_INVARIANT_FAILED
