@@ -96,7 +96,7 @@ def related_operations(
 
 
 def check_decided_impact(
-    conn: Connection, registry: Registry, approval: PendingApproval, shown_digest: str | None
+    registry: Registry, approval: PendingApproval, shown_digest: str | None
 ) -> tuple[dict[str, Any], str]:
     """The impact an approval is decided on, recomputed now; refused `impact_changed`
     (409, nothing decided) when `shown_digest` names another, or when it cannot be

@@ -404,7 +404,7 @@ class Service:
                     pending = found[0]
                     # Recomputed in the deciding transaction (decision 0218).
                     impact, decided_digest = cards.check_decided_impact(
-                        conn, self.registry, pending, shown_digest
+                        self.registry, pending, shown_digest
                     )
                     decision = store.approve(conn, approval_id, approver=approver, registry=self.registry)
                     if decision.outcome is store.DecisionOutcome.DECIDED:

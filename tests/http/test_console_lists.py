@@ -190,3 +190,22 @@ def test_operations_list__sqlite__principal_and_tool_filters(served_sqlite: Serv
     assert _ids(by_tool, "data-operation-id") == [theirs["operation_id"]]
     assert "No turn matches" in turns
     assert len(_ids(requests, "data-request-id")) == 1
+
+
+def test_operation_and_pending_pages__secret_shaped_argument__shown_redacted(served: Served) -> None:
+    # Given a notice whose text carries something shaped like a secret, its outcome unknown
+    secret = "sk-live0123456789abcdefXYZ"
+    with served.client(served.key("acme", "alice", P)) as client:
+        [call] = client.post("/v1/requests", json={"calls": [{
+            "call_id": "n1", "tool_name": "ledger.send_notice",
+            "arguments": {"account_id": "acme-1", "text": f"your key is {secret}"},
+        }]}).json()["calls"]
+    to_reconciliation_pending(served, call["operation_id"])
+    with signed_in(served, served.key("acme", "carol", OP)) as carol:
+        operation = carol.get(f"/console/operations/{call['operation_id']}").text
+        pending = carol.get("/console/pending").text
+        api = carol.get(f"/console/operations/{call['operation_id']}")
+    # Then both pages show the argument, never the secret
+    for page in (operation, pending):
+        assert "your key is" in page and secret not in page
+    assert api.status_code == 200

@@ -9,6 +9,7 @@ from fastapi import FastAPI, Form, Request
 from fastapi.responses import Response
 
 from executor.core.approvers import ApprovalDecision
+from executor.core.states import TERMINAL
 from executor.core.tools import Effect
 from executor.http.console.base import Console
 from executor.http.keys import KeyScope
@@ -116,4 +117,6 @@ def mount(app: FastAPI, console: Console) -> None:
             record = service.operation(who, operation_id)
         except ProblemError:
             return console.page(request, "missing.html", who, cookie, status=404, what="operation")
-        return console.page(request, "operation.html", who, cookie, op=record, live=True)
+        # Live until it has ended: a terminal operation's page no longer changes.
+        live = record.state not in {s.value for s in TERMINAL}
+        return console.page(request, "operation.html", who, cookie, op=record, live=live)
