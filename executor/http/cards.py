@@ -27,6 +27,8 @@ from executor.store.operator import PendingApproval
 from executor.store.schema import approvals
 
 IMPACT_UNAVAILABLE = "impact_unavailable"
+# The related operations a card lists at most (newest first; `related_count` has them all).
+RELATED_SHOWN = 10
 
 
 def iso(seconds: float | None) -> str | None:
@@ -75,23 +77,27 @@ def _resources_of(registry: Registry, row: Any) -> frozenset[str]:
 
 def related_operations(
     conn: Connection, registry: Registry, tenant: str, cards: Iterable[tuple[str, Iterable[str] | None]]
-) -> dict[str, list[RelatedOut]]:
+) -> dict[str, tuple[list[RelatedOut], int]]:
     """Per card (operation id, its resources): the tenant's other active operations
-    sharing one of them, newest first."""
+    sharing one of them, newest first, at most RELATED_SHOWN, and how many there are."""
     wanted = [(operation_id, frozenset(resources or ())) for operation_id, resources in cards]
     if not any(resources for _, resources in wanted):
-        return {operation_id: [] for operation_id, _ in wanted}
+        return {operation_id: ([], 0) for operation_id, _ in wanted}
     active = [(row, _resources_of(registry, row)) for row in active_operations(conn, tenant)]
-    found: dict[str, list[RelatedOut]] = {}
+    found: dict[str, tuple[list[RelatedOut], int]] = {}
     for operation_id, resources in wanted:
-        found[operation_id] = [
-            RelatedOut(
-                operation_id=row.operation_id, tool=row.tool_name, state=row.state,
-                shared=sorted(resources & theirs),
-            )
-            for row, theirs in active
+        sharing = [
+            (row, resources & theirs) for row, theirs in active
             if row.operation_id != operation_id and resources & theirs
         ]
+        found[operation_id] = (
+            [
+                RelatedOut(operation_id=row.operation_id, tool=row.tool_name, state=row.state,
+                           shared=sorted(shared))
+                for row, shared in sharing[:RELATED_SHOWN]
+            ],
+            len(sharing),
+        )
     return found
 
 

@@ -219,8 +219,10 @@ class ApprovalOut(BaseModel):
     impact_current: bool
     amounts: dict[str, AmountOut] = Field(description="the tool's display hints for the impact's amounts")
     related: list[RelatedOut] = Field(
-        description="the tenant's other pending and in-flight operations on the same resources"
+        description="the tenant's other pending and in-flight operations on the same resources, "
+        "newest first, at most 10"
     )
+    related_count: int = Field(description="how many such operations there are")
     resources: list[str] | None
     intent_hash: str
     requested_at: float

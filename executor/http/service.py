@@ -319,12 +319,13 @@ class Service:
         found: list[ApprovalOut] = []
         for r in rows:
             impact, digest = cards.card_impact(self.registry, r)
+            shown, sharing = related.get(r.operation_id, ([], 0))
             found.append(ApprovalOut(
                 approval_id=r.approval_id, kind="operation", operation_id=r.operation_id,
                 request_id=r.request_id, call_id=r.call_id, tool=r.tool_name, requester=r.requester,
                 impact=impact, impact_digest=digest, impact_as_of=cards.iso(now) or "",
                 impact_current=digest is not None, amounts=cards.amounts_of(self.registry, r.tool_name),
-                related=related.get(r.operation_id, []), resources=resources[r.operation_id],
+                related=shown, related_count=sharing, resources=resources[r.operation_id],
                 intent_hash=r.intent_hash, requested_at=r.requested_at, expires_at=r.expires_at,
                 age_seconds=r.age_seconds,
             ))
@@ -336,7 +337,7 @@ class Service:
                 # A hosted call's impact is the redacted summary of the provider's
                 # arguments: fixed when it was asked, so its digest is the stored one's.
                 impact_digest=digest_of(h.impact), impact_as_of=cards.iso(now) or "",
-                impact_current=True, amounts={}, related=[], resources=None,
+                impact_current=True, amounts={}, related=[], related_count=0, resources=None,
                 intent_hash=h.intent_hash, requested_at=h.requested_at, expires_at=h.expires_at,
                 age_seconds=max(0.0, now - h.requested_at),
             )

@@ -64,6 +64,7 @@ def test_approvals__impact_is_recomputed_on_current_state__with_digest_hints_and
     related = [(r["operation_id"], r["state"]) for r in card["related"]]
     assert related == [(first["operation_id"], "pending_approval")]
     assert card["related"][0]["shared"] == ["account:acme-1", "account:acme-2"]
+    assert card["related_count"] == 1
 
 
 def test_approve__stale_digest__impact_changed_and_nothing_decided__current_digest_approves(
