@@ -28,9 +28,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
-from executor.store.schema import ACTIVE_STATES, approvals, calls, operations, turn_steps, turns
+from executor.store.schema import ACTIVE_STATES, api_keys, approvals, calls, operations, turn_steps, turns
 
 MAX_PAGE = 100
+# The newest operations whose principals a list's principal filter offers, at most.
+PRINCIPAL_SCAN = 1_000
 # The active operations a card compares its resources with, at most.
 MAX_ACTIVE_SCAN = 500
 
@@ -284,3 +286,26 @@ def approval_decision(conn: Connection, operation_id: str) -> ApprovalDecisionRe
         state=row.state, decided_by=row.decided_by, decided_at=row.decided_at, reason=row.reason,
         impact=json.loads(row.impact),
     )
+
+
+def known_principals(conn: Connection, tenant: str) -> list[str]:
+    """The principals a list may be filtered by: the tenant's API keys', its turns',
+    and those of its newest PRINCIPAL_SCAN operations. A closed set, so the filter
+    never shows text that came from a URL."""
+    keys = select(api_keys.c.principal).where(api_keys.c.tenant == tenant).distinct()
+    turned = select(turns.c.principal).where(turns.c.tenant == tenant).distinct()
+    found = set(conn.execute(keys).scalars()) | set(conn.execute(turned).scalars())
+    contexts = conn.execute(
+        select(operations.c.context)
+        .where(operations.c.tenant == tenant)
+        .order_by(operations.c.created_at.desc())
+        .limit(PRINCIPAL_SCAN)
+    ).scalars()
+    for context in contexts:
+        try:
+            principal = json.loads(context).get("principal")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(principal, str):
+            found.add(principal)
+    return sorted(found)

@@ -17,6 +17,7 @@ from test_api import OP, A, P, balance, notice, to_reconciliation_pending, trans
 from test_console_forms import csrf_of, signed_in
 
 from executor.http.console import lists
+from executor.http.console.views import principal_key
 
 
 def _ids(page: str, attribute: str) -> list[str]:
@@ -49,10 +50,10 @@ def test_operations_list__filters_counts_and_tenant(served: Served, world: dict[
         everything = carol.get("/console/operations").text
         waiting = carol.get("/console/operations?state=pending_approval").text
         notices = carol.get("/console/operations?tool=ledger.send_notice").text
-        bobs = carol.get("/console/operations?principal=bob").text
+        bobs = carol.get(f"/console/operations?principal={principal_key('bob')}").text
         future = carol.get("/console/operations?since=2999-01-01T00:00").text
         past = carol.get("/console/operations?until=2000-01-01T00:00").text
-        bogus = carol.get("/console/operations?state=%3Cscript%3E&since=yesterday").text
+        bogus = carol.get("/console/operations?state=%3Cscript%3E&since=yesterday&principal=CallNow").text
     # Then acme's three operations, newest first; never globex's
     assert _ids(everything, "data-operation-id") == [world["notice"], world["transfer"], world["read"]]
     # And each filter narrows it
@@ -66,7 +67,10 @@ def test_operations_list__filters_counts_and_tenant(served: Served, world: dict[
     assert counts == {"pending_approval": "1", "queued": "2"}
     assert 'all <b>3</b>' in waiting
     # And what cannot be read is ignored and named, never echoed
-    assert "Ignored: state, since" in bogus and "<script>" not in bogus
+    assert "Ignored: state, principal, since" in bogus
+    assert "<script>" not in bogus and "CallNow" not in bogus
+    # And the principal filter offers the tenant's principals (by digest), never a URL's text
+    assert f'<option value="{principal_key("bob")}">bob</option>' in everything
     assert len(_ids(bogus, "data-operation-id")) == 3
 
 
@@ -94,7 +98,7 @@ def test_requests_list__states_tools_and_filters(served: Served, world: dict[str
     with signed_in(served, served.key("acme", "carol", OP)) as carol:
         everything = carol.get("/console/requests").text
         by_tool = carol.get("/console/requests?tool=ledger.transfer").text
-        by_principal = carol.get("/console/requests?principal=bob").text
+        by_principal = carol.get(f"/console/requests?principal={principal_key('bob')}").text
         opened = carol.get(f"/console/requests/{world['first_request']}", follow_redirects=False)
     assert _ids(everything, "data-request-id") == [
         world["notice_request"], world["refused_request"], world["first_request"]
@@ -182,10 +186,10 @@ def test_operations_list__sqlite__principal_and_tool_filters(served_sqlite: Serv
     with served_sqlite.client(bob) as client:
         theirs = client.post("/v1/requests", json={"calls": [notice("n1")]}).json()["calls"][0]
     with signed_in(served_sqlite, served_sqlite.key("acme", "carol", OP)) as carol:
-        by_alice = carol.get("/console/operations?principal=alice").text
+        by_alice = carol.get(f"/console/operations?principal={principal_key('alice')}").text
         by_tool = carol.get("/console/operations?tool=ledger.send_notice").text
         turns = carol.get("/console/turns?tool=ledger.get_balance").text
-        requests = carol.get("/console/requests?principal=bob&state=queued").text
+        requests = carol.get(f"/console/requests?principal={principal_key('bob')}&state=queued").text
     assert _ids(by_alice, "data-operation-id") == [mine["operation_id"]]
     assert _ids(by_tool, "data-operation-id") == [theirs["operation_id"]]
     assert "No turn matches" in turns

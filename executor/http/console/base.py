@@ -36,6 +36,7 @@ def templates() -> Jinja2Templates:
         "pretty": views.pretty,
         "structured": views.is_structured,
         "impact_rows": views.impact_rows,
+        "principal_key": views.principal_key,
         "receipt_rows": views.receipt_rows,
         # What a person reads of text the server did not write (a key's principal): sanitised.
         "shown": lambda v: shown_text(str(v)),

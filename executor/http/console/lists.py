@@ -41,8 +41,9 @@ def mount(app: FastAPI, console: Console) -> None:
         if session is None:
             return console.to_login(request)
         who, cookie = session
-        query = views.list_query(request.query_params, OPERATION_STATES, tools())
         with read_only(service.engine).connect() as conn:
+            principals = console_reads.known_principals(conn, who.tenant)
+            query = views.list_query(request.query_params, OPERATION_STATES, tools(), principals)
             page = console_reads.list_operations(conn, who.tenant, query.filters, query.after, PAGE_SIZE)
             counts = console_reads.operation_state_counts(conn, who.tenant, query.filters)
         rows = [
@@ -53,7 +54,7 @@ def mount(app: FastAPI, console: Console) -> None:
         ]
         return console.page(
             request, "operations.html", who, cookie, rows=rows, query=query, states=OPERATION_STATES,
-            tools=tools(), counts=counts, total=sum(counts.values()),
+            tools=tools(), principals=principals, counts=counts, total=sum(counts.values()),
             next_page=views.page_link("/console/operations", query.form, page.next), live=query.after is None,
         )
 
@@ -63,8 +64,9 @@ def mount(app: FastAPI, console: Console) -> None:
         if session is None:
             return console.to_login(request)
         who, cookie = session
-        query = views.list_query(request.query_params, OPERATION_STATES, tools())
         with read_only(service.engine).connect() as conn:
+            principals = console_reads.known_principals(conn, who.tenant)
+            query = views.list_query(request.query_params, OPERATION_STATES, tools(), principals)
             page = console_reads.list_requests(conn, who.tenant, query.filters, query.after, PAGE_SIZE)
             ids = [r.request_id for r in page.rows]
             states = console_reads.request_operation_states(conn, who.tenant, ids)
@@ -77,8 +79,8 @@ def mount(app: FastAPI, console: Console) -> None:
         ]
         return console.page(
             request, "requests.html", who, cookie, rows=rows, query=query, states=OPERATION_STATES,
-            tools=tools(), next_page=views.page_link("/console/requests", query.form, page.next),
-            live=query.after is None,
+            tools=tools(), principals=principals,
+            next_page=views.page_link("/console/requests", query.form, page.next), live=query.after is None,
         )
 
     @app.get("/console/requests/{request_id}", include_in_schema=False)
@@ -103,8 +105,9 @@ def mount(app: FastAPI, console: Console) -> None:
         if session is None:
             return console.to_login(request)
         who, cookie = session
-        query = views.list_query(request.query_params, TURN_STATES, tools())
         with read_only(service.engine).connect() as conn:
+            principals = console_reads.known_principals(conn, who.tenant)
+            query = views.list_query(request.query_params, TURN_STATES, tools(), principals)
             page = console_reads.list_turns(conn, who.tenant, query.filters, query.after, PAGE_SIZE)
         rows = [
             {"turn_id": r.turn_id, "principal": shown_text(r.principal), "state": r.state,
@@ -114,7 +117,8 @@ def mount(app: FastAPI, console: Console) -> None:
         ]
         return console.page(
             request, "turns.html", who, cookie, rows=rows, query=query, states=TURN_STATES, tools=tools(),
-            next_page=views.page_link("/console/turns", query.form, page.next), live=query.after is None,
+            principals=principals, next_page=views.page_link("/console/turns", query.form, page.next),
+            live=query.after is None,
         )
 
     @app.get("/console/turns/{turn_id}", include_in_schema=False)

@@ -4,6 +4,7 @@ Pure functions over what the Service returned; the templates call them as filter
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -96,6 +97,11 @@ def parse_time(text: str | None) -> float | None:
     return moment.timestamp()
 
 
+def principal_key(principal: str) -> str:
+    """How a list's principal filter names a principal (in its form and URL)."""
+    return hashlib.sha256(principal.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
 @dataclass(frozen=True)
 class ListQuery:
     """A list page's filters as the form shows them, and as the store reads them."""
@@ -109,9 +115,12 @@ class ListQuery:
 FILTER_FIELDS = ("state", "tool", "principal", "since", "until")
 
 
-def list_query(params: Mapping[str, str], states: Iterable[str], tools: Iterable[str]) -> ListQuery:
-    """Filters from a list page's query. A state or tool that is not one of the known
-    values, or a time that does not parse, is ignored and named (never an error page)."""
+def list_query(
+    params: Mapping[str, str], states: Iterable[str], tools: Iterable[str], principals: Iterable[str]
+) -> ListQuery:
+    """Filters from a list page's query. A state, tool or principal that is not one of
+    the known values, or a time that does not parse, is ignored and named (never an
+    error page, and never shown: a page shows no text from its URL)."""
     form = {name: params.get(name, "").strip()[:200] for name in FILTER_FIELDS}
     unreadable: list[str] = []
     state = form["state"] or None
@@ -124,6 +133,14 @@ def list_query(params: Mapping[str, str], states: Iterable[str], tools: Iterable
         unreadable.append("tool")
         tool = None
         form["tool"] = ""
+    # The form names a principal by its digest: a principal is never written into the
+    # page raw (a secret-shaped one is shown redacted), and the URL names only a key
+    # of a closed set.
+    by_digest = {principal_key(x): x for x in principals}
+    principal = by_digest.get(form["principal"]) if form["principal"] else None
+    if form["principal"] and principal is None:
+        unreadable.append("principal")
+        form["principal"] = ""
     times: dict[str, float | None] = {}
     for name in ("since", "until"):
         times[name] = parse_time(form[name])
@@ -131,7 +148,7 @@ def list_query(params: Mapping[str, str], states: Iterable[str], tools: Iterable
             unreadable.append(name)
             form[name] = ""
     filters = Filters(
-        state=state or None, tool=tool, principal=form["principal"] or None,
+        state=state or None, tool=tool, principal=principal,
         since=times["since"], until=times["until"],
     )
     return ListQuery(form, filters, Cursor.decode(params.get("after")), unreadable)
