@@ -16,6 +16,7 @@ the ratio. Both sides build the same response models.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -82,7 +83,9 @@ def timed(function: object, repeat: int) -> list[float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--cards", type=int, nargs="+", default=[10, 50])
     parser.add_argument("--repeat", type=int, default=20)
@@ -95,13 +98,14 @@ def main() -> None:
         url = prepare(args.dsn, count)
         engine = make_engine(url)
         service = Service(Settings(database_url=url, broker_url="memory://"), engine, ledger_tools.registry)
-        assert len(service.approvals(who)) == count
-        now = statistics.median(timed(lambda: service.approvals(who), args.repeat))
+        read = functools.partial(service.approvals, who)
+        assert len(read()) == count
+        now = statistics.median(timed(read, args.repeat))
         recompute, related = cards.card_impact, cards.related_operations
         cards.card_impact = lambda registry, a: (a.impact, "0" * 32)  # type: ignore[assignment]
         cards.related_operations = lambda conn, registry, tenant, cs: {}  # type: ignore[assignment]
         try:
-            stored = statistics.median(timed(lambda: service.approvals(who), args.repeat))
+            stored = statistics.median(timed(read, args.repeat))
         finally:
             cards.card_impact, cards.related_operations = recompute, related
         engine.dispose()
