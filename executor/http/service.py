@@ -1,7 +1,7 @@
 """What the API and the console do, as plain functions over an Identity.
 
 The routes (executor/http/api.py) and the console's pages
-(executor/http/console.py) both call these, so an approval decided in a page
+(executor/http/console/) both call these, so an approval decided in a page
 and one decided through the API go through the same checks. Every function is
 tenant-scoped by the caller's identity: another tenant's id is `not_found`,
 exactly like an id that does not exist.
