@@ -312,3 +312,33 @@ def _turn_state(server: str, key: str, turn_id: str) -> str:
     answer = httpx.get(f"{server}/v1/turns/{turn_id}", headers={"Authorization": f"Bearer {key}"}, timeout=30)
     state: str = answer.json()["state"]
     return state
+
+
+def test_server_restart__old_session_lands_on_sign_in_told_it_expired(
+    settings: Settings, ledger: Ledger, fleet_env: dict[str, str], browser: Any, tmp_path: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    # Given carol signed in on a server without a set session secret (one is made at start)
+    port = free_port()
+    env = {k: v for k, v in fleet_env.items() if k != "TOOLFENCE_HTTP_SESSION_SECRET"}
+    first = serve_subprocess(env, port, tmp_path / "serve-1.log")
+    carol = new_key(settings, "acme", "carol", A, OP, roles=("approver",))
+    try:
+        page = sign_in(browser, f"http://127.0.0.1:{port}", carol)
+    finally:
+        first.terminate()
+        first.wait(timeout=15)
+    # When the server restarts and she reloads her page
+    second = serve_subprocess(env, port, tmp_path / "serve-2.log")
+    try:
+        page.reload()
+        # Then she is on the sign-in page, told her session expired, and can sign in again
+        expect(page).to_have_url(re.compile(r"/console/login\?refused=expired$"))
+        expect(page.locator("main")).to_contain_text("Your session expired")
+        page.fill("#key", carol)
+        page.click("button[type=submit]")
+        expect(page.locator("h1")).to_have_text("Approvals")
+    finally:
+        second.terminate()
+        second.wait(timeout=15)
