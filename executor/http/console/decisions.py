@@ -59,10 +59,8 @@ def mount(app: FastAPI, console: Console) -> None:
             )
         except ProblemError as exc:
             why = exc.errors[0].code if exc.errors else ""
-            return console.back(
-                "/console/approvals", refused=exc.code.value,
-                **({"why": why} if why and why not in ("stale",) else {}),
-            )
+            # (a `why` outside WHYS, such as a stale digest's, shows nothing more)
+            return console.back("/console/approvals", refused=exc.code.value, **({"why": why} if why else {}))
         return console.back("/console/approvals", notice="approved" if verb == "approve" else "denied")
 
     @app.get("/console/pending", include_in_schema=False)
