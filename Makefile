@@ -18,7 +18,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-# `make demo DEMO_FLAGS=--serve` also runs the operator console (its URL is printed).
+# `make demo DEMO_FLAGS=--serve` also runs the operator console (its URL and a key are printed)
+# and leaves two approvals and an operation of unknown outcome in it for you to decide.
 DEMO_FLAGS ?=
 
 demo: $(STAMP)
