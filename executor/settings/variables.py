@@ -298,6 +298,23 @@ DECLARED: tuple[Variable, ...] = (
         "PROMETHEUS_MULTIPROC_DIR", TEXT, None,
         "prometheus_client's directory for the counters of several processes",
     ),
+    # The sandbox of `sandbox.run_python` (executor/sandbox, docs/tools.md)
+    Variable(
+        "TOOLFENCE_SANDBOX_BWRAP", TEXT, "bwrap",
+        "the bubblewrap executable (a name looked up in PATH, or a path)",
+    ),
+    Variable(
+        "TOOLFENCE_SANDBOX_PYTHON", TEXT, "/usr/bin/python3",
+        "the interpreter that runs sandboxed programs (under /usr: the only runtime the sandbox mounts)",
+    ),
+    Variable(
+        "TOOLFENCE_SANDBOX_MAX_TIMEOUT_SECONDS", NUMBER, 10.0,
+        "the longest wall-clock time a sandboxed program may ask for", minimum=0, above=True,
+    ),
+    Variable(
+        "TOOLFENCE_SANDBOX_MAX_MEMORY_MB", INTEGER, 512,
+        "the most address space (MiB) a sandboxed program may ask for", minimum=64,
+    ),
     # Fault injection (tests and the chaos campaign)
     Variable("TOOLFENCE_FAULT_POINTS", NAMES, (), "fault points: point[:tool]=action[@probability], …"),
     Variable("TOOLFENCE_FAULT_POINTS_FILE", TEXT, None, "a file of fault points, re-read when it changes"),

@@ -1,0 +1,218 @@
+"""The supervisor that runs inside the sandbox, as its first process after bwrap's.
+
+Not imported by toolfence: `command.py` passes this file's text to the sandbox's
+interpreter (`python3 -I -S -c SOURCE REPORT_FD`), so no host path of it is ever
+mounted or shown. It uses the standard library only, and nothing newer than
+Python 3.8, since it runs on whatever interpreter the sandbox is given.
+
+It reads the job (JSON on standard input: the program, its input files, its
+limits), writes the files into the work directory, and sets the resource limits
+on itself (so nothing in the sandbox runs without them, this process included).
+Then it forks the program (`python -E -s -B main.py`, with an environment built
+from nothing), waits for it (at most its wall-clock timeout), kills whatever the program left running
+(`kill(-1, SIGKILL)` reaches every other process of the PID namespace), and
+describes the work directory: each regular file's name, size and SHA-256, the
+text of a small UTF-8 file, and a symlink as a symlink (never followed). The
+report is one JSON object on REPORT_FD, a pipe the program never holds.
+
+Everything here runs with the program's own rights: a program that tampers with
+it can only spoil its own report, which the host reads as untrusted, bounded data.
+"""
+
+import hashlib
+import json
+import os
+import resource
+import signal
+import stat
+import sys
+
+WORKDIR = "/work"
+MAIN = "main.py"
+JOB_MAX_BYTES = 4 * 1024 * 1024
+COUNT_MAX = 1_000_000
+CHUNK = 65536
+
+
+def read_job():
+    data = bytearray()
+    while len(data) <= JOB_MAX_BYTES:
+        chunk = os.read(0, CHUNK)
+        if not chunk:
+            break
+        data.extend(chunk)
+    return json.loads(bytes(data).decode("utf-8"))
+
+
+def set_limits(limits):
+    memory = limits["memory_mb"] * 1024 * 1024
+    cpu = limits["cpu_seconds"]
+    for name, soft, hard in (
+        (resource.RLIMIT_AS, memory, memory),
+        (resource.RLIMIT_CPU, cpu, cpu + 1),
+        (resource.RLIMIT_NPROC, limits["max_processes"], limits["max_processes"]),
+        (resource.RLIMIT_FSIZE, limits["max_file_bytes"], limits["max_file_bytes"]),
+        (resource.RLIMIT_NOFILE, limits["max_open_files"], limits["max_open_files"]),
+        (resource.RLIMIT_CORE, 0, 0),
+    ):
+        resource.setrlimit(name, (soft, hard))
+
+
+def write_inputs(job):
+    written = {}
+    for name, content in [[MAIN, job["code"]]] + [list(pair) for pair in job["files"]]:
+        data = content.encode("utf-8")
+        descriptor = os.open(os.path.join(WORKDIR, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(descriptor, view):]
+        finally:
+            os.close(descriptor)
+        written[name] = hashlib.sha256(data).hexdigest()
+    return written
+
+
+def run_program(python, timeout, report_fd):
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(report_fd)
+            null = os.open("/dev/null", os.O_RDONLY)
+            os.dup2(null, 0)
+            os.close(null)
+            for number in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
+                signal.signal(number, signal.SIG_DFL)
+            environment = {
+                "PATH": "/usr/local/bin:/usr/bin:/bin",
+                "HOME": WORKDIR,
+                "TMPDIR": "/tmp",
+                "LANG": "C.UTF-8",
+                "LC_ALL": "C.UTF-8",
+            }
+            os.execve(python, [python, "-E", "-s", "-B", MAIN], environment)
+        finally:
+            os._exit(127)
+    expired = []
+
+    def on_alarm(signum, frame):
+        expired.append(True)
+        kill_the_rest()
+
+    signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, timeout)
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except InterruptedError:
+            continue
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    result = {"timed_out": bool(expired)}
+    if os.WIFSIGNALED(status):
+        result["signal"] = os.WTERMSIG(status)
+    else:
+        result["exit"] = os.WEXITSTATUS(status)
+    return result
+
+
+def kill_the_rest():
+    """Every other process of the namespace: children that outlived the program."""
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def describe(path, name, limits):
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode):
+        return {"name": name, "kind": "symlink", "size": 0}
+    if not stat.S_ISREG(info.st_mode):
+        return {"name": name, "kind": "other", "size": 0}
+    digest = hashlib.sha256()
+    head = bytearray()
+    # O_NOFOLLOW: the name was a regular file a moment ago; it is never followed now.
+    descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        while True:
+            chunk = os.read(descriptor, CHUNK)
+            if not chunk:
+                break
+            digest.update(chunk)
+            if len(head) <= limits["max_text_file_bytes"]:
+                head.extend(chunk[: limits["max_text_file_bytes"] + 1 - len(head)])
+    finally:
+        os.close(descriptor)
+    entry = {"name": name, "kind": "file", "size": info.st_size, "sha256": digest.hexdigest()}
+    if info.st_size <= limits["max_text_file_bytes"]:
+        try:
+            entry["text"] = bytes(head).decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+    return entry
+
+
+def scan(inputs, limits):
+    files = []
+    count = 0
+    largest = 0
+    for root, directories, names in os.walk(WORKDIR):
+        directories.sort()
+        for name in sorted(names) + [d for d in directories if os.path.islink(os.path.join(root, d))]:
+            path = os.path.join(root, name)
+            relative = os.path.relpath(path, WORKDIR)
+            count += 1
+            if count > COUNT_MAX:
+                return files, count, largest
+            try:
+                size = os.lstat(path).st_size
+            except OSError:
+                continue
+            largest = max(largest, size)
+            if len(files) >= limits["max_files"]:
+                continue
+            try:
+                entry = describe(path, relative, limits)
+            except OSError:
+                continue
+            if inputs.get(relative) is not None and inputs[relative] == entry.get("sha256"):
+                count -= 1  # an input the program left as it was is not an output
+                continue
+            files.append(entry)
+    return files, count, largest
+
+
+def main():
+    report_fd = int(sys.argv[1])
+    job = read_job()
+    os.write(report_fd, b"S")  # the sandbox was built: what fails from here is the run's
+    limits = job["limits"]
+    set_limits(limits)
+    os.chdir(WORKDIR)
+    inputs = write_inputs(job)
+    status = run_program(job["python"], limits["timeout_seconds"], report_fd)
+    kill_the_rest()
+    files, count, largest = scan(inputs, limits)
+    usage = os.statvfs(WORKDIR)
+    report = {
+        "status": status,
+        "files": files,
+        "file_count": count,
+        "largest_file": largest,
+        "workdir_full": usage.f_bavail == 0,
+    }
+    data = json.dumps(report, ensure_ascii=True).encode("ascii")
+    view = memoryview(data)
+    while view:
+        view = view[os.write(report_fd, view):]
+    os.close(report_fd)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except BaseException:
+        # Never a traceback of this file where the program's stderr is read: a
+        # supervisor that cannot finish leaves no report, and the run is `killed`.
+        os._exit(70)

@@ -1,0 +1,177 @@
+"""Run one program in the sandbox and watch it from the host.
+
+The host starts bwrap in a process group of its own (as uid 65534 when the worker
+is root: the sandbox then holds no host root even in name, and its process limit
+counts), writes the job to its standard input, and reads three pipes: the
+program's stdout and stderr, and the supervisor's report. It kills the whole
+group, and with it the sandbox's PID namespace, when a stream passes its cap
+(`output_limit`) or when the sandbox outlives its timeout plus the grace its own
+teardown may take (`timeout`): the supervisor inside enforces the timeout first,
+the host's deadline is the backstop for a program that stopped its supervisor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from executor.sandbox.command import SANDBOX_ID, Runtime, SandboxUnavailable, bwrap_argv
+from executor.sandbox.limits import Limits, Program
+
+READ_CHUNK = 65536
+STARTED = b"S"
+"""The supervisor's first byte on the report pipe: the sandbox was built."""
+
+
+@dataclass(frozen=True)
+class Raw:
+    """What the host saw of one run, before it is classified (`executor/sandbox/result.py`)."""
+
+    stdout: bytes
+    stderr: bytes
+    # Which stream passed its cap ("stdout", "stderr", or "report": the description
+    # of the files), if one did.
+    over_output: str | None
+    host_timed_out: bool
+    # The supervisor's report; None when it never finished one (killed, or cut short).
+    report: dict[str, Any] | None
+    seconds: float
+
+
+def _report_cap(limits: Limits) -> int:
+    # Each file's text at worst six bytes a character in JSON (\u escapes), plus its fields.
+    return limits.max_files * (6 * limits.max_text_file_bytes + 1024) + 4096
+
+
+def _spawn(argv: list[str], report_write: int) -> subprocess.Popen[bytes]:
+    extra: dict[str, Any] = {}
+    if os.geteuid() == 0:
+        # Never root on the host, even a mapped one: as root, RLIMIT_NPROC would
+        # not bind the sandbox's processes.
+        extra = {"user": SANDBOX_ID, "group": SANDBOX_ID, "extra_groups": []}
+    try:
+        return subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            pass_fds=(report_write,), env={}, cwd="/", start_new_session=True, close_fds=True,
+            **extra,
+        )
+    except OSError as exc:
+        raise SandboxUnavailable(f"cannot start bubblewrap: {exc.strerror}") from None
+
+
+def _kill(process: subprocess.Popen[bytes]) -> None:
+    """The whole group: bwrap and the PID namespace's first process, whose death
+    takes every process of the namespace with it."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def execute(program: Program, limits: Limits, runtime: Runtime) -> Raw:
+    """Run `program` under `limits`; SandboxUnavailable if the sandbox could not be built."""
+    job = json.dumps(
+        {
+            "code": program.code,
+            "files": [list(pair) for pair in program.files],
+            "limits": limits.for_job(),
+            "python": runtime.python,
+        },
+        ensure_ascii=True,
+    ).encode("ascii")
+    report_read, report_write = os.pipe()
+    started = time.monotonic()
+    try:
+        process = _spawn(bwrap_argv(runtime, limits, report_write), report_write)
+    except BaseException:
+        os.close(report_read)
+        raise
+    finally:
+        os.close(report_write)
+    assert process.stdin is not None and process.stdout is not None and process.stderr is not None
+    buffers = {"stdout": bytearray(), "stderr": bytearray(), "report": bytearray()}
+    caps = {"stdout": limits.max_output_bytes, "stderr": limits.max_output_bytes, "report": _report_cap(limits)}
+    over: str | None = None
+    host_timed_out = False
+    pending = memoryview(job)
+    deadline = started + limits.timeout_seconds + limits.grace_seconds
+    with selectors.DefaultSelector() as selector:
+        for name, fd in (
+            ("stdout", process.stdout.fileno()), ("stderr", process.stderr.fileno()), ("report", report_read),
+        ):
+            os.set_blocking(fd, False)
+            selector.register(fd, selectors.EVENT_READ, name)
+        stdin_fd = process.stdin.fileno()
+        os.set_blocking(stdin_fd, False)
+        selector.register(stdin_fd, selectors.EVENT_WRITE, "stdin")
+        try:
+            while selector.get_map() and over is None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    host_timed_out = True
+                    break
+                for key, _ in selector.select(remaining):
+                    name = key.data
+                    if name == "stdin":
+                        try:
+                            pending = pending[os.write(key.fd, pending[:READ_CHUNK]):]
+                        except (BrokenPipeError, BlockingIOError) as exc:
+                            if isinstance(exc, BlockingIOError):
+                                continue
+                            pending = pending[:0]
+                        if not pending:
+                            selector.unregister(key.fd)
+                            process.stdin.close()
+                        continue
+                    data = os.read(key.fd, READ_CHUNK)
+                    if not data:
+                        selector.unregister(key.fd)
+                        continue
+                    buffers[name].extend(data)
+                    if len(buffers[name]) > caps[name]:
+                        over = name
+                        break
+        finally:
+            if over is not None or host_timed_out:
+                _kill(process)
+            for stream in (process.stdin, process.stdout, process.stderr):
+                if not stream.closed:
+                    stream.close()
+            os.close(report_read)
+    try:
+        process.wait(timeout=max(0.1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        _kill(process)
+        process.wait()
+        host_timed_out = True
+    seconds = time.monotonic() - started
+    report_bytes = bytes(buffers["report"])
+    if not report_bytes.startswith(STARTED):
+        if over is not None or host_timed_out:
+            return Raw(bytes(buffers["stdout"]), bytes(buffers["stderr"]), over, host_timed_out, None, seconds)
+        # bwrap's own message: not the program's (it never started), and for operators.
+        message = bytes(buffers["stderr"]).decode("utf-8", "replace").strip().splitlines()
+        raise SandboxUnavailable(
+            "the sandbox could not be built: " + (message[0][:300] if message else f"bwrap exited {process.returncode}")
+        )
+    report = None if over is not None else _parse_report(report_bytes[len(STARTED):])
+    return Raw(bytes(buffers["stdout"]), bytes(buffers["stderr"]), over, host_timed_out, report, seconds)
+
+
+def _parse_report(data: bytes) -> dict[str, Any] | None:
+    """The supervisor's report, or None if it is missing or malformed (the program
+    can reach its supervisor, so the report is untrusted: its shape is checked
+    again where it is read)."""
+    if not data:
+        return None
+    try:
+        value = json.loads(data.decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
