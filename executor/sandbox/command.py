@@ -13,8 +13,10 @@ terminal to inject keystrokes into), and dies with its parent.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,19 +65,27 @@ class Runtime:
                 f"TOOLFENCE_SANDBOX_PYTHON={python!r} is outside {', '.join(RUNTIME_ROOTS)}, "
                 "the only runtime the sandbox mounts"
             )
-        return cls(bwrap=bwrap, python=python, disable_userns=_offers(bwrap, "--disable-userns"))
+        return _runtime(bwrap, python)
 
 
-def _offers(bwrap: str, option: str) -> bool:
-    import subprocess
+@functools.lru_cache(maxsize=8)
+def _runtime(bwrap: str, python: str) -> Runtime:
+    offered = bwrap_options(bwrap)
+    if "--size" not in offered:
+        # Without it a tmpfs is as large as half the host's memory.
+        raise SandboxUnavailable(f"{bwrap} is too old: it cannot cap a tmpfs's size (--size, bubblewrap 0.5)")
+    return Runtime(bwrap=bwrap, python=python, disable_userns="--disable-userns" in offered)
 
+
+def bwrap_options(bwrap: str) -> str:
+    """bwrap's `--help` text (what this version offers); "" if it would not say."""
     try:
         shown = subprocess.run(
             [bwrap, "--help"], capture_output=True, text=True, timeout=10, env={}, check=False
         )
     except (OSError, subprocess.TimeoutExpired):
-        return False
-    return option in shown.stdout
+        return ""
+    return shown.stdout
 
 
 def runtime_mounts() -> list[str]:

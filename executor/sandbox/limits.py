@@ -84,10 +84,6 @@ class Limits:
         job["cpu_seconds"] = self.cpu_seconds
         return job
 
-    def shown(self) -> dict[str, Any]:
-        """The limits a result reports (what a call asked for, after the maxima)."""
-        return {"timeout_seconds": self.timeout_seconds, "memory_mb": self.memory_mb}
-
 
 @dataclass(frozen=True)
 class Program:

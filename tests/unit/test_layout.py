@@ -50,6 +50,8 @@ LAYERS: dict[str, set[str]] = {
     "executor.store": {"executor.core", "executor.errors", "executor.settings", "executor.store"},
     "executor.providers": {"executor.core", "executor.errors", "executor.providers"},
     "executor.mcp": {"executor.core", "executor.errors", "executor.mcp"},
+    # Code execution as a tool: declared on the core, bounded by the settings.
+    "executor.sandbox": {"executor.core", "executor.errors", "executor.settings", "executor.sandbox"},
     "executor.telemetry": {
         "executor.core", "executor.errors", "executor.settings", "executor.store", "executor.telemetry",
     },

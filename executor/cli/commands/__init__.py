@@ -22,6 +22,7 @@ from executor.cli.commands import (
     relay,
     resolve,
     results,
+    sandbox,
     serve,
     show,
     turn,
@@ -30,5 +31,5 @@ from executor.cli.commands import (
 
 COMMANDS: tuple[ModuleType, ...] = (
     migrate, demo, worker, relay, reconcile, check, metrics, enqueue, serve, keys, results, show,
-    approvals, approve, deny, turn, pending, resolve, config,
+    approvals, approve, deny, turn, pending, resolve, sandbox, config,
 )
