@@ -17,7 +17,7 @@ import functools
 import os
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from executor.errors import ConfigurationError
@@ -25,7 +25,8 @@ from executor.sandbox.limits import Limits
 from executor.settings import read
 
 SANDBOX_ID = 65534
-"""The uid and gid inside the sandbox, and the host uid a root worker runs bwrap as."""
+"""The uid and gid inside the sandbox (and, by default, the host uid a root worker
+runs bwrap as: TOOLFENCE_SANDBOX_HOST_UID)."""
 RUNTIME_ROOTS = ("/usr",)
 LINKED_ROOTS = ("/bin", "/lib", "/lib32", "/lib64", "/libx32", "/sbin")
 INSIDE_SOURCE = (Path(__file__).with_name("inside.py")).read_text(encoding="utf-8")
@@ -43,6 +44,8 @@ class Runtime:
     bwrap: str
     python: str
     disable_userns: bool = True
+    # The host uid (and gid) bwrap runs as when the worker is root.
+    host_uid: int = SANDBOX_ID
 
     @classmethod
     def from_settings(cls) -> Runtime:
@@ -65,7 +68,7 @@ class Runtime:
                 f"TOOLFENCE_SANDBOX_PYTHON={python!r} is outside {', '.join(RUNTIME_ROOTS)}, "
                 "the only runtime the sandbox mounts"
             )
-        return _runtime(bwrap, python)
+        return replace(_runtime(bwrap, python), host_uid=int(read("TOOLFENCE_SANDBOX_HOST_UID")))
 
 
 @functools.lru_cache(maxsize=8)
@@ -101,9 +104,10 @@ def runtime_mounts() -> list[str]:
     return arguments
 
 
-def bwrap_argv(runtime: Runtime, limits: Limits, report_fd: int) -> list[str]:
+def bwrap_argv(runtime: Runtime, limits: Limits, report_fd: int, info_fd: int) -> list[str]:
     """The whole command: bwrap's options, then the supervisor (`inside.py`) with the
-    descriptor it reports on. The program itself comes on standard input."""
+    descriptor it reports on. The program itself comes on standard input; bwrap
+    writes the host pid of the namespace's first process on `info_fd`."""
     namespaces = [
         "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
         "--unshare-cgroup-try",
@@ -115,6 +119,8 @@ def bwrap_argv(runtime: Runtime, limits: Limits, report_fd: int) -> list[str]:
         *namespaces,
         "--die-with-parent",
         "--new-session",
+        "--as-pid-1",
+        "--info-fd", str(info_fd),
         "--uid", str(SANDBOX_ID),
         "--gid", str(SANDBOX_ID),
         "--hostname", "sandbox",

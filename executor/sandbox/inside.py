@@ -1,11 +1,12 @@
-"""The supervisor that runs inside the sandbox, as its first process after bwrap's.
+"""The supervisor that runs inside the sandbox, as the first process of its PID namespace.
 
 Not imported by toolfence: `command.py` passes this file's text to the sandbox's
 interpreter (`python3 -I -S -c SOURCE REPORT_FD`), so no host path of it is ever
 mounted or shown. It uses the standard library only, and nothing newer than
 Python 3.8, since it runs on whatever interpreter the sandbox is given.
 
-It reads the job (JSON on standard input: the program, its input files, its
+It makes itself non-dumpable (the program cannot trace it nor reach its
+descriptors), reads the job (JSON on standard input: the program, its input files, its
 limits), writes the files into the work directory, and sets the resource limits
 on itself (so nothing in the sandbox runs without them, this process included).
 Then it forks the program (`python -E -s -B main.py`, with an environment built
@@ -13,7 +14,9 @@ from nothing), waits for it (at most its wall-clock timeout), kills whatever the
 (`kill(-1, SIGKILL)` reaches every other process of the PID namespace), and
 describes the work directory: each regular file's name, size and SHA-256, the
 text of a small UTF-8 file, and a symlink as a symlink (never followed). The
-report is one JSON object on REPORT_FD, a pipe the program never holds.
+report is one JSON object on REPORT_FD, a pipe the program never holds. Being
+the namespace's init, it ignores any signal the program sends it without a
+handler (SIGKILL included), and its exit ends every process of the namespace.
 
 Everything here runs with the program's own rights: a program that tampers with
 it can only spoil its own report, which the host reads as untrusted, bounded data.
@@ -32,6 +35,7 @@ MAIN = "main.py"
 JOB_MAX_BYTES = 4 * 1024 * 1024
 COUNT_MAX = 1_000_000
 CHUNK = 65536
+PR_SET_DUMPABLE = 4
 
 
 def read_job():
@@ -102,11 +106,14 @@ def run_program(python, timeout, report_fd):
     signal.signal(signal.SIGALRM, on_alarm)
     signal.setitimer(signal.ITIMER_REAL, timeout)
     while True:
+        # As the namespace's first process this one inherits every orphan: reap
+        # them on the way (a zombie still counts against the process limit).
         try:
-            _, status = os.waitpid(pid, 0)
-            break
+            done, status = os.waitpid(-1, 0)
         except InterruptedError:
             continue
+        if done == pid:
+            break
     signal.setitimer(signal.ITIMER_REAL, 0)
     result = {"timed_out": bool(expired)}
     if os.WIFSIGNALED(status):
@@ -183,7 +190,18 @@ def scan(inputs, limits):
     return files, count, largest
 
 
+def not_dumpable():
+    """Out of the program's reach: it runs as the same uid, and a dumpable process
+    of that uid could be traced, or its descriptors opened through /proc."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE)")
+
+
 def main():
+    not_dumpable()
     report_fd = int(sys.argv[1])
     job = read_job()
     os.write(report_fd, b"S")  # the sandbox was built: what fails from here is the run's

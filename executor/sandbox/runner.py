@@ -1,8 +1,8 @@
 """Run one program in the sandbox and watch it from the host.
 
-The host starts bwrap in a process group of its own (as uid 65534 when the worker
-is root: the sandbox then holds no host root even in name, and its process limit
-counts), writes the job to its standard input, and reads three pipes: the
+The host starts bwrap in a process group of its own (as TOOLFENCE_SANDBOX_HOST_UID,
+65534, when the worker is root: the sandbox then holds no host root even in name,
+and its process limit counts), writes the job to its standard input, and reads three pipes: the
 program's stdout and stderr, and the supervisor's report. It kills the whole
 group, and with it the sandbox's PID namespace, when a stream passes its cap
 (`output_limit`) or when the sandbox outlives its timeout plus the grace its own
@@ -21,10 +21,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from executor.sandbox.command import SANDBOX_ID, Runtime, SandboxUnavailable, bwrap_argv
+from executor.sandbox.command import Runtime, SandboxUnavailable, bwrap_argv
 from executor.sandbox.limits import Limits, Program
 
 READ_CHUNK = 65536
+INFO_MAX_BYTES = 4096
 STARTED = b"S"
 """The supervisor's first byte on the report pipe: the sandbox was built."""
 
@@ -49,16 +50,16 @@ def _report_cap(limits: Limits) -> int:
     return limits.max_files * (6 * limits.max_text_file_bytes + 1024) + 4096
 
 
-def _spawn(argv: list[str], report_write: int) -> subprocess.Popen[bytes]:
+def _spawn(argv: list[str], host_uid: int, *pass_fds: int) -> subprocess.Popen[bytes]:
     extra: dict[str, Any] = {}
     if os.geteuid() == 0:
         # Never root on the host, even a mapped one: as root, RLIMIT_NPROC would
         # not bind the sandbox's processes.
-        extra = {"user": SANDBOX_ID, "group": SANDBOX_ID, "extra_groups": []}
+        extra = {"user": host_uid, "group": host_uid, "extra_groups": []}
     try:
         return subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            pass_fds=(report_write,), env={}, cwd="/", start_new_session=True, close_fds=True,
+            pass_fds=pass_fds, env={}, cwd="/", start_new_session=True, close_fds=True,
             **extra,
         )
     except OSError as exc:
@@ -86,17 +87,25 @@ def execute(program: Program, limits: Limits, runtime: Runtime) -> Raw:
         ensure_ascii=True,
     ).encode("ascii")
     report_read, report_write = os.pipe()
+    info_read, info_write = os.pipe()
     started = time.monotonic()
     try:
-        process = _spawn(bwrap_argv(runtime, limits, report_write), report_write)
+        process = _spawn(
+            bwrap_argv(runtime, limits, report_write, info_write), runtime.host_uid, report_write, info_write
+        )
     except BaseException:
         os.close(report_read)
+        os.close(info_read)
         raise
     finally:
         os.close(report_write)
+        os.close(info_write)
     assert process.stdin is not None and process.stdout is not None and process.stderr is not None
-    buffers = {"stdout": bytearray(), "stderr": bytearray(), "report": bytearray()}
-    caps = {"stdout": limits.max_output_bytes, "stderr": limits.max_output_bytes, "report": _report_cap(limits)}
+    buffers = {"stdout": bytearray(), "stderr": bytearray(), "report": bytearray(), "info": bytearray()}
+    caps = {
+        "stdout": limits.max_output_bytes, "stderr": limits.max_output_bytes,
+        "report": _report_cap(limits), "info": INFO_MAX_BYTES,
+    }
     over: str | None = None
     host_timed_out = False
     pending = memoryview(job)
@@ -104,6 +113,7 @@ def execute(program: Program, limits: Limits, runtime: Runtime) -> Raw:
     with selectors.DefaultSelector() as selector:
         for name, fd in (
             ("stdout", process.stdout.fileno()), ("stderr", process.stderr.fileno()), ("report", report_read),
+            ("info", info_read),
         ):
             os.set_blocking(fd, False)
             selector.register(fd, selectors.EVENT_READ, name)
@@ -144,12 +154,14 @@ def execute(program: Program, limits: Limits, runtime: Runtime) -> Raw:
                 if not stream.closed:
                     stream.close()
             os.close(report_read)
+            os.close(info_read)
     try:
         process.wait(timeout=max(0.1, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         _kill(process)
         process.wait()
         host_timed_out = True
+    _await_namespace(_child_pid(bytes(buffers["info"])), limits.grace_seconds)
     seconds = time.monotonic() - started
     report_bytes = bytes(buffers["report"])
     if not report_bytes.startswith(STARTED):
@@ -162,6 +174,40 @@ def execute(program: Program, limits: Limits, runtime: Runtime) -> Raw:
         )
     report = None if over is not None else _parse_report(report_bytes[len(STARTED):])
     return Raw(bytes(buffers["stdout"]), bytes(buffers["stderr"]), over, host_timed_out, report, seconds)
+
+
+def _child_pid(info: bytes) -> int | None:
+    """The host pid of the namespace's first process, from bwrap's `--info-fd`."""
+    try:
+        value = json.loads(info.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    pid = value.get("child-pid") if isinstance(value, dict) else None
+    return pid if isinstance(pid, int) and pid > 1 else None
+
+
+def _await_namespace(pid: int | None, seconds: float) -> None:
+    """Return once the namespace's first process has exited: the kernel ends every
+    other process of a PID namespace before its first one's exit completes, so the
+    run leaves nothing running when this returns (a process that is already gone,
+    or a pid this machine cannot watch, returns at once)."""
+    if pid is None:
+        return
+    try:
+        watch = os.pidfd_open(pid)
+    except OSError:
+        return  # already reaped: nothing of it is left
+    try:
+        with selectors.DefaultSelector() as selector:
+            selector.register(watch, selectors.EVENT_READ)
+            if not selector.select(seconds):
+                try:
+                    signal.pidfd_send_signal(watch, signal.SIGKILL)
+                except OSError:
+                    pass
+                selector.select(seconds)
+    finally:
+        os.close(watch)
 
 
 def _parse_report(data: bytes) -> dict[str, Any] | None:

@@ -308,6 +308,11 @@ DECLARED: tuple[Variable, ...] = (
         "the interpreter that runs sandboxed programs (under /usr: the only runtime the sandbox mounts)",
     ),
     Variable(
+        "TOOLFENCE_SANDBOX_HOST_UID", INTEGER, 65534,
+        "the host uid and gid a root worker runs bubblewrap as (never root; unused when not root)",
+        minimum=1,
+    ),
+    Variable(
         "TOOLFENCE_SANDBOX_MAX_TIMEOUT_SECONDS", NUMBER, 10.0,
         "the longest wall-clock time a sandboxed program may ask for", minimum=0, above=True,
     ),
