@@ -194,7 +194,7 @@ def limit_message(result: SandboxResult) -> str:
     each stream, as untrusted data (the tool failure's message is capped and
     sanitised again where it is raised)."""
     what = {
-        Outcome.TIMEOUT: f"ran out of time ({result.limits.timeout_seconds:g} s)",
+        Outcome.TIMEOUT: f"ran out of time ({result.limits.timeout_seconds:.3g} s)",
         Outcome.MEMORY_LIMIT: f"ran out of memory ({result.limits.memory_mb} MiB)",
         Outcome.OUTPUT_LIMIT: "wrote more output than the sandbox keeps (a stream, a file, "
         "the work directory or the number of files)",

@@ -88,7 +88,7 @@ def call_limits(args: RunPythonArgs, deadline: float | None = None) -> Limits:
     )
     if deadline is not None:
         left = deadline - time.time() - limits.grace_seconds - DEADLINE_MARGIN_SECONDS
-        limits = replace(limits, timeout_seconds=max(0.1, min(limits.timeout_seconds, left)))
+        limits = replace(limits, timeout_seconds=round(max(0.1, min(limits.timeout_seconds, left)), 3))
     return limits
 
 
