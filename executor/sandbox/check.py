@@ -112,16 +112,23 @@ def check_features() -> Features:
         features.append(cgroup_v2())
         return Features(tuple(features))
     except ValueError:
-        features.append(Feature("namespaces", False, "the probe program did not report (see bwrap on this host)"))
+        features.append(
+            Feature("namespaces", False, "the probe program did not report (see bwrap on this host)")
+        )
         features.append(cgroup_v2())
         return Features(tuple(features))
     features += [
-        Feature("user namespace", seen["uid"] == SANDBOX_ID, f"uid {seen['uid']} inside, capabilities {seen['cap_eff']}"),
+        Feature(
+            "user namespace", seen["uid"] == SANDBOX_ID,
+            f"uid {seen['uid']} inside, capabilities {seen['cap_eff']}",
+        ),
         Feature(
             "PID namespace", seen["processes"] <= 2,
             f"{seen['processes']} processes visible, the program is pid {seen['pid']}",
         ),
-        Feature("network namespace", seen["interfaces"] == ["lo"], f"interfaces: {', '.join(seen['interfaces'])}"),
+        Feature(
+            "network namespace", seen["interfaces"] == ["lo"], f"interfaces: {', '.join(seen['interfaces'])}"
+        ),
         Feature("UTS namespace", seen["hostname"] == "sandbox", f"hostname {seen['hostname']!r}"),
         Feature("mount namespace", not seen["etc"], "only /usr of the host is mounted (no /etc)"),
         Feature("no_new_privs", seen["no_new_privs"] == "1", "setuid binaries do not elevate"),
@@ -131,7 +138,7 @@ def check_features() -> Features:
         ),
         Feature(
             "host user", True,
-            f"bwrap runs as uid {runtime.host_uid}" if os.geteuid() == 0 else f"bwrap runs as uid {os.geteuid()}",
+            f"bwrap runs as uid {runtime.host_uid if os.geteuid() == 0 else os.geteuid()}",
             required=False,
         ),
         cgroup_v2(),

@@ -55,7 +55,8 @@ class Runtime:
         bwrap = shutil.which(named)
         if bwrap is None:
             raise SandboxUnavailable(
-                f"bubblewrap not found (TOOLFENCE_SANDBOX_BWRAP={named!r}; Debian: apt-get install bubblewrap)"
+                f"bubblewrap not found (TOOLFENCE_SANDBOX_BWRAP={named!r}; "
+                "Debian: apt-get install bubblewrap)"
             )
         python = str(read("TOOLFENCE_SANDBOX_PYTHON"))
         if not os.path.isabs(python) or not os.access(python, os.X_OK):

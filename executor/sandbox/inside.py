@@ -22,6 +22,8 @@ Everything here runs with the program's own rights: a program that tampers with
 it can only spoil its own report, which the host reads as untrusted, bounded data.
 """
 
+from __future__ import annotations
+
 import hashlib
 import json
 import os
@@ -29,6 +31,7 @@ import resource
 import signal
 import stat
 import sys
+from typing import Any
 
 WORKDIR = "/work"
 MAIN = "main.py"
@@ -38,7 +41,7 @@ CHUNK = 65536
 PR_SET_DUMPABLE = 4
 
 
-def read_job():
+def read_job() -> Any:
     data = bytearray()
     while len(data) <= JOB_MAX_BYTES:
         chunk = os.read(0, CHUNK)
@@ -48,7 +51,7 @@ def read_job():
     return json.loads(bytes(data).decode("utf-8"))
 
 
-def set_limits(limits):
+def set_limits(limits: dict[str, Any]) -> None:
     memory = limits["memory_mb"] * 1024 * 1024
     cpu = limits["cpu_seconds"]
     for name, soft, hard in (
@@ -62,7 +65,7 @@ def set_limits(limits):
         resource.setrlimit(name, (soft, hard))
 
 
-def write_inputs(job):
+def write_inputs(job: dict[str, Any]) -> dict[str, str]:
     written = {}
     for name, content in [[MAIN, job["code"]]] + [list(pair) for pair in job["files"]]:
         data = content.encode("utf-8")
@@ -77,7 +80,7 @@ def write_inputs(job):
     return written
 
 
-def run_program(python, timeout, report_fd):
+def run_program(python: str, timeout: float, report_fd: int) -> dict[str, Any]:
     pid = os.fork()
     if pid == 0:
         try:
@@ -97,9 +100,9 @@ def run_program(python, timeout, report_fd):
             os.execve(python, [python, "-E", "-s", "-B", MAIN], environment)
         finally:
             os._exit(127)
-    expired = []
+    expired: list[bool] = []
 
-    def on_alarm(signum, frame):
+    def on_alarm(signum: int, frame: Any) -> None:
         expired.append(True)
         kill_the_rest()
 
@@ -115,7 +118,7 @@ def run_program(python, timeout, report_fd):
         if done == pid:
             break
     signal.setitimer(signal.ITIMER_REAL, 0)
-    result = {"timed_out": bool(expired)}
+    result: dict[str, Any] = {"timed_out": bool(expired)}
     if os.WIFSIGNALED(status):
         result["signal"] = os.WTERMSIG(status)
     else:
@@ -123,7 +126,7 @@ def run_program(python, timeout, report_fd):
     return result
 
 
-def kill_the_rest():
+def kill_the_rest() -> None:
     """Every other process of the namespace: children that outlived the program."""
     try:
         os.kill(-1, signal.SIGKILL)
@@ -131,7 +134,7 @@ def kill_the_rest():
         pass
 
 
-def describe(path, name, limits):
+def describe(path: str, name: str, limits: dict[str, Any]) -> dict[str, Any]:
     info = os.lstat(path)
     if stat.S_ISLNK(info.st_mode):
         return {"name": name, "kind": "symlink", "size": 0}
@@ -151,7 +154,7 @@ def describe(path, name, limits):
                 head.extend(chunk[: limits["max_text_file_bytes"] + 1 - len(head)])
     finally:
         os.close(descriptor)
-    entry = {"name": name, "kind": "file", "size": info.st_size, "sha256": digest.hexdigest()}
+    entry: dict[str, Any] = {"name": name, "kind": "file", "size": info.st_size, "sha256": digest.hexdigest()}
     if info.st_size <= limits["max_text_file_bytes"]:
         try:
             entry["text"] = bytes(head).decode("utf-8")
@@ -160,8 +163,8 @@ def describe(path, name, limits):
     return entry
 
 
-def scan(inputs, limits):
-    files = []
+def scan(inputs: dict[str, str], limits: dict[str, Any]) -> tuple[list[dict[str, Any]], int, int]:
+    files: list[dict[str, Any]] = []
     count = 0
     largest = 0
     for root, directories, names in os.walk(WORKDIR):
@@ -190,7 +193,7 @@ def scan(inputs, limits):
     return files, count, largest
 
 
-def not_dumpable():
+def not_dumpable() -> None:
     """Out of the program's reach: it runs as the same uid, and a dumpable process
     of that uid could be traced, or its descriptors opened through /proc."""
     import ctypes
@@ -200,7 +203,7 @@ def not_dumpable():
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE)")
 
 
-def main():
+def main() -> None:
     not_dumpable()
     report_fd = int(sys.argv[1])
     job = read_job()

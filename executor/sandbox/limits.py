@@ -55,7 +55,9 @@ class Limits:
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.timeout_seconds) and self.timeout_seconds > 0):
-            raise InvalidProgram(f"timeout must be a positive number of seconds, not {self.timeout_seconds!r}")
+            raise InvalidProgram(
+                f"timeout must be a positive number of seconds, not {self.timeout_seconds!r}"
+            )
         if self.memory_mb < MIN_MEMORY_MB:
             raise InvalidProgram(f"memory must be at least {MIN_MEMORY_MB} MiB, not {self.memory_mb}")
         for name in (

@@ -166,11 +166,14 @@ def execute(program: Program, limits: Limits, runtime: Runtime) -> Raw:
     report_bytes = bytes(buffers["report"])
     if not report_bytes.startswith(STARTED):
         if over is not None or host_timed_out:
-            return Raw(bytes(buffers["stdout"]), bytes(buffers["stderr"]), over, host_timed_out, None, seconds)
+            return Raw(
+                bytes(buffers["stdout"]), bytes(buffers["stderr"]), over, host_timed_out, None, seconds
+            )
         # bwrap's own message: not the program's (it never started), and for operators.
         message = bytes(buffers["stderr"]).decode("utf-8", "replace").strip().splitlines()
         raise SandboxUnavailable(
-            "the sandbox could not be built: " + (message[0][:300] if message else f"bwrap exited {process.returncode}")
+            "the sandbox could not be built: "
+            + (message[0][:300] if message else f"bwrap exited {process.returncode}")
         )
     report = None if over is not None else _parse_report(report_bytes[len(STARTED):])
     return Raw(bytes(buffers["stdout"]), bytes(buffers["stderr"]), over, host_timed_out, report, seconds)

@@ -144,7 +144,8 @@ HOSTILE: tuple[Hostile, ...] = (
     Hostile("spin_forever", "while True:\n    pass", "timeout", timeout=1.0),
     Hostile(
         "child_sleeps_after_parent_exits",
-        'import os\nif os.fork() == 0:\n    os.execv("/bin/sleep", ["sleep", "@MARKER@"])\nprint("parent done")',
+        'import os\nif os.fork() == 0:\n    os.execv("/bin/sleep", ["sleep", "@MARKER@"])\n'
+        'print("parent done")',
         "ok", expect=("parent done",),
     ),
     Hostile(
@@ -188,7 +189,8 @@ HOSTILE: tuple[Hostile, ...] = (
         'attempt("unshare-user", lambda: check(libc.unshare(0x10000000)))\n'
         'attempt("unshare-mount", lambda: check(libc.unshare(0x00020000)))\n'
         'attempt("unshare-net", lambda: check(libc.unshare(0x40000000)))',
-        "ok", expect=("blocked mount", "blocked unshare-user", "blocked unshare-mount", "blocked unshare-net"),
+        "ok",
+        expect=("blocked mount", "blocked unshare-user", "blocked unshare-mount", "blocked unshare-net"),
     ),
     Hostile(
         "setuid_binary",

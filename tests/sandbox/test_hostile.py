@@ -26,7 +26,9 @@ from executor.sandbox.result import shape
 from executor.sandbox.runner import execute
 from tests.sandbox.hostile import CANARY_ENV, CHECKOUT, HOSTILE, MARGIN_SECONDS, Host, Hostile, nothing_left
 
-ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="a host uid per run needs root (make test runs as root)")
+ROOT_ONLY = pytest.mark.skipif(
+    os.geteuid() != 0, reason="a host uid per run needs root (make test runs as root)"
+)
 
 
 @pytest.fixture

@@ -15,14 +15,17 @@ import pytest
 from pydantic import ValidationError
 
 from executor import (
+    SURFACES,
     Access,
     Approval,
     ApproverPolicy,
     ErrorCode,
     Mode,
+    Registry,
     RunContext,
     ServerContext,
     ToolFailure,
+    encode_tool_name,
     run_python_tool,
 )
 from executor.sandbox import RunPythonArgs, SandboxResult
@@ -106,7 +109,10 @@ def test_run__killed_by_a_signal__outcome_killed() -> None:
     [
         ("while True:\n    pass\n", {"timeout_seconds": 1}, ErrorCode.SANDBOX_TIMEOUT),
         ("b = bytearray(8 * 1024 ** 3)\n", {"memory_mb": 128}, ErrorCode.SANDBOX_MEMORY_LIMIT),
-        ("import sys\nfor _ in range(50):\n    sys.stdout.write('x' * 1048576)\n", {}, ErrorCode.SANDBOX_OUTPUT_LIMIT),
+        (
+            "import sys\nfor _ in range(50):\n    sys.stdout.write('x' * 1048576)\n", {},
+            ErrorCode.SANDBOX_OUTPUT_LIMIT,
+        ),
     ],
     ids=["timeout", "memory", "output"],
 )
@@ -145,7 +151,9 @@ def _witness_program(tmp_path: Path) -> tuple[str, Path]:
 
 def _fake_bwrap(tmp_path: Path, body: str) -> Path:
     script = tmp_path / "bwrap"
-    script.write_text(f"#!/bin/sh\nif [ \"$1\" = --help ]; then echo '--size --disable-userns'; exit 0; fi\n{body}\n")
+    script.write_text(
+        f"#!/bin/sh\nif [ \"$1\" = --help ]; then echo '--size --disable-userns'; exit 0; fi\n{body}\n"
+    )
     script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return script
 
@@ -258,7 +266,10 @@ def test_classify__what_the_host_and_the_supervisor_saw__one_outcome(raw: Raw, e
 def test_shape__forged_file_entries__sanitised_and_bad_digests_dropped() -> None:
     report = _report(exit=0)
     report["files"] = [
-        {"name": "a\x1b[31m.txt", "kind": "file", "size": -5, "sha256": "not-hex", "text": "token=abcdef123456"},
+        {
+            "name": "a\x1b[31m.txt", "kind": "file", "size": -5, "sha256": "not-hex",
+            "text": "token=abcdef123456",
+        },
         {"name": "link", "kind": "symlink", "size": 0, "sha256": None, "text": "should not show"},
     ]
     report["file_count"] = 2
@@ -267,3 +278,21 @@ def test_shape__forged_file_entries__sanitised_and_bad_digests_dropped() -> None
     assert (first.name, first.size, first.sha256) == ("a[31m.txt", 0, None)
     assert "abcdef123456" not in json.dumps(result.model_dump(mode="json"))
     assert second.text is None
+
+
+@pytest.mark.parametrize("surface", sorted(SURFACES))
+def test_export__each_of_the_five_surfaces__declares_the_tool_with_its_schema(surface: str) -> None:
+    # (tests/unit/adapters validates the declaration against each provider's SDK types)
+    exported = SURFACES[surface].export_tools(Registry([TOOL]), CTX)
+    text = json.dumps(exported)
+    wire_name = encode_tool_name(TOOL.name, SURFACES[surface].name_rule)
+    assert len(exported) == 1 and f'"{wire_name}"' in text, text
+    assert '"code"' in text and '"timeout_seconds"' in text and '"memory_mb"' in text
+    assert TOOL.description in text
+
+
+def test_export__a_principal_without_the_role__not_declared() -> None:
+    outsider = CTX.model_copy(update={"roles": frozenset({"viewer"})})
+    assert all(
+        SURFACES[surface].export_tools(Registry([TOOL]), outsider) == [] for surface in SURFACES
+    )

@@ -108,11 +108,13 @@ def _print_result(result: object) -> None:
     ended = f"exit {result.exit_status}" if result.signal is None else result.signal
     print(f"outcome: {result.outcome.value} ({ended}) in {result.duration_ms} ms")
     for name, text, cut in (
-        ("stdout", result.stdout, result.stdout_truncated), ("stderr", result.stderr, result.stderr_truncated),
+        ("stdout", result.stdout, result.stdout_truncated),
+        ("stderr", result.stderr, result.stderr_truncated),
     ):
         if text or cut:
             print(f"--- {name}{' (truncated)' if cut else ''} (untrusted)")
-            print(text.encode("ascii", "backslashreplace").decode("ascii"), end="" if text.endswith("\n") else "\n")
+            shown = text.encode("ascii", "backslashreplace").decode("ascii")
+            print(shown, end="" if shown.endswith("\n") else "\n")
     for file in result.files:
         digest = f" sha256 {file.sha256}" if file.sha256 else ""
         print(f"file {file.name!a}: {file.kind}, {file.size} bytes{digest}")
