@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import stat
 import time
 from pathlib import Path
@@ -141,7 +142,9 @@ def test_run__call_deadline_near__program_timeout_held_to_it() -> None:
     with pytest.raises(ToolFailure) as raised:
         TOOL.run(args, run_context(deadline_in=Limits().grace_seconds + 1.0 + 1.0))
     assert raised.value.code is ErrorCode.SANDBOX_TIMEOUT
-    assert "(1 s)" in raised.value.message
+    # Held to what the deadline leaves (1 s, less the moments spent getting there), not 10 s
+    shown = re.search(r"ran out of time \(([0-9.]+) s\)", raised.value.message)
+    assert shown is not None and 0.5 < float(shown.group(1)) <= 1.0, raised.value.message
 
 
 def _witness_program(tmp_path: Path) -> tuple[str, Path]:
