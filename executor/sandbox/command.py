@@ -28,6 +28,14 @@ SANDBOX_ID = 65534
 """The uid and gid inside the sandbox (and, by default, the host uid a root worker
 runs bwrap as: TOOLFENCE_SANDBOX_HOST_UID)."""
 RUNTIME_ROOTS = ("/usr",)
+# The program's whole environment, built from nothing (no variable of the host's).
+ENVIRONMENT = (
+    ("PATH", "/usr/local/bin:/usr/bin:/bin"),
+    ("HOME", "/work"),
+    ("TMPDIR", "/tmp"),
+    ("LANG", "C.UTF-8"),
+    ("LC_ALL", "C.UTF-8"),
+)
 LINKED_ROOTS = ("/bin", "/lib", "/lib32", "/lib64", "/libx32", "/sbin")
 INSIDE_SOURCE = (Path(__file__).with_name("inside.py")).read_text(encoding="utf-8")
 
@@ -134,7 +142,7 @@ def bwrap_argv(runtime: Runtime, limits: Limits, report_fd: int, info_fd: int) -
         "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp",
         "--chdir", "/work",
         "--clearenv",
-        "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin",
+        *(argument for name, value in ENVIRONMENT for argument in ("--setenv", name, value)),
         "--",
-        runtime.python, "-I", "-S", "-c", INSIDE_SOURCE, str(report_fd),
+        runtime.python, "-E", "-s", "-B", "-c", INSIDE_SOURCE, str(report_fd),
     ]

@@ -1,22 +1,25 @@
 """The supervisor that runs inside the sandbox, as the first process of its PID namespace.
 
 Not imported by toolfence: `command.py` passes this file's text to the sandbox's
-interpreter (`python3 -I -S -c SOURCE REPORT_FD`), so no host path of it is ever
-mounted or shown. It uses the standard library only, and nothing newer than
-Python 3.8, since it runs on whatever interpreter the sandbox is given.
+interpreter (`python3 -E -s -B -c SOURCE REPORT_FD`, the flags the program runs
+under), so no host path of it is ever mounted or shown. It uses the standard
+library only, and nothing newer than Python 3.8, since it runs on whatever
+interpreter the sandbox is given.
 
 It makes itself non-dumpable (the program cannot trace it nor reach its
-descriptors), reads the job (JSON on standard input: the program, its input files, its
-limits), writes the files into the work directory, and sets the resource limits
-on itself (so nothing in the sandbox runs without them, this process included).
-Then it forks the program (`python -E -s -B main.py`, with an environment built
-from nothing), waits for it (at most its wall-clock timeout), kills whatever the program left running
-(`kill(-1, SIGKILL)` reaches every other process of the PID namespace), and
-describes the work directory: each regular file's name, size and SHA-256, the
-text of a small UTF-8 file, and a symlink as a symlink (never followed). The
-report is one JSON object on REPORT_FD, a pipe the program never holds. Being
-the namespace's init, it ignores any signal the program sends it without a
-handler (SIGKILL included), and its exit ends every process of the namespace.
+descriptors), reads the job (JSON on standard input: the program, its input
+files, its limits), writes the files into the work directory, and sets the
+resource limits on itself (so nothing in the sandbox runs without them, this
+process included). Then it forks, and the fork runs the program as
+`python -E -s -B main.py` would (one interpreter start for both; the environment
+is bwrap's, built from nothing), while this process waits for it (at most its
+wall-clock timeout), kills whatever the program left running (`kill(-1, SIGKILL)`
+reaches every other process of the PID namespace), and describes the work
+directory: each regular file's name, size and SHA-256, the text of a small UTF-8
+file, and a symlink as a symlink (never followed). The report is one JSON object
+on REPORT_FD, a pipe the program never holds. Being the namespace's init, it
+ignores any signal the program sends it without a handler (SIGKILL included),
+and its exit ends every process of the namespace.
 
 Everything here runs with the program's own rights: a program that tampers with
 it can only spoil its own report, which the host reads as untrusted, bounded data.
@@ -39,6 +42,7 @@ JOB_MAX_BYTES = 4 * 1024 * 1024
 COUNT_MAX = 1_000_000
 CHUNK = 65536
 PR_SET_DUMPABLE = 4
+IN_PROGRAM: list[bool] = []  # set in the fork that runs the program
 
 
 def read_job() -> Any:
@@ -80,26 +84,12 @@ def write_inputs(job: dict[str, Any]) -> dict[str, str]:
     return written
 
 
-def run_program(python: str, timeout: float, report_fd: int) -> dict[str, Any]:
+def run_program(timeout: float, report_fd: int) -> dict[str, Any]:
     pid = os.fork()
     if pid == 0:
-        try:
-            os.close(report_fd)
-            null = os.open("/dev/null", os.O_RDONLY)
-            os.dup2(null, 0)
-            os.close(null)
-            for number in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
-                signal.signal(number, signal.SIG_DFL)
-            environment = {
-                "PATH": "/usr/local/bin:/usr/bin:/bin",
-                "HOME": WORKDIR,
-                "TMPDIR": "/tmp",
-                "LANG": "C.UTF-8",
-                "LC_ALL": "C.UTF-8",
-            }
-            os.execve(python, [python, "-E", "-s", "-B", MAIN], environment)
-        finally:
-            os._exit(127)
+        IN_PROGRAM.append(True)
+        run_as_main(report_fd)
+        raise SystemExit(0)
     expired: list[bool] = []
 
     def on_alarm(signum: int, frame: Any) -> None:
@@ -124,6 +114,35 @@ def run_program(python: str, timeout: float, report_fd: int) -> dict[str, Any]:
     else:
         result["exit"] = os.WEXITSTATUS(status)
     return result
+
+
+def run_as_main(report_fd: int) -> None:
+    """The program, in this interpreter's fork, as `python -E -s -B main.py` runs a
+    script (one interpreter start, not two): its `__main__`, its argv and path, its
+    exit status, its traceback with nothing of this file in it. The fork is made
+    dumpable again: it is the program's own process."""
+    os.close(report_fd)
+    null = os.open("/dev/null", os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    set_dumpable(1)
+    os.environ.pop("PWD", None)  # bwrap's --chdir sets it; the environment is ENVIRONMENT's alone
+    import runpy
+    import traceback
+
+    path = os.path.join(WORKDIR, MAIN)
+    sys.argv = [MAIN]
+    sys.path[0] = WORKDIR
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except SystemExit:
+        raise
+    except BaseException as exc:
+        frames = exc.__traceback__
+        while frames is not None and frames.tb_frame.f_code.co_filename != path:
+            frames = frames.tb_next
+        traceback.print_exception(type(exc), exc, frames)
+        raise SystemExit(1) from None
 
 
 def kill_the_rest() -> None:
@@ -193,18 +212,18 @@ def scan(inputs: dict[str, str], limits: dict[str, Any]) -> tuple[list[dict[str,
     return files, count, largest
 
 
-def not_dumpable() -> None:
-    """Out of the program's reach: it runs as the same uid, and a dumpable process
-    of that uid could be traced, or its descriptors opened through /proc."""
+def set_dumpable(value: int) -> None:
+    """0: out of the program's reach (it runs as the same uid, and a dumpable process
+    of that uid could be traced, or its descriptors opened through /proc)."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+    if libc.prctl(PR_SET_DUMPABLE, value, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE)")
 
 
 def main() -> None:
-    not_dumpable()
+    set_dumpable(0)
     report_fd = int(sys.argv[1])
     job = read_job()
     os.write(report_fd, b"S")  # the sandbox was built: what fails from here is the run's
@@ -212,7 +231,7 @@ def main() -> None:
     set_limits(limits)
     os.chdir(WORKDIR)
     inputs = write_inputs(job)
-    status = run_program(job["python"], limits["timeout_seconds"], report_fd)
+    status = run_program(limits["timeout_seconds"], report_fd)
     kill_the_rest()
     files, count, largest = scan(inputs, limits)
     usage = os.statvfs(WORKDIR)
@@ -234,6 +253,8 @@ if __name__ == "__main__":
     try:
         main()
     except BaseException:
+        if IN_PROGRAM:
+            raise  # the program's own exit (SystemExit), as the interpreter ends a script
         # Never a traceback of this file where the program's stderr is read: a
         # supervisor that cannot finish leaves no report, and the run is `killed`.
         os._exit(70)

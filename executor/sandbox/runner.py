@@ -82,7 +82,6 @@ def execute(program: Program, limits: Limits, runtime: Runtime) -> Raw:
             "code": program.code,
             "files": [list(pair) for pair in program.files],
             "limits": limits.for_job(),
-            "python": runtime.python,
         },
         ensure_ascii=True,
     ).encode("ascii")
