@@ -27,8 +27,7 @@ it can only spoil its own report, which the host reads as untrusted, bounded dat
 
 from __future__ import annotations
 
-import hashlib
-import json
+import marshal
 import os
 import resource
 import signal
@@ -52,7 +51,8 @@ def read_job() -> Any:
         if not chunk:
             break
         data.extend(chunk)
-    return json.loads(bytes(data).decode("utf-8"))
+    # marshal: the host wrote it (runner.py), and loading it needs no import
+    return marshal.loads(bytes(data))
 
 
 def set_limits(limits: dict[str, Any]) -> None:
@@ -69,7 +69,7 @@ def set_limits(limits: dict[str, Any]) -> None:
         resource.setrlimit(name, (soft, hard))
 
 
-def write_inputs(job: dict[str, Any]) -> dict[str, str]:
+def write_inputs(job: dict[str, Any]) -> dict[str, bytes]:
     written = {}
     for name, content in [[MAIN, job["code"]]] + [list(pair) for pair in job["files"]]:
         data = content.encode("utf-8")
@@ -80,7 +80,7 @@ def write_inputs(job: dict[str, Any]) -> dict[str, str]:
                 view = view[os.write(descriptor, view):]
         finally:
             os.close(descriptor)
-        written[name] = hashlib.sha256(data).hexdigest()
+        written[name] = data
     return written
 
 
@@ -127,17 +127,24 @@ def run_as_main(report_fd: int) -> None:
     os.close(null)
     set_dumpable(1)
     os.environ.pop("PWD", None)  # bwrap's --chdir sets it; the environment is ENVIRONMENT's alone
-    import runpy
-    import traceback
-
     path = os.path.join(WORKDIR, MAIN)
-    sys.argv = [MAIN]
+    sys.argv = [path]
     sys.path[0] = WORKDIR
+    # A fresh `__main__`, as the interpreter makes for a script (runpy would do the
+    # same, and import typing, re and pkgutil for it: most of a run's start-up).
+    main = type(sys)("__main__")
+    main.__file__ = path
+    main.__builtins__ = __builtins__  # type: ignore[attr-defined]
+    sys.modules["__main__"] = main
     try:
-        runpy.run_path(path, run_name="__main__")
+        with open(path, "rb") as handle:
+            code = compile(handle.read(), path, "exec")
+        exec(code, main.__dict__)
     except SystemExit:
         raise
     except BaseException as exc:
+        import traceback
+
         frames = exc.__traceback__
         while frames is not None and frames.tb_frame.f_code.co_filename != path:
             frames = frames.tb_next
@@ -159,6 +166,8 @@ def describe(path: str, name: str, limits: dict[str, Any]) -> dict[str, Any]:
         return {"name": name, "kind": "symlink", "size": 0}
     if not stat.S_ISREG(info.st_mode):
         return {"name": name, "kind": "other", "size": 0}
+    import hashlib  # only when there is a file to describe: it costs an import per run
+
     digest = hashlib.sha256()
     head = bytearray()
     # O_NOFOLLOW: the name was a regular file a moment ago; it is never followed now.
@@ -173,7 +182,9 @@ def describe(path: str, name: str, limits: dict[str, Any]) -> dict[str, Any]:
                 head.extend(chunk[: limits["max_text_file_bytes"] + 1 - len(head)])
     finally:
         os.close(descriptor)
-    entry: dict[str, Any] = {"name": name, "kind": "file", "size": info.st_size, "sha256": digest.hexdigest()}
+    entry: dict[str, Any] = {
+        "name": name, "kind": "file", "size": info.st_size, "sha256": digest.hexdigest(),
+    }
     if info.st_size <= limits["max_text_file_bytes"]:
         try:
             entry["text"] = bytes(head).decode("utf-8")
@@ -182,7 +193,7 @@ def describe(path: str, name: str, limits: dict[str, Any]) -> dict[str, Any]:
     return entry
 
 
-def scan(inputs: dict[str, str], limits: dict[str, Any]) -> tuple[list[dict[str, Any]], int, int]:
+def scan(inputs: dict[str, bytes], limits: dict[str, Any]) -> tuple[list[dict[str, Any]], int, int]:
     files: list[dict[str, Any]] = []
     count = 0
     largest = 0
@@ -195,21 +206,40 @@ def scan(inputs: dict[str, str], limits: dict[str, Any]) -> tuple[list[dict[str,
             if count > COUNT_MAX:
                 return files, count, largest
             try:
-                size = os.lstat(path).st_size
+                info = os.lstat(path)
             except OSError:
                 continue
-            largest = max(largest, size)
+            largest = max(largest, info.st_size)
+            if relative in inputs and unchanged(path, info, inputs[relative]):
+                count -= 1  # an input the program left as it was is not an output
+                continue
             if len(files) >= limits["max_files"]:
                 continue
             try:
-                entry = describe(path, relative, limits)
+                files.append(describe(path, relative, limits))
             except OSError:
                 continue
-            if inputs.get(relative) is not None and inputs[relative] == entry.get("sha256"):
-                count -= 1  # an input the program left as it was is not an output
-                continue
-            files.append(entry)
     return files, count, largest
+
+
+def unchanged(path: str, info: os.stat_result, written: bytes) -> bool:
+    """Is this still the regular file written as an input, byte for byte?"""
+    if not stat.S_ISREG(info.st_mode) or info.st_size != len(written):
+        return False
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        data = bytearray()
+        while len(data) <= len(written):
+            chunk = os.read(descriptor, CHUNK)
+            if not chunk:
+                break
+            data.extend(chunk)
+    finally:
+        os.close(descriptor)
+    return bytes(data) == written
 
 
 def set_dumpable(value: int) -> None:
@@ -220,6 +250,36 @@ def set_dumpable(value: int) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_DUMPABLE, value, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE)")
+
+
+def to_json(value: Any) -> str:
+    """JSON for the report's few shapes, in ASCII, without importing json (and the
+    regular-expression engine it loads): an import the empty program would pay."""
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return '"' + "".join(_escaped(character) for character in value) + '"'
+    if isinstance(value, dict):
+        return "{" + ",".join(to_json(str(key)) + ":" + to_json(item) for key, item in value.items()) + "}"
+    return "[" + ",".join(to_json(item) for item in value) + "]"
+
+
+def _escaped(character: str) -> str:
+    code = ord(character)
+    if character in ('"', "\\"):
+        return "\\" + character
+    if 0x20 <= code < 0x7F:
+        return character
+    if code > 0xFFFF:
+        code -= 0x10000
+        return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+    return f"\\u{code:04x}"
 
 
 def main() -> None:
@@ -242,11 +302,14 @@ def main() -> None:
         "largest_file": largest,
         "workdir_full": usage.f_bavail == 0,
     }
-    data = json.dumps(report, ensure_ascii=True).encode("ascii")
+    data = to_json(report).encode("ascii")
     view = memoryview(data)
     while view:
         view = view[os.write(report_fd, view):]
     os.close(report_fd)
+    # Nothing is left to clean up: the namespace ends with this process, and an
+    # interpreter's finalisation would only spend the run's time.
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -120,12 +120,18 @@ def _report(raw: Raw) -> _Report | None:
         return None
 
 
+def _storable(text: str) -> str:
+    """A file name is bytes on the sandbox's side: one that is not UTF-8 arrives with
+    lone surrogates, which no database column or JSON encoder takes. Replaced."""
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
 def _file(reported: _ReportedFile, limits: Limits) -> OutputFile:
     text = None
     if reported.text is not None and reported.kind == "file":
-        text = sanitize_text(reported.text, limits.max_text_file_bytes)[0]
+        text = sanitize_text(_storable(reported.text), limits.max_text_file_bytes)[0]
     return OutputFile(
-        name=sanitize_text(reported.name, FILE_NAME_SHOWN_CHARS)[0],
+        name=sanitize_text(_storable(reported.name), FILE_NAME_SHOWN_CHARS)[0],
         kind=reported.kind,
         size=max(0, reported.size),
         sha256=reported.sha256 if reported.sha256 and _SHA256_RE.match(reported.sha256) else None,

@@ -13,6 +13,7 @@ the host's deadline is the backstop for a program that stopped its supervisor.
 from __future__ import annotations
 
 import json
+import marshal
 import os
 import selectors
 import signal
@@ -77,14 +78,12 @@ def _kill(process: subprocess.Popen[bytes]) -> None:
 
 def execute(program: Program, limits: Limits, runtime: Runtime) -> Raw:
     """Run `program` under `limits`; SandboxUnavailable if the sandbox could not be built."""
-    job = json.dumps(
-        {
-            "code": program.code,
-            "files": [list(pair) for pair in program.files],
-            "limits": limits.for_job(),
-        },
-        ensure_ascii=True,
-    ).encode("ascii")
+    # marshal (format 2, which every Python 3 reads): the supervisor loads it without
+    # an import. Only the host writes it; the report coming back is read as JSON.
+    job = marshal.dumps(
+        {"code": program.code, "files": [list(pair) for pair in program.files], "limits": limits.for_job()},
+        2,
+    )
     report_read, report_write = os.pipe()
     info_read, info_write = os.pipe()
     started = time.monotonic()
