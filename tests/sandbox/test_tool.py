@@ -299,3 +299,23 @@ def test_export__a_principal_without_the_role__not_declared() -> None:
     assert all(
         SURFACES[surface].export_tools(Registry([TOOL]), outsider) == [] for surface in SURFACES
     )
+
+
+def test_run__names_and_texts_any_characters__reported_exactly_and_storable() -> None:
+    # Given files whose names and texts hold what a JSON writer must escape, and a
+    # name that is not UTF-8 at all
+    code = (
+        "open('é \"q\" \\\\ 😀.txt', 'w').write('tab\\there \"quoted\" \\\\ é 😀')\n"
+        "open(b'raw\\xff'.decode('utf-8', 'surrogateescape'), 'w').write('x')\n"
+    )
+    result = call(code)
+    # Then the report carries them exactly (the invalid byte replaced by "?"), and they store as JSON
+    by_name = {f.name: f for f in result.files}
+    assert by_name['é "q" \\ 😀.txt'].text == 'tab\there "quoted" \\ é 😀'
+    assert set(by_name) == {'é "q" \\ 😀.txt', "raw?"}
+    json.dumps(TOOL.stored_result(result), ensure_ascii=False).encode("utf-8")
+
+
+def test_run__file_in_a_subdirectory_and_a_changed_program__listed_by_relative_name() -> None:
+    result = call("import os\nos.makedirs('out/deep')\nopen('out/deep/r.txt', 'w').write('r')\n")
+    assert [(f.name, f.text) for f in result.files] == [("out/deep/r.txt", "r")]
