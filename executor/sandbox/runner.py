@@ -20,6 +20,7 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from executor.sandbox.command import Runtime, SandboxUnavailable, bwrap_argv
@@ -107,6 +108,7 @@ def execute(program: Program, limits: Limits, runtime: Runtime) -> Raw:
     over: str | None = None
     host_timed_out = False
     pending = memoryview(job)
+    watch: int | None = None  # a pidfd on the namespace's first process
     deadline = started + limits.timeout_seconds + limits.grace_seconds
     with selectors.DefaultSelector() as selector:
         for name, fd in (
@@ -140,6 +142,8 @@ def execute(program: Program, limits: Limits, runtime: Runtime) -> Raw:
                     data = os.read(key.fd, READ_CHUNK)
                     if not data:
                         selector.unregister(key.fd)
+                        if name == "info":  # bwrap wrote it and closed it: the child is known
+                            watch = _watch(bytes(buffers["info"]), process.pid)
                         continue
                     buffers[name].extend(data)
                     if len(buffers[name]) > caps[name]:
@@ -159,7 +163,9 @@ def execute(program: Program, limits: Limits, runtime: Runtime) -> Raw:
         _kill(process)
         process.wait()
         host_timed_out = True
-    _await_namespace(_child_pid(bytes(buffers["info"])), limits.grace_seconds)
+    if watch is None:
+        watch = _watch(bytes(buffers["info"]), process.pid)
+    _await_namespace(watch, limits.grace_seconds)
     seconds = time.monotonic() - started
     report_bytes = bytes(buffers["report"])
     if not report_bytes.startswith(STARTED):
@@ -187,17 +193,34 @@ def _child_pid(info: bytes) -> int | None:
     return pid if isinstance(pid, int) and pid > 1 else None
 
 
-def _await_namespace(pid: int | None, seconds: float) -> None:
-    """Return once the namespace's first process has exited: the kernel ends every
-    other process of a PID namespace before its first one's exit completes, so the
-    run leaves nothing running when this returns (a process that is already gone,
-    or a pid this machine cannot watch, returns at once)."""
+def _watch(info: bytes, bwrap_pid: int) -> int | None:
+    """A pidfd on the namespace's first process, opened while bwrap (its parent) has
+    not reaped it: checked to be bwrap's child, so a pid some other process took
+    since is never watched, nor signalled. None when it is already gone."""
+    pid = _child_pid(info)
     if pid is None:
-        return
+        return None
     try:
         watch = os.pidfd_open(pid)
     except OSError:
-        return  # already reaped: nothing of it is left
+        return None
+    try:
+        stat_line = Path(f"/proc/{pid}/stat").read_bytes()
+        parent = int(stat_line.rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        parent = -1
+    if parent != bwrap_pid:
+        os.close(watch)
+        return None
+    return watch
+
+
+def _await_namespace(watch: int | None, seconds: float) -> None:
+    """Return once the namespace's first process has exited: the kernel ends every
+    other process of a PID namespace before its first one's exit completes, so the
+    run leaves nothing running when this returns. Closes the pidfd."""
+    if watch is None:
+        return
     try:
         with selectors.DefaultSelector() as selector:
             selector.register(watch, selectors.EVENT_READ)
