@@ -145,3 +145,19 @@ def test_cli_run__bad_limit__usage_error_and_nothing_run(
 def test_cli_run__not_a_regular_file__usage_error(tmp_path: Path) -> None:
     completed = run_cli("run", str(tmp_path))
     assert completed.returncode == 2 and "not a regular file" in completed.stderr, completed.stderr
+
+
+def test_cli__no_bubblewrap__check_says_what_is_missing_and_run_refuses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TOOLFENCE_SANDBOX_BWRAP", "/nonexistent/bwrap")
+    checked = run_cli("check")
+    assert checked.returncode == 1
+    assert "MISSING bubblewrap and interpreter: bubblewrap not found" in checked.stdout, checked.stdout
+    assert checked.stdout.rstrip().endswith("NOT usable: sandbox.run_python refuses (sandbox_unavailable)")
+    witness = tmp_path / "ran-unsandboxed"
+    program = tmp_path / "program.py"
+    program.write_text(f"open({str(witness)!r}, 'w')\n", encoding="utf-8")
+    ran = run_cli("run", str(program))
+    assert ran.returncode == 1 and "sandbox unavailable: bubblewrap not found" in ran.stderr, ran.stderr
+    assert ran.stdout == "" and not witness.exists()
