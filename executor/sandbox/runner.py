@@ -149,6 +149,14 @@ def execute(program: Program, limits: Limits, runtime: Runtime) -> Raw:
                     if len(buffers[name]) > caps[name]:
                         over = name
                         break
+        except BaseException:
+            # Interrupted (the worker's soft time limit, a signal): the sandbox never
+            # outlives the call that started it.
+            _kill(process)
+            process.wait()
+            if watch is not None:
+                os.close(watch)
+            raise
         finally:
             if over is not None or host_timed_out:
                 _kill(process)

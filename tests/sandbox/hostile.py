@@ -234,6 +234,20 @@ def processes_of(uid: int) -> list[int]:
     return found
 
 
+def running(marker: str) -> list[int]:
+    """Host pids whose command line has the marker as one of its arguments."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if marker.encode() in cmdline.split(b"\0"):
+                found.append(int(entry))
+    return found
+
+
 def nothing_left(uid: int, marker: str, wait_seconds: float = 5.0) -> list[str]:
     """What of a run is still running (empty when nothing): processes of its host uid,
     and any process whose command line holds the marker. Waits a bounded while for
@@ -241,14 +255,7 @@ def nothing_left(uid: int, marker: str, wait_seconds: float = 5.0) -> list[str]:
     deadline = time.monotonic() + wait_seconds
     while True:
         left = [f"pid {pid} (uid {uid})" for pid in processes_of(uid)]
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-                except OSError:
-                    continue
-                if marker.encode() in cmdline.split(b"\0"):
-                    left.append(f"pid {entry} runs the marker")
+        left += [f"pid {pid} runs the marker" for pid in running(marker)]
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.05)

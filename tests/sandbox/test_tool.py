@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import stat
 import time
@@ -319,3 +320,36 @@ def test_run__names_and_texts_any_characters__reported_exactly_and_storable() ->
 def test_run__file_in_a_subdirectory_and_a_changed_program__listed_by_relative_name() -> None:
     result = call("import os\nos.makedirs('out/deep')\nopen('out/deep/r.txt', 'w').write('r')\n")
     assert [(f.name, f.text) for f in result.files] == [("out/deep/r.txt", "r")]
+
+
+def test_run__interrupted_while_the_program_runs__sandbox_killed_nothing_left(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a program that leaves a marked process running, and a host side that is
+    # interrupted (as a worker's soft time limit does) once that process is seen
+    import selectors as selectors_module
+
+    from executor.sandbox import runner
+    from tests.sandbox.hostile import nothing_left, running
+
+    uid = 61_000 + int.from_bytes(os.urandom(2), "big") % 4_000
+    monkeypatch.setenv("TOOLFENCE_SANDBOX_HOST_UID", str(uid))
+    marker = f"{40 + int.from_bytes(os.urandom(2), 'big') % 1000 / 1000:.3f}"
+    real = selectors_module.DefaultSelector
+
+    class Interrupting(real):  # type: ignore[misc, valid-type]
+        def select(self, timeout: float | None = None) -> Any:
+            if running(marker):
+                raise KeyboardInterrupt
+            return super().select(min(timeout or 0.05, 0.05))
+
+    monkeypatch.setattr(runner.selectors, "DefaultSelector", Interrupting)
+    code = (
+        "import os, time\nif os.fork() == 0:\n"
+        f"    os.execv('/bin/sleep', ['sleep', '{marker}'])\ntime.sleep(30)\n"
+    )
+    # When the run is interrupted
+    with pytest.raises(KeyboardInterrupt):
+        call(code, timeout_seconds=10)
+    # Then the sandbox was killed with it: nothing of it is left running
+    assert nothing_left(uid if os.geteuid() == 0 else -1, marker) == []
