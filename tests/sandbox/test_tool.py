@@ -353,3 +353,26 @@ def test_run__interrupted_while_the_program_runs__sandbox_killed_nothing_left(
         call(code, timeout_seconds=10)
     # Then the sandbox was killed with it: nothing of it is left running
     assert nothing_left(uid if os.geteuid() == 0 else -1, marker) == []
+
+
+def test_command__every_isolation_option__on_the_command_line() -> None:
+    from executor.sandbox.command import ENVIRONMENT, Runtime, bwrap_argv
+
+    runtime = Runtime.from_settings()
+    argv = bwrap_argv(runtime, Limits(), 7, 8)
+    for option in (
+        "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+        "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--as-pid-1", "--clearenv",
+        "--disable-userns",
+    ):
+        assert option in argv, option
+    assert argv[argv.index("--uid") + 1] == argv[argv.index("--gid") + 1] == "65534"
+    # Only /usr of the host is bound, read-only; every tmpfs has a size
+    binds = [argv[i + 1] for i, a in enumerate(argv) if a in ("--bind", "--ro-bind", "--dev-bind")]
+    assert set(binds) <= {"/usr", "/bin", "/lib", "/lib32", "/lib64", "/libx32", "/sbin"}
+    assert "--bind" not in argv and "--dev-bind" not in argv and "--share-net" not in argv
+    tmpfs = [i for i, a in enumerate(argv) if a == "--tmpfs"]
+    assert [argv[i + 1] for i in tmpfs] == ["/dev/shm", "/work", "/tmp"]
+    assert all(argv[i - 2] == "--size" for i in tmpfs)
+    assert argv.index("--remount-ro") < argv.index("/work")
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--setenv"] == [name for name, _ in ENVIRONMENT]
