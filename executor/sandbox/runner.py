@@ -28,6 +28,7 @@ from executor.sandbox.limits import Limits, Program
 
 READ_CHUNK = 65536
 INFO_MAX_BYTES = 4096
+PATH_MAX = 4096
 STARTED = b"S"
 """The supervisor's first byte on the report pipe: the sandbox was built."""
 
@@ -48,8 +49,9 @@ class Raw:
 
 
 def _report_cap(limits: Limits) -> int:
-    # Each file's text at worst six bytes a character in JSON (\u escapes), plus its fields.
-    return limits.max_files * (6 * limits.max_text_file_bytes + 1024) + 4096
+    # Each file's text and name (a relative path, at most PATH_MAX) at worst six bytes
+    # a byte in JSON (\u escapes), plus its other fields.
+    return limits.max_files * (6 * (limits.max_text_file_bytes + PATH_MAX) + 256) + 4096
 
 
 def _spawn(argv: list[str], host_uid: int, *pass_fds: int) -> subprocess.Popen[bytes]:
