@@ -11,6 +11,9 @@ do back to back. Nothing here is asserted: the numbers are printed, and with
 one).
 
     .venv/bin/python -m bench.sandbox [--runs 200] [--write]
+
+On a shared machine, `nice -n -15` (as root) keeps other sessions' load from
+inflating the wall-clock rows; the section says which niceness it ran at.
 """
 
 from __future__ import annotations
@@ -72,7 +75,7 @@ def measure(runs: int) -> dict[str, float]:
         "sandbox_p50": percentile(sandboxed, 0.5), "sandbox_p99": percentile(sandboxed, 0.99),
         "bare_cpu": cpu["bare"] / runs, "sandbox_cpu": cpu["sandbox"] / runs,
         "runs_per_second": 1000 / statistics.fmean(sandboxed),
-        "load_before": load_before, "load_after": os.getloadavg()[0],
+        "load_before": load_before, "load_after": os.getloadavg()[0], "niceness": os.nice(0),
     }
 
 
@@ -96,8 +99,9 @@ def render(figures: dict[str, float], runtime: Runtime) -> str:
         f"Written by `python -m bench.sandbox --runs {figures['runs']:.0f} --write`, {stamp}, on the",
         f"shared 2-core development machine: load average {figures['load_before']:.1f} at the start and "
         f"{figures['load_after']:.1f} at the end",
-        "(other sessions were running), so the wall-clock rows are inflated by waiting for a core; the",
-        "CPU row is what a run costs the machine, whatever else runs. "
+        f"(other sessions were running; this one ran at niceness {figures['niceness']:.0f}), so the "
+        "wall-clock rows",
+        "include waiting for a core; the CPU row is what a run costs the machine, whatever else runs. "
         f"{runtime.bwrap}, {runtime.python} inside;",
         "each sandboxed run is the empty program through the tool's runner, from spawning bwrap to",
         "the namespace being gone. Bare and sandboxed runs alternate.",
