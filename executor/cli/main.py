@@ -4,6 +4,11 @@ Each command lives in its own module (`executor/cli/commands/<command>.py`); thi
 one builds the parser from them, loads and checks the settings before any command
 runs, and turns what a command raises into one line on stderr and an exit status:
 1 for a failure, 2 for a usage or configuration mistake, never a traceback.
+
+Building the parser loads no command's implementation (`executor/cli/args.py`):
+`--help`, `--version` and `completion` answer before SQLAlchemy, Celery or FastAPI
+would be imported; the settings and the database errors are loaded once a command
+runs.
 """
 
 from __future__ import annotations
@@ -15,15 +20,8 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
-
-from executor.cli.commands import COMMANDS
-from executor.cli.common import EXIT_FAILURE, EXIT_USAGE, UserError, add_argument, first_line
-from executor.settings import Settings, SettingsError, load, use_config_file, using
-from executor.settings.sources import CHOICE
-from executor.store.engine import DatabaseSettingError
-from executor.store.errors import StoreDatabaseError
-from executor.store.migrate import SchemaNotReady
+from executor.cli.args import EXIT_FAILURE, EXIT_USAGE, UserError, missing_required
+from executor.cli.commands import COMMANDS, command_name
 from executor.telemetry import logs
 
 __all__ = ["EXIT_FAILURE", "EXIT_USAGE", "UserError", "build_parser", "main"]
@@ -37,24 +35,74 @@ class _NoHostnameWarning(logging.Filter):
 _NO_HOSTNAME_WARNING = _NoHostnameWarning()
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None, *, every: bool = True) -> argparse.ArgumentParser:
+    """The whole parser (`every`, for completion, the docs and the tests), or one
+    where only `command` has its options and every other command is its name and
+    help line: what `main` parses with, so a command's option declarations (some
+    read the settings' declarations for their help) are built only when it runs or
+    its `--help` is asked for."""
     parser = argparse.ArgumentParser(
         prog="toolfence",
         description="Admission, durable fenced execution and correlated results for LLM tool calls.",
         epilog="Configuration: TOOLFENCE_* variables (`toolfence config` lists them), "
-        "over a TOML settings file (--config).",
+        "over a TOML settings file (--config). Shell completion: `toolfence completion bash`.",
     )
+    parser.add_argument("-V", "--version", action="version", version=f"toolfence {version()}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
-    add_argument(parser, "--config", envvar="TOOLFENCE_CONFIG", metavar="FILE", help="a TOML settings file")
+    # Not `add_argument(..., envvar=)`: that reads the settings' declarations, which
+    # `toolfence --help` must not load.
+    parser.add_argument(
+        "--config", default=None, metavar="FILE", help="a TOML settings file (default: TOOLFENCE_CONFIG)"
+    )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in COMMANDS:
-        command.configure_parser(subparsers)
+    for module in COMMANDS:
+        name = command_name(module)
+        if every or name == command:
+            module.configure_parser(subparsers)
+        else:
+            subparsers.add_parser(name, help=module.HELP, add_help=False)
     return parser
 
 
+def chosen_command(argv: Sequence[str]) -> str | None:
+    """The command `argv` names: its first word that is not a global option (or the
+    value of `--config`). None when there is none (`toolfence --help`)."""
+    words = iter(argv)
+    for word in words:
+        if word == "--":
+            return next(words, None)
+        if word == "--config":
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
+
+
+def version() -> str:
+    """The installed distribution's version; from a checkout that is not installed,
+    the version pyproject.toml declares is unknown here, and so said."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("toolfence")
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(chosen_command(words), every=False)
+    args = parser.parse_args(words)
+    missing = missing_required(args)
+    if missing is not None:
+        # Required, but also spelt by a hidden alias, which argparse cannot count: its
+        # own message and status for a missing option.
+        print(f"{missing[0]}: error: the following arguments are required: {missing[1]}", file=sys.stderr)
+        return EXIT_USAGE
+    if not getattr(args, "needs_settings", True):
+        # `completion`: nothing it does depends on the settings, nor may it load them.
+        return int(args.func(args))
     verbose = bool(getattr(args, "verbose", False))
     # Text until the settings are read; then the format and level they name.
     logs.configure("text", logs.chosen_level(None, verbose))
@@ -64,6 +112,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     # the directory toolfence runs in, as `celery -A` and uvicorn's do.
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
+    from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
+
+    from executor.cli.common import first_line
+    from executor.settings import Settings, SettingsError, load, use_config_file, using
+    from executor.settings.sources import CHOICE
+    from executor.store.engine import DatabaseSettingError
+    from executor.store.errors import StoreDatabaseError
+    from executor.store.migrate import SchemaNotReady
+
     chosen_file = CHOICE.path
     try:
         use_config_file(getattr(args, "config", None))

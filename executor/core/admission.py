@@ -39,10 +39,8 @@ from executor.core.strictjson import (
 from executor.core.surfaces import surface_forces_approval, surface_offers, unlisted_argument
 from executor.core.tools import Registry, Tool, ToolFailure
 from executor.core.types import ErrorCode, ErrorDetail, FailedTerminal, ProposedCall, ServerContext
+from executor.core.argument_limits import DEFAULT_MAX_ARGUMENT_BYTES, DEFAULT_MAX_ARGUMENT_DEPTH
 from executor.errors import AdmissionError
-
-DEFAULT_MAX_ARGUMENT_BYTES = 64 * 1024
-DEFAULT_MAX_ARGUMENT_DEPTH = 32
 
 
 class Gate(StrEnum):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from executor.cli.common import add_argument, port, settings, usage_error
+from executor.cli.args import add_argument, port, usage_error
 
 HELP = "Serve Prometheus metrics on /metrics."
 
@@ -28,6 +28,8 @@ def run(args: argparse.Namespace) -> int:
     host = args.host if args.host is not None else loaded["TOOLFENCE_METRICS_HOST"].value
     if not host:
         raise usage_error("--host must name an address to listen on (127.0.0.1, 0.0.0.0, ::1, …)")
+    from executor.cli.common import settings
+
     chosen = settings()
     # No schema check here: the exporter must start (and report the outage through
     # toolfence_exporter_database_up) exactly when the database is unreachable.
