@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any, overload
 
 from sqlalchemy import make_url
 
+from executor.cli.args import UserError, usage_error
 from executor.core.sanitize import shown_text
 from executor.core.strictjson import StrictJSONError, loads_strict
 from executor.core.times import iso_utc
 from executor.core.tools import Registry
-from executor.cli.args import UserError, usage_error
 from executor.settings import Settings, current, mask_url
 from executor.store.engine import get_engine
 from executor.store.migrate import SchemaNotReady, require_schema

@@ -103,15 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "needs_settings", True):
         # `completion`: nothing it does depends on the settings, nor may it load them.
         return int(args.func(args))
-    verbose = bool(getattr(args, "verbose", False))
-    # Text until the settings are read; then the format and level they name.
-    logs.configure("text", logs.chosen_level(None, verbose))
-    # The embedded broker URL (filesystem://) has no host by design; kombu warns anyway.
-    logging.getLogger("kombu.connection").addFilter(_NO_HOSTNAME_WARNING)  # once: same instance
-    # The application's modules (TOOLFENCE_TOOLS, TOOLFENCE_HOSTED_POLICY) import from
-    # the directory toolfence runs in, as `celery -A` and uvicorn's do.
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    # A command runs: its modules load now, before any log handler exists (alembic, for
+    # one, logs at INFO while it is imported).
     from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 
     from executor.cli.common import first_line
@@ -121,6 +114,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     from executor.store.errors import StoreDatabaseError
     from executor.store.migrate import SchemaNotReady
 
+    verbose = bool(getattr(args, "verbose", False))
+    # Text until the settings are read; then the format and level they name.
+    logs.configure("text", logs.chosen_level(None, verbose))
+    # The embedded broker URL (filesystem://) has no host by design; kombu warns anyway.
+    logging.getLogger("kombu.connection").addFilter(_NO_HOSTNAME_WARNING)  # once: same instance
+    # The application's modules (TOOLFENCE_TOOLS, TOOLFENCE_HOSTED_POLICY) import from
+    # the directory toolfence runs in, as `celery -A` and uvicorn's do.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     chosen_file = CHOICE.path
     try:
         use_config_file(getattr(args, "config", None))

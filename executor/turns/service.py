@@ -216,6 +216,9 @@ def turn_summary(view: Mapping[str, Any]) -> str:
     """`toolfence turn show` without --json: state, steps, calls with results, final."""
     lines = [f"turn {view['turn_id']}  state {view['state']}"
              + (f"  ({view['end_reason']})" if view.get("end_reason") else "")]
+    if view.get("surface"):
+        # The surface the turn ran under: its catalog and its write rule.
+        lines.append(f"  surface {shown_text(view['surface'])}")
     if view.get("error"):
         # Why it fell back or failed (a driver that could not answer, a surface gone):
         # the turn's own error, already through the sanitiser.
@@ -225,9 +228,6 @@ def turn_summary(view: Mapping[str, Any]) -> str:
             if isinstance(error, Mapping) else json.dumps(error)
         )
         lines.append(f"  why: {reason[:500]}")
-    if view.get("surface"):
-        # The surface the turn ran under: its catalog and its write rule.
-        lines.append(f"  surface {shown_text(view['surface'])}")
     for step in view["steps"]:
         usage = step["usage"]
         head = f"  step {step['step']}: {step['outcome']}"

@@ -211,7 +211,8 @@ def test_unsafe_write__worker_killed_after_the_effect__pending_for_a_person_then
             assert sample(page, "toolfence_invariant_violations", invariant="I1") == 0
             # And a second resolution is refused (it is no longer pending)
             again = toolfence(
-                cli_env, "resolve", operation_id, "failed", "--tenant", pending["tenant"], "--principal", "ops"
+                cli_env, "resolve", operation_id, "failed", "--tenant", pending["tenant"],
+                "--principal", "ops",
             )
             assert again.returncode == 1 and "not reconciliation_pending" in again.stderr
             assert counter(metrics_dir, HANDLER_INVOCATIONS, tool="ledger.send_notice") == 1

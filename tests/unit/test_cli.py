@@ -44,7 +44,8 @@ from tests.netkit import REFUSED_PASSWORD, Directory, refused_database_url
 
 COMMANDS = [
     "migrate", "demo", "worker", "relay", "reconcile", "check", "metrics", "enqueue", "results",
-    "show", "approvals", "approve", "deny", "pending", "resolve", "turn", "serve", "keys", "config", "completion",
+    "show", "approvals", "approve", "deny", "pending", "resolve", "turn", "serve", "keys", "config",
+    "completion",
 ]
 WHO = ["--tenant", "acme", "--principal", "alice"]
 
@@ -774,7 +775,10 @@ def test_pending_and_resolve__unknown_outcome_of_unsafe_write__listed_then_resol
 
     swept = cli("reconcile")
     listed = cli("pending").json()
-    resolved = cli("resolve", operation_id, "succeeded", "--tenant", "acme", "--principal", "ops", "--reference", "ntc_manual")
+    resolved = cli(
+        "resolve", operation_id, "succeeded", "--tenant", "acme", "--principal", "ops",
+        "--reference", "ntc_manual",
+    )
 
     assert swept.code == 0, swept.err
     assert [(p["operation_id"], p["tool"], p["call_id"]) for p in listed] == [(operation_id, NOTICE, "n1")]
@@ -784,7 +788,8 @@ def test_pending_and_resolve__unknown_outcome_of_unsafe_write__listed_then_resol
     assert shown["audit"][-1]["actor"] == "ops"
     assert cli("pending").json() == []
     assert_one_line_error(
-        cli("resolve", operation_id, "failed", "--tenant", "acme", "--principal", "ops"), "is not reconciliation_pending"
+        cli("resolve", operation_id, "failed", "--tenant", "acme", "--principal", "ops"),
+        "is not reconciliation_pending",
     )
 
 

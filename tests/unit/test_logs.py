@@ -275,7 +275,9 @@ def test_cli__json_format__every_stderr_line_a_record__a_failure_too(tmp_path: P
     record = json.loads(line)
     assert record["level"] == "ERROR" and record["message"].startswith("toolfence: ")
     # And in text, the same failure is the plain line it always was
-    plain = _toolfence(tmp_path, "resolve", "op_missing", "succeeded", "--tenant", "acme", "--principal", "me")
+    plain = _toolfence(
+        tmp_path, "resolve", "op_missing", "succeeded", "--tenant", "acme", "--principal", "me"
+    )
     assert plain.returncode == failed.returncode
     assert plain.stderr.startswith("toolfence: ") and record["message"] == plain.stderr.strip()
 

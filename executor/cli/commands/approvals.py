@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-
 HELP = "List calls waiting for approval, with their impact."
 
 

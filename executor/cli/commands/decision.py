@@ -31,7 +31,8 @@ def add_approver_arguments(parser: argparse.ArgumentParser) -> None:
         role_help="a role of the approver (repeat, or comma-separate); the tool's approver policy names them",
         required=False,
         aliases={
-            "tenant": ["--approver-tenant"], "principal": ["--approver-principal"], "role": ["--approver-role"],
+            "tenant": ["--approver-tenant"], "principal": ["--approver-principal"],
+            "role": ["--approver-role"],
         },
     )
     parser.add_argument(

@@ -13,7 +13,9 @@ def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     parser = subparsers.add_parser("deny", help=HELP, description=HELP)
     parser.set_defaults(func=run)
     add_approver_arguments(parser)
-    parser.add_argument("--reason", default="denied", help="why, recorded with the decision (default: denied)")
+    parser.add_argument(
+        "--reason", default="denied", help="why, recorded with the decision (default: denied)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

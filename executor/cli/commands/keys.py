@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-
 from typing import TYPE_CHECKING
 
 from executor.cli.args import UserError, alias, usage_error

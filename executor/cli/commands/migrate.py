@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-
 HELP = "Create or upgrade the database schema (alembic)."
 
 

@@ -12,7 +12,9 @@ HELP = "List operations waiting for a person (reconciliation_pending)."
 def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("pending", help=HELP, description=HELP)
     parser.set_defaults(func=run)
-    parser.add_argument("--limit", type=int, default=100, metavar="N", help="at most N operations (default: 100)")
+    parser.add_argument(
+        "--limit", type=int, default=100, metavar="N", help="at most N operations (default: 100)"
+    )
     parser.add_argument("--tenant", default=None, help="only this tenant's (default: every tenant's)")
 
 

@@ -57,7 +57,8 @@ def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         help="model steps before the turn ends fallback",
     )
     parser.add_argument(
-        "--max-calls", type=int, default=16, metavar="N", help="tool calls the turn may propose in all (default: 16)"
+        "--max-calls", type=int, default=16, metavar="N",
+        help="tool calls the turn may propose in all (default: 16)",
     )
     parser.add_argument(
         "--fallback", default=None, metavar="TEXT", help="what the user is told when the loop fails"
@@ -90,8 +91,8 @@ def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
 def run_start(args: argparse.Namespace) -> int:
     from executor.cli.commands.keys import undeclared_surface
     from executor.cli.common import engine_of, registry_of, settings
-    from executor.core.types import ServerContext
     from executor.core.surfaces import UnknownSurface
+    from executor.core.types import ServerContext
     from executor.turns.drivers import DriverError
     from executor.turns.service import TurnInProgress, start_turn
     from executor.turns.specs import load_driver
