@@ -112,7 +112,8 @@ def test_generated_client__submit_approve_and_read__both_calls_succeed(
     listed: Any = list_approvals.sync(client=approver)
     [card] = [a for a in listed.approvals if a.call_id == "c2"]
     assert isinstance(card.requested_at, datetime) and card.requested_at.utcoffset() is not None
-    decided: Any = approve.sync(card.approval_id, client=approver, body=models.DecisionBody(reason="invoice 17"))
+    reason = models.DecisionBody(reason="invoice 17")
+    decided: Any = approve.sync(card.approval_id, client=approver, body=reason)
     assert isinstance(decided, models.DecisionOut) and decided.decision.value == "approved", decided
     # And once the relay and a worker ran them, both results read through the client succeeded
     execute(served)
