@@ -19,6 +19,7 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
+from typing import Any
 
 from executor.cli.args import EXIT_FAILURE, EXIT_USAGE, UserError, missing_required
 from executor.cli.commands import COMMANDS, command_name
@@ -47,7 +48,7 @@ def build_parser(command: str | None = None, *, every: bool = True) -> argparse.
         epilog="Configuration: TOOLFENCE_* variables (`toolfence config` lists them), "
         "over a TOML settings file (--config). Shell completion: `toolfence completion bash`.",
     )
-    parser.add_argument("-V", "--version", action="version", version=f"toolfence {version()}")
+    parser.add_argument("-V", "--version", action=_Version, help="print toolfence's version and exit")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     # Not `add_argument(..., envvar=)`: that reads the settings' declarations, which
     # `toolfence --help` must not load.
@@ -76,6 +77,18 @@ def chosen_command(argv: Sequence[str]) -> str | None:
         elif not word.startswith("-"):
             return word
     return None
+
+
+class _Version(argparse.Action):
+    """`--version`: the version is looked up when asked for (importlib.metadata reads
+    the installed distributions, which `--help` need not)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        print(f"toolfence {version()}")
+        parser.exit()
 
 
 def version() -> str:

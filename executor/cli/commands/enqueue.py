@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import secrets
 from typing import TYPE_CHECKING, Any
 
 from executor.cli.args import UserError, add_actor, add_option, roles_of
@@ -38,6 +37,8 @@ def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
 
 
 def run(args: argparse.Namespace) -> int:
+    import secrets
+
     from executor.cli.common import (
         engine_of,
         hosted_policy_of,
