@@ -294,3 +294,32 @@ def test_metrics__no_multiprocess_directory__refused_in_one_line(
     assert run.code == 2 and run.out == ""
     [line] = run.err.splitlines()
     assert "PROMETHEUS_MULTIPROC_DIR is not set" in line and "--database-only" in line
+
+
+# ---------------------------------------------------------------- times
+
+
+def _is_iso_utc(value: object) -> bool:
+    if not isinstance(value, str) or not value.endswith("Z"):
+        return False
+    return datetime.fromisoformat(value).utcoffset() is not None
+
+
+def test_times__approvals_show_and_keys_list__iso_8601_utc(
+    home: Path, cli: Callable[..., Run],  # noqa: F811 -- fixtures
+) -> None:
+    # Given a transfer waiting for approval, and an API key
+    calls = [{"call_id": "t1", "tool_name": "ledger.transfer", "arguments": json.dumps(
+        {"source_account": "acc-1", "target_account": "acc-2", "amount_cents": 60_000})}]
+    (home / "calls.json").write_text(json.dumps(calls))
+    enqueued = cli("enqueue", "calls.json", *WHO, "--request-id", "r-1")
+    assert enqueued.code == 0, enqueued.err
+    assert cli("keys", "create", *WHO, "--scope", "read").code == 0
+    # When an operator lists approvals and keys and shows the operation
+    [card] = json.loads(cli("approvals").out)
+    shown = json.loads(cli("show", card["operation_id"], "--tenant", "acme").out)
+    [key] = json.loads(cli("keys", "list").out)
+    # Then every time is ISO 8601 in UTC, never epoch seconds
+    assert _is_iso_utc(card["expires_at"])
+    assert shown["audit"] and all(_is_iso_utc(event["at"]) for event in shown["audit"])
+    assert _is_iso_utc(key["created_at"]) and key["revoked_at"] is None
