@@ -115,6 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     if not getattr(args, "needs_settings", True):
         # `completion`: nothing it does depends on the settings, nor may it load them.
+        args.build_parser = build_parser
         return int(args.func(args))
     # A command runs: its modules load now, before any log handler exists (alembic, for
     # one, logs at INFO while it is imported).

@@ -33,7 +33,7 @@ def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
 def run(args: argparse.Namespace) -> int:
     import shtab
 
-    from executor.cli.main import build_parser
-
-    print(shtab.complete(build_parser(every=True), shell=args.shell), end="")
+    # The whole parser, every command's options: `main` hands its builder over (this
+    # module importing `executor.cli.main` would be an import cycle).
+    print(shtab.complete(args.build_parser(every=True), shell=args.shell), end="")
     return 0
