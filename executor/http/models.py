@@ -52,6 +52,11 @@ def _moment(value: Any) -> Any:
     return value
 
 
+def moment(epoch_seconds: float) -> datetime:
+    """The store's epoch seconds as the aware UTC datetime a `Moment` field holds."""
+    return datetime.fromtimestamp(epoch_seconds, UTC)
+
+
 Moment = Annotated[
     datetime,
     BeforeValidator(_moment),
