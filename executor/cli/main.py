@@ -65,20 +65,6 @@ def build_parser(command: str | None = None, *, every: bool = True) -> argparse.
     return parser
 
 
-def chosen_command(argv: Sequence[str]) -> str | None:
-    """The command `argv` names: its first word that is not a global option (or the
-    value of `--config`). None when there is none (`toolfence --help`)."""
-    words = iter(argv)
-    for word in words:
-        if word == "--":
-            return next(words, None)
-        if word == "--config":
-            next(words, None)
-        elif not word.startswith("-"):
-            return word
-    return None
-
-
 class _Version(argparse.Action):
     """`--version`: the version is looked up when asked for (importlib.metadata reads
     the installed distributions, which `--help` need not)."""
@@ -105,7 +91,11 @@ def version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(chosen_command(words), every=False)
+    # Which command: argparse's own reading of the global options (abbreviations and
+    # `--config=FILE` included) over every command's name alone; then that command's
+    # whole parser reads the line.
+    command = build_parser(every=False).parse_known_args(words)[0].command
+    parser = build_parser(command, every=False)
     args = parser.parse_args(words)
     missing = missing_required(args)
     if missing is not None:

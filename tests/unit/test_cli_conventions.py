@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from executor.cli.main import build_parser, chosen_command
+from executor.cli.main import build_parser
 from tests.unit.test_cli_turns import Run, cli, home, run_fleet_in_process  # noqa: F401 -- fixtures
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,10 +97,19 @@ def test_version__prints_the_distribution_version(capsys: pytest.CaptureFixture[
     assert capsys.readouterr().out.strip() == f"toolfence {version('toolfence')}"
 
 
-def test_chosen_command__skips_global_options() -> None:
-    assert chosen_command(["-v", "--config", "x.toml", "turn", "start"]) == "turn"
-    assert chosen_command(["--config", "serve", "show"]) == "show"
-    assert chosen_command(["--help"]) is None
+@pytest.mark.parametrize(
+    "argv", [["--conf", "absent.toml", "show", "--help"], ["--config=absent.toml", "show", "--help"],
+             ["-v", "--config", "show", "show", "--help"]],
+)
+def test_main__global_options_before_the_command__its_own_help(
+    argv: list[str], capsys: pytest.CaptureFixture[str],
+) -> None:
+    from executor.cli.main import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.startswith("usage: toolfence show")
 
 
 # ---------------------------------------------------------------- help text
