@@ -208,3 +208,14 @@ def read_json_file(path: str, max_argument_depth: int) -> Any:
 def iso(epoch_seconds: float | None) -> str | None:
     """A time the output shows: ISO 8601 UTC (executor/core/times.py); None stays None."""
     return None if epoch_seconds is None else iso_utc(float(epoch_seconds))
+
+
+STATUS_TIMES = ("observed_at", "source_time")
+"""The times in a call's status (a success's freshness), epoch seconds in the library."""
+
+
+def status_json(status: Any) -> dict[str, Any]:
+    """A call's status (a library `CallStatus`, or one already as JSON) as the CLI
+    prints it: JSON, its times in ISO 8601 UTC, as the HTTP API shows them."""
+    data: dict[str, Any] = status if isinstance(status, dict) else status.model_dump(mode="json")
+    return {key: iso(value) if key in STATUS_TIMES else value for key, value in data.items()}

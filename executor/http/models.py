@@ -15,6 +15,7 @@ scanned twice. Identifiers are not rewritten: a client sends them back.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -29,9 +30,9 @@ from pydantic import (
     model_validator,
 )
 
+from executor.core import types as core_types
 from executor.core.sanitize import sanitize_json, shown_text
 from executor.core.times import iso_utc
-from executor.core.types import CallStatus
 
 SHOWN_MAX_CHARS = 1_000
 SHOWN_JSON_MAX_CHARS = 16_000
@@ -245,6 +246,28 @@ class ResolveBody(_Body):
         if self.outcome == "succeeded" and self.reference is None:
             raise ValueError("resolving as succeeded needs the downstream's reference")
         return self
+
+
+class Succeeded(core_types.Succeeded):
+    """A success as the API shows it: the library's `Succeeded`, its freshness times
+    (`observed_at`, `source_time`) in ISO 8601 UTC instead of epoch seconds."""
+
+    observed_at: Moment | None = None  # type: ignore[assignment]
+    source_time: Moment | None = None  # type: ignore[assignment]
+
+
+CallStatus = Annotated[
+    Succeeded | core_types.FailedRetryable | core_types.FailedTerminal | core_types.Pending,
+    Field(discriminator="status"),
+]
+"""One call's status as the API shows it (the library's `CallStatus`, times in ISO
+8601 UTC). Build it from the library's with `call_statuses`."""
+
+
+def call_statuses(statuses: Sequence[core_types.CallStatus]) -> list[dict[str, Any]]:
+    """The library's statuses as the API's CallStatus reads them (epoch seconds
+    become UTC times when validated)."""
+    return [status.model_dump() for status in statuses]
 
 
 class RequestAnswer(BaseModel):

@@ -44,6 +44,7 @@ from executor.http.models import (
     TurnOut,
     TurnStarted,
     TurnStepOut,
+    call_statuses,
     moment,
 )
 from executor.http.problems import ProblemDetail, ProblemError
@@ -518,7 +519,8 @@ def _receipt(row: Any) -> ReceiptOut:
 
 def _answer(request_id: str, statuses: Sequence[CallStatus]) -> RequestAnswer:
     return RequestAnswer(
-        request_id=request_id, calls=list(statuses), settled=all(settled(s) for s in statuses)
+        request_id=request_id, calls=call_statuses(statuses),  # type: ignore[arg-type]
+        settled=all(settled(s) for s in statuses),
     )
 
 

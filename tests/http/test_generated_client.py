@@ -122,6 +122,8 @@ def test_generated_client__submit_approve_and_read__both_calls_succeed(
     assert [(c.call_id, c.status.value if hasattr(c.status, "value") else c.status) for c in read.calls] == [
         ("c1", "succeeded"), ("c2", "succeeded"),
     ]
+    # And the read's freshness time is parsed as a datetime (ISO 8601 UTC in the JSON)
+    assert isinstance(read.calls[0].observed_at, datetime)
     # And in a provider's shape, named by the generated ProviderName enum
     shaped: Any = get_request.sync(answer.request_id, client=producer, provider=models.ProviderName.ANTHROPIC)
     assert shaped.provider == models.ProviderName.ANTHROPIC and len(shaped.results) == 1

@@ -317,9 +317,10 @@ def _is_iso_utc(value: object) -> bool:
 def test_times__approvals_show_and_keys_list__iso_8601_utc(
     home: Path, cli: Callable[..., Run],  # noqa: F811 -- fixtures
 ) -> None:
-    # Given a transfer waiting for approval, and an API key
-    calls = [{"call_id": "t1", "tool_name": "ledger.transfer", "arguments": json.dumps(
-        {"source_account": "acc-1", "target_account": "acc-2", "amount_cents": 60_000})}]
+    # Given a read and a transfer waiting for approval, and an API key
+    calls = [{"call_id": "b1", "tool_name": "ledger.get_balance", "arguments": '{"account_id": "acc-1"}'},
+             {"call_id": "t1", "tool_name": "ledger.transfer", "arguments": json.dumps(
+                 {"source_account": "acc-1", "target_account": "acc-2", "amount_cents": 60_000})}]
     (home / "calls.json").write_text(json.dumps(calls))
     enqueued = cli("enqueue", "calls.json", *WHO, "--request-id", "r-1")
     assert enqueued.code == 0, enqueued.err
@@ -332,3 +333,26 @@ def test_times__approvals_show_and_keys_list__iso_8601_utc(
     assert _is_iso_utc(card["expires_at"])
     assert shown["audit"] and all(_is_iso_utc(event["at"]) for event in shown["audit"])
     assert _is_iso_utc(key["created_at"]) and key["revoked_at"] is None
+    # And once the read has run, its result's freshness time is ISO 8601 UTC too
+    execute_in_process()
+    [read, _] = json.loads(cli("results", "r-1", "--tenant", "acme").out)
+    assert read["status"] == "succeeded" and _is_iso_utc(read["observed_at"])
+
+
+def execute_in_process() -> None:
+    """What the relay and a worker do, in this process, until nothing is left."""
+    from executor.core.tools import load_registry
+    from executor.settings import Settings
+    from executor.store import engine as store_engine
+    from executor.worker.runner import OperationRunner
+    from outbox.relay import Relay
+
+    settings = Settings.from_env()
+    engine = store_engine.get_engine(settings.database_url)
+    published: list[str] = []
+    relay = Relay(settings, engine, published.append)
+    runner = OperationRunner(settings, load_registry(settings.tools_module), engine)
+    while relay.run_once():
+        for operation_id in published:
+            runner.handle(operation_id)
+        published.clear()

@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
         read_json_file,
         registry_of,
         settings,
+        status_json,
         surface_of,
     )
     from executor.core.identifiers import InvalidIdentifier
@@ -100,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         {
             "request_id": handle.request_id,
             "calls": [
-                {"call_id": c.call_id, "operation_id": c.operation_id, **c.status.model_dump(mode="json")}
+                {"call_id": c.call_id, "operation_id": c.operation_id, **status_json(c.status)}
                 for c in handle.calls
             ],
         }

@@ -22,7 +22,7 @@ def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
 
 
 def run(args: argparse.Namespace) -> int:
-    from executor.cli.common import engine_of, print_json, settings, surface_of
+    from executor.cli.common import engine_of, print_json, settings, status_json, surface_of
     from executor.core.types import ProposedCall
 
     wait = seconds(args.wait, "--wait")
@@ -54,5 +54,5 @@ def run(args: argparse.Namespace) -> int:
             ) from None
         print_json(written)
         return 0
-    print_json([s.model_dump(mode="json") for s in statuses])
+    print_json([status_json(s) for s in statuses])
     return 0

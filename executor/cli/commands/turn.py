@@ -189,6 +189,11 @@ def _settled(view: dict[str, Any]) -> bool:
 
 
 def _with_iso_times(view: dict[str, Any]) -> dict[str, Any]:
-    from executor.cli.common import iso
+    """The turn with its times, and its calls' freshness times, in ISO 8601 UTC."""
+    from executor.cli.common import iso, status_json
 
-    return {**view, "created_at": iso(view.get("created_at")), "finished_at": iso(view.get("finished_at"))}
+    steps = [{**step, "calls": [status_json(call) for call in step["calls"]]} for step in view["steps"]]
+    return {
+        **view, "steps": steps,
+        "created_at": iso(view.get("created_at")), "finished_at": iso(view.get("finished_at")),
+    }
