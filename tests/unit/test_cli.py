@@ -1237,8 +1237,11 @@ class Parser:
     def __init__(self, *args, **kwargs):
         pass
 
+    def parse_known_args(self, argv):
+        return self.parse_args(argv), []
+
     def parse_args(self, argv):
-        return argparse.Namespace(func=interrupted, verbose=False)
+        return argparse.Namespace(command="interrupted", func=interrupted, verbose=False)
 
 cli.build_parser = Parser
 sys.exit(cli.main([]))
