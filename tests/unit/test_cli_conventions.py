@@ -162,6 +162,19 @@ def test_completion__bash_script__completes_commands_and_options_without_hidden_
     assert "--roles" not in complete("enqueue", "--")
 
 
+@pytest.mark.parametrize(("shell", "marker"), [("zsh", "#compdef toolfence"), ("tcsh", "complete toolfence")])
+def test_completion__zsh_and_tcsh__scripts_naming_every_command(
+    shell: str, marker: str, capsys: pytest.CaptureFixture[str],
+) -> None:
+    from executor.cli.commands import COMMANDS, command_name
+    from executor.cli.main import main
+
+    assert main(["completion", shell]) == 0
+    script = capsys.readouterr().out
+    assert marker in script
+    assert all(command_name(module) in script for module in COMMANDS)
+
+
 # ---------------------------------------------------------------- one spelling per concept
 
 OLD_SPELLINGS = ("--roles", "--approver-principal", "--approver-tenant", "--approver-role", "--actor",
