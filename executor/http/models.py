@@ -132,6 +132,8 @@ CallArguments = Annotated[
 ProviderResult = Annotated[dict[str, Any], WithJsonSchema({NAMED: "ProviderResult"})]
 """One call's result in a provider's shape (`GET /v1/requests/{id}?provider=`)."""
 TurnError = Annotated[dict[str, Any], WithJsonSchema({NAMED: "TurnError"})]
+Impact = Annotated[dict[str, Any], WithJsonSchema({NAMED: "Impact"})]
+"""What a call waiting for approval would do, as its tool's impact hook computed it."""
 """Why a turn or a step failed: `code`, `message` (sanitised)."""
 
 NAMED_SCHEMAS: dict[str, dict[str, Any]] = {
@@ -146,6 +148,10 @@ NAMED_SCHEMAS: dict[str, dict[str, Any]] = {
     "ProviderResult": {
         "title": "ProviderResult", "type": "object", "additionalProperties": True,
         "description": "one call's result in the provider's own shape",
+    },
+    "Impact": {
+        "title": "Impact", "type": "object", "additionalProperties": True,
+        "description": "what a call waiting for approval would do, from its tool's impact hook",
     },
     "TurnError": {
         "title": "TurnError", "type": "object", "additionalProperties": True,
@@ -256,8 +262,15 @@ class Succeeded(core_types.Succeeded):
     source_time: Moment | None = None  # type: ignore[assignment]
 
 
+class Pending(core_types.Pending):
+    """A call without a terminal outcome as the API shows it: the library's `Pending`,
+    its impact a named schema (a generated client's `Impact`)."""
+
+    impact: Impact | None = None
+
+
 CallStatus = Annotated[
-    Succeeded | core_types.FailedRetryable | core_types.FailedTerminal | core_types.Pending,
+    Succeeded | core_types.FailedRetryable | core_types.FailedTerminal | Pending,
     Field(discriminator="status"),
 ]
 """One call's status as the API shows it (the library's `CallStatus`, times in ISO
@@ -291,7 +304,7 @@ class ApprovalOut(BaseModel):
     call_id: str | None
     tool: str
     requester: Shown
-    impact: ShownJson
+    impact: Annotated[ShownJson, WithJsonSchema({NAMED: "Impact"})]
     resources: list[str] | None
     intent_hash: str
     requested_at: Moment
