@@ -63,9 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "# CLI start-up",
         "",
-        f"Written by `python -m bench.cli_startup --runs {args.runs}`"
+        f"Written by `python -m bench.cli_startup --runs {args.runs}"
         + (f" --compare {args.compare}" if args.compare else "")
-        + f", {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Wall time of a fresh process, "
+        + f"`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Wall time of a fresh process, "
         f"median and 90th percentile of {args.runs} runs; ratio to `python -c pass` measured in the same "
         "sitting. The goal: `--help`, `--version` and completion under 0.3 s.",
         "",
