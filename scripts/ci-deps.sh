@@ -14,6 +14,7 @@
 #   prometheus-alertmanager, amtool      prometheus-alertmanager  tests/integration/test_ops_alertmanager.py
 #   setpriv                              util-linux         tests/integration/test_setup_scripts.py
 #   chromium                             chromium           tests/http (the console, via Playwright)
+#   curl, jq                             curl, jq           tests/http/test_walkthrough.py (docs/http.md's curl walkthrough)
 #
 # Idempotent and silent when everything is there. Not root and something is
 # missing: one line on stderr naming the packages to install, exit 1. Commands
@@ -62,6 +63,8 @@ check() {
     need prometheus-alertmanager amtool "$(has amtool)"
     need util-linux setpriv "$(has setpriv)"
     need chromium chromium "$(has chromium)"
+    need curl curl "$(has curl)"
+    need jq jq "$(has jq)"
 }
 
 check
