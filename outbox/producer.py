@@ -68,7 +68,7 @@ from executor.providers.hosted import (
 )
 from executor.settings import current as current_settings
 from executor.store.errors import CONNECTION_ERRORS, bad_data_refusal, store_errors
-from executor.telemetry import metrics
+from executor.telemetry import metrics, tracing
 from outbox.results import call_statuses, operation_status, parse_status, repeated_failure
 from outbox.results import connection_of as _connection
 
@@ -197,7 +197,7 @@ def enqueue(
     """
     _check_batch(calls)
     check_server_context(context)
-    with store_errors():
+    with store_errors(), tracing.enqueue_span(context.tenant, context.request_id, len(calls)):
         return _enqueue(
             session, calls, context, registry,
             operation_ids=operation_ids, limits=limits, budgets=budgets, hosted=hosted,
@@ -684,6 +684,7 @@ def _register(
             approved_resources=admitted.approved_resources,
             tenant=context.tenant,
             conversation_id=context.conversation_id,
+            trace_context=tracing.stored_context(),
         ),
     )
 

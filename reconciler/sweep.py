@@ -30,8 +30,8 @@ import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,7 +47,7 @@ from executor.core.types import ServerContext
 from executor.settings import Settings
 from executor.store import turns as turn_store
 from executor.store.engine import read_only
-from executor.telemetry import logcontext, metrics
+from executor.telemetry import logcontext, metrics, tracing
 
 log = logging.getLogger("toolfence.reconciler")
 
@@ -350,6 +350,12 @@ class Reconciler:
         )
 
 
-def _operation_scope(op: store.StaleOperation) -> AbstractContextManager[None]:
-    """The sweep item's ids on what is logged while it is settled."""
-    return logcontext.log_context(operation_id=op.operation_id, generation=op.generation, tool=op.tool_name)
+@contextmanager
+def _operation_scope(op: store.StaleOperation) -> Iterator[None]:
+    """The sweep item's ids on what is logged while it is settled, in a span of its
+    request's trace linked to the attempt whose lease expired (tracing on)."""
+    with (
+        logcontext.log_context(operation_id=op.operation_id, generation=op.generation, tool=op.tool_name),
+        tracing.reconcile_span(op.operation_id, op.generation, op.trace_context),
+    ):
+        yield

@@ -24,7 +24,7 @@ from executor.settings.sources import CHOICE
 from executor.store.engine import DatabaseSettingError
 from executor.store.errors import StoreDatabaseError
 from executor.store.migrate import SchemaNotReady
-from executor.telemetry import logs
+from executor.telemetry import logs, tracing
 
 __all__ = ["EXIT_FAILURE", "EXIT_USAGE", "UserError", "build_parser", "main"]
 
@@ -72,6 +72,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.loaded = loaded
         chosen = Settings.from_loaded(loaded)
         logs.configure(chosen.log_format, logs.chosen_level(chosen.log_level, verbose))
+        # Its default service name, should OTEL_* turn traces on (set up on first use).
+        tracing.set_role(tracing.COMMAND_ROLES.get(args.command, args.command))
         with using(chosen):
             return int(args.func(args))
     except UserError as exc:

@@ -117,6 +117,7 @@ from executor.store.records import (
     StoreError,
 )
 from executor.store.registration import register
+from executor.store.tracecontext import save_attempt_trace, trace_contexts
 
 __all__ = [
     "ApproverUnavailable",
@@ -190,6 +191,7 @@ __all__ = [
     "record_receipt",
     "refuse_approver",
     "register",
+    "save_attempt_trace",
     "release_successors",
     "release_to_retry",
     "renew",
@@ -205,5 +207,6 @@ __all__ = [
     "stale_started",
     "still_owner",
     "take_over",
+    "trace_contexts",
     "waiting_on_earlier",
 ]

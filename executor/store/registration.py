@@ -35,7 +35,7 @@ _REGISTERED_COLUMNS = (
     "operation_id", "tenant", "request_id", "conversation_id", "call_id", "position",
     "tool_name", "schema_version", "mode", "state", "generation", "intent_hash", "arguments",
     "context", "attempts", "available_at", "queued_at", "impact", "approved_resources",
-    "created_at", "updated_at",
+    "created_at", "updated_at", "trace_context",
 )
 
 
@@ -91,6 +91,7 @@ def register(conn: Connection, new: NewOperation, clock: Clock = DATABASE_CLOCK)
         ),
         "created_at": now,
         "updated_at": now,
+        "trace_context": new.trace_context,
     }
     params = {f"new_{column}": value for column, value in values.items()}
     if postgresql:

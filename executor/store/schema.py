@@ -67,6 +67,10 @@ operations = Table(
     # JSON list: the resource ids a write declaring `resources` was admitted (and
     # approved) for; NULL for every other operation (migration 0003).
     Column("approved_resources", Text),
+    # JSON: the W3C trace context of the request span that registered it and of the
+    # last execution attempt's span (executor/telemetry/tracing.py); NULL when
+    # tracing was off (migration 0011).
+    Column("trace_context", Text),
 )
 
 # The reconciler's query for stale `started` operations and the gauges read only

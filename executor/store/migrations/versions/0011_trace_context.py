@@ -1,0 +1,31 @@
+"""Trace context: the W3C trace context stored with an operation.
+
+`toolfence_operations.trace_context` holds, as one JSON object, the traceparent
+(and tracestate) of the request span that registered the operation and of its
+last execution attempt's span (executor/telemetry/tracing.py), so a retry, a
+take-over by a new generation and a reconciler sweep join the request's trace.
+Nullable, no backfill: NULL is "traced by nobody" (tracing was off), decision 0212.
+
+Revision ID: 0011
+Revises: 0010
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0011"
+down_revision = "0010"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("toolfence_operations") as batch:
+        batch.add_column(sa.Column("trace_context", sa.Text, nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("toolfence_operations") as batch:
+        batch.drop_column("trace_context")

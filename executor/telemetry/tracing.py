@@ -1,0 +1,470 @@
+"""OpenTelemetry traces of a request: producer → outbox → relay → worker → tool.
+
+Off unless the standard `OTEL_*` variables ask for traces (`wanted`): an OTLP
+endpoint (`OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`),
+or `OTEL_TRACES_EXPORTER` naming `otlp` or `console`; `OTEL_SDK_DISABLED=true`
+and `OTEL_TRACES_EXPORTER=none` keep it off whatever else is set. Off, no
+OpenTelemetry module is imported here and every helper below answers a shared
+do-nothing object after one global read (decision 0213, measured in
+bench/RESULTS.md). On, a process sets up one SDK tracer provider the first time
+it needs one (a Celery pool child after its fork, never the parent), named
+`OTEL_SERVICE_NAME` or `toolfence-<role>`, exporting by OTLP/HTTP through a
+`BatchSpanProcessor` (`OTEL_BSP_*` tune it), flushed at exit and at a worker
+child's shutdown. An application that set up its own SDK provider keeps it: its
+spans and ours are one trace.
+
+The operation row is how a trace crosses processes (decision 0212): the
+producer's `toolfence.enqueue` span's W3C context is stored with each operation
+it registers (`trace_context`, JSON), the relay's `toolfence.publish`, each
+worker's `toolfence.attempt` (reserve, re-checks, `execute_tool {tool}`,
+complete) and the reconciler's `toolfence.reconcile` are its children, and each
+attempt stores its own context on the row, so the next attempt (a retry, a take-
+over by a new generation) and a sweep carry a span Link to it.
+
+Span attributes hold identifiers, names and counts, never an argument value or a
+result; identifiers pass through the log sanitiser (`shown_text`) as in logs, and
+an exception is recorded by its type only (its message can quote arguments).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any
+
+log = logging.getLogger("toolfence.tracing")
+
+ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+EXPORTERS = ("otlp", "console")
+"""The `OTEL_TRACES_EXPORTER` values toolfence sets up (besides `none`)."""
+INSTRUMENTATION = "toolfence"
+COMMAND_ROLES = {"reconcile": "reconciler", "enqueue": "producer"}
+"""A command's role where it is not the command's own name (`toolfence worker`: `worker`)."""
+
+_lock = threading.Lock()
+_role = "producer"
+_state: Any = None  # None: not decided yet in this process; False: off; _Tracing: on
+_NOTHING: AbstractContextManager[None] = nullcontext()
+_ours: list[Any] = []  # the provider this module made global, once (OpenTelemetry allows one)
+
+
+def wanted(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether the standard variables in `environ` ask for traces."""
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    exporters = _exporters(environ)
+    if "none" in exporters:
+        return False
+    if any(name in EXPORTERS for name in exporters):
+        return True
+    return any(environ.get(name, "").strip() for name in ENDPOINT_VARIABLES)
+
+
+def _exporters(environ: Mapping[str, str]) -> list[str]:
+    return [e.strip().lower() for e in environ.get("OTEL_TRACES_EXPORTER", "").split(",") if e.strip()]
+
+
+def set_role(role: str) -> None:
+    """Name this process's part (`worker`, `relay`, `serve`, `reconciler`,
+    `producer`, `turn`): its default service name is `toolfence-<role>`. Called by a
+    command before it traces anything; a provider already set up keeps its name."""
+    global _role
+    _role = role
+
+
+def enabled() -> bool:
+    """Whether this process traces (set up on first call when the variables ask)."""
+    state = _state
+    if state is None:
+        state = _start()
+    return state is not False
+
+
+def _start() -> Any:
+    global _state
+    with _lock:
+        if _state is None:
+            _state = _Tracing.create(_role) if wanted() else False
+        return _state
+
+
+def after_fork() -> None:
+    """In a forked child (a Celery pool process): decide again, in this process.
+    (The parent sets nothing up before it forks; this keeps it so if it had.)"""
+    global _state
+    if _state is not None and _state is not False:
+        _state.disown()
+    _state = None
+
+
+def use(provider: Any) -> None:
+    """Trace into `provider`, an SDK `TracerProvider` its caller set up and shuts
+    down (an application's own, a test's in-memory one), whatever `OTEL_*` says;
+    `shutdown()` goes back to deciding from the variables."""
+    global _state
+    with _lock:
+        _state = _Tracing(provider, owned=False)
+
+
+def flush(timeout_millis: int = 10_000) -> bool:
+    """Export the spans ended so far now (a producer about to exit); True when off."""
+    state = _state
+    if state is None or state is False:
+        return True
+    return bool(state.provider.force_flush(timeout_millis))
+
+
+def shutdown() -> None:
+    """Flush the spans still queued and stop exporting (a worker child's or a
+    command's end). Safe to call when off, or twice."""
+    global _state
+    state, _state = _state, None
+    if state is not None and state is not False:
+        state.shutdown()
+
+
+class _Tracing:
+    """The set-up tracer of a process that traces, and the API pieces it uses."""
+
+    def __init__(self, provider: Any, owned: bool) -> None:
+        from opentelemetry import context, trace
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        from executor.core.sanitize import shown_text
+
+        self.provider = provider
+        self.owned = owned
+        self.tracer = provider.get_tracer(INSTRUMENTATION)
+        self.trace = trace
+        self.context = context
+        self.propagator = TraceContextTextMapPropagator()
+        self.shown = shown_text
+
+    @classmethod
+    def create(cls, role: str) -> _Tracing:
+        from opentelemetry import trace
+        from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+
+        existing = trace.get_tracer_provider()
+        if isinstance(existing, TracerProvider) and existing not in _ours:
+            return cls(existing, owned=False)  # the application's own: its exporters, its names
+        resource = Resource.create({"toolfence.role": role})
+        if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
+            resource = resource.merge(Resource({SERVICE_NAME: f"toolfence-{role}"}))
+        provider = TracerProvider(resource=resource)
+        exporters = _exporters(os.environ) or ["otlp"]
+        for name in exporters:
+            if name == "otlp":
+                from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+                provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+            elif name == "console":
+                provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+            else:
+                log.warning("OTEL_TRACES_EXPORTER=%s is not one toolfence sets up (otlp, console)", name)
+        if not isinstance(existing, TracerProvider):
+            # The global one too, when nobody set it: a tool's own spans join ours.
+            trace.set_tracer_provider(provider)
+            _ours.append(provider)
+        return cls(provider, owned=True)
+
+    def disown(self) -> None:
+        self.owned = False
+
+    def shutdown(self) -> None:
+        if self.owned:
+            self.provider.shutdown()
+
+    # ------------------------------------------------------------- propagation
+
+    def carrier_of(self, span: Any) -> dict[str, str]:
+        carrier: dict[str, str] = {}
+        self.propagator.inject(carrier, self.trace.set_span_in_context(span))
+        return carrier
+
+    def parent(self, stored: Mapping[str, str]) -> Any:
+        """The context of the stored request span (an empty context without one)."""
+        return self.propagator.extract({k: stored[k] for k in ("traceparent", "tracestate") if k in stored})
+
+    def link_to(self, traceparent: str | None, why: str) -> list[Any]:
+        span = self.trace.get_current_span(self.propagator.extract({"traceparent": traceparent or ""}))
+        context = span.get_span_context()
+        if not context.is_valid:
+            return []
+        return [self.trace.Link(context, {"toolfence.link": why})]
+
+    def ids(self, **fields: str | int | None) -> dict[str, str | int]:
+        return {
+            f"toolfence.{name}": value if isinstance(value, int) else self.shown(value)
+            for name, value in fields.items()
+            if value is not None
+        }
+
+
+def _on() -> _Tracing | None:
+    state = _state
+    if state is None:
+        state = _start()
+    return state or None
+
+
+def parse(stored: str | None) -> dict[str, str]:
+    """A stored `trace_context` as its fields; {} for none or for anything unreadable
+    (a trace context never stops an operation)."""
+    if not stored:
+        return {}
+    try:
+        value = json.loads(stored)
+    except ValueError:
+        return {}
+    if not isinstance(value, dict):
+        return {}
+    return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def stored_context() -> str | None:
+    """The current span's W3C context as an operation registered now stores it
+    (JSON: `traceparent`, `tracestate`); None when off or without a span."""
+    tracing = _on()
+    if tracing is None:
+        return None
+    carrier = tracing.carrier_of(tracing.trace.get_current_span())
+    return json.dumps(carrier, sort_keys=True) if "traceparent" in carrier else None
+
+
+def current_ids() -> tuple[str, str] | None:
+    """The current span's trace and span id (hex), or None (off or no span)."""
+    tracing = _on()
+    if tracing is None:
+        return None
+    context = tracing.trace.get_current_span().get_span_context()
+    return (f"{context.trace_id:032x}", f"{context.span_id:016x}") if context.is_valid else None
+
+
+# ------------------------------------------------------------------ the producer
+
+
+def enqueue_span(tenant: str, request_id: str, calls: int) -> AbstractContextManager[None]:
+    """The producer's span of one `enqueue` (a child of the caller's span, such as
+    `POST /v1/requests`): the operations it registers store its context."""
+    tracing = _on()
+    if tracing is None:
+        return _NOTHING
+    attributes = {**tracing.ids(tenant=tenant, request_id=request_id), "toolfence.calls": calls}
+    return _current_span(tracing, "toolfence.enqueue", attributes)
+
+
+@contextmanager
+def _current_span(
+    tracing: _Tracing, name: str, attributes: Mapping[str, Any], *, kind: str = "INTERNAL",
+    parent: Any = None, links: list[Any] | None = None,
+) -> Iterator[None]:
+    with tracing.tracer.start_as_current_span(
+        name, context=parent, kind=getattr(tracing.trace.SpanKind, kind), attributes=attributes,
+        links=links, record_exception=False, set_status_on_exception=False,
+    ) as span:
+        try:
+            yield
+        except BaseException as exc:
+            _failed(tracing, span, exc)
+            raise
+
+
+def _failed(tracing: _Tracing, span: Any, exc: BaseException) -> None:
+    """An exception by its type only: its message can quote an argument."""
+    span.set_attribute("error.type", type(exc).__qualname__)
+    span.set_status(tracing.trace.Status(tracing.trace.StatusCode.ERROR))
+
+
+def server_span(method: str, route: str) -> AbstractContextManager[None]:
+    """`toolfence serve`'s span of one request to a route that registers operations."""
+    tracing = _on()
+    if tracing is None:
+        return _NOTHING
+    attributes = {"http.request.method": method, "http.route": route}
+    return _current_span(tracing, f"{method} {route}", attributes, kind="SERVER")
+
+
+# ------------------------------------------------------------------ the relay
+
+
+def publish_span(operation_id: str, stored: str | None) -> AbstractContextManager[None]:
+    """The relay's publish of one operation's message: a child of its request span."""
+    tracing = _on()
+    if tracing is None:
+        return _NOTHING
+    attributes = {
+        **tracing.ids(operation_id=operation_id),
+        "messaging.operation.type": "publish",
+        "messaging.system": "celery",
+    }
+    return _current_span(
+        tracing, "toolfence.publish", attributes, kind="PRODUCER", parent=tracing.parent(parse(stored))
+    )
+
+
+# ------------------------------------------------------------------ the reconciler
+
+
+def reconcile_span(operation_id: str, generation: int, stored: str | None) -> AbstractContextManager[None]:
+    """A sweep settling one stale operation: a child of its request span, linked to the
+    last attempt's span (the one whose lease expired)."""
+    tracing = _on()
+    if tracing is None:
+        return _NOTHING
+    fields = parse(stored)
+    return _current_span(
+        tracing, "toolfence.reconcile", tracing.ids(operation_id=operation_id, generation=generation),
+        parent=tracing.parent(fields), links=tracing.link_to(fields.get("attempt"), "last_attempt"),
+    )
+
+
+# ------------------------------------------------------------------ the worker
+
+
+class NoSpan:
+    """What an execution's tracing answers when off: every call does nothing."""
+
+    traceparent: str | None = None
+    tracestate: str | None = None
+
+    def __enter__(self) -> NoSpan:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        return None
+
+    def tool(self, tool_name: str, call_id: str) -> NoSpan:
+        return self
+
+    def outcome(self, label: str) -> None:
+        return None
+
+
+NO_SPAN = NoSpan()
+
+
+def attempt(
+    row: Any, generation: int, took_over: bool, reserve_sent_at: float, save: Callable[[str], None]
+) -> NoSpan | Attempt:
+    """One execution attempt of an operation whose reservation won (`row`, the
+    operation as read; `reserve_sent_at`, `time.monotonic()` when the reservation
+    was sent): a context manager whose span is current while it runs. `save` stores
+    the text given to it on the row (the request's context and this attempt's)."""
+    tracing = _on()
+    if tracing is None:
+        return NO_SPAN
+    return Attempt(tracing, row, generation, took_over, reserve_sent_at, save)
+
+
+class Attempt:
+    """`toolfence.attempt` (CONSUMER, child of the request span, linked to the
+    previous attempt's span), with its phases as children: `toolfence.reserve`
+    (from when the reservation was sent), `toolfence.recheck`, `execute_tool
+    {tool}` (current while the tool runs) and `toolfence.complete`."""
+
+    def __init__(
+        self, tracing: _Tracing, row: Any, generation: int, took_over: bool, reserve_sent_at: float,
+        save: Callable[[str], None],
+    ) -> None:
+        self.tracing = tracing
+        self.row = row
+        self.generation = generation
+        self.took_over = took_over
+        self.started_ns = time.time_ns() - int((time.monotonic() - reserve_sent_at) * 1e9)
+        self.save = save
+        self.ids = tracing.ids(
+            operation_id=row.operation_id, request_id=row.request_id, generation=generation,
+        )
+        self._phase: Any = None
+        self._token: Any = None
+
+    def __enter__(self) -> Attempt:
+        tracing, trace = self.tracing, self.tracing.trace
+        stored = parse(self.row.trace_context)
+        parent = tracing.parent(stored)
+        self.span = tracing.tracer.start_span(
+            "toolfence.attempt", context=parent, kind=trace.SpanKind.CONSUMER,
+            attributes={**self.ids, "toolfence.took_over": self.took_over},
+            links=tracing.link_to(stored.get("attempt"), "previous_attempt"),
+            start_time=self.started_ns,
+        )
+        self.context = trace.set_span_in_context(self.span)
+        self._token = tracing.context.attach(self.context)
+        tracing.tracer.start_span(
+            "toolfence.reserve", context=self.context, start_time=self.started_ns, attributes=self.ids,
+        ).end()
+        mine: dict[str, str] = {}  # the request's context as read (nothing when unreadable)
+        tracing.propagator.inject(mine, parent)
+        mine["attempt"] = tracing.carrier_of(self.span)["traceparent"]
+        try:
+            self.save(json.dumps(mine, sort_keys=True))
+        except Exception as exc:  # a trace context never stops an operation
+            log.warning("could not store the trace context of %s: %s", self.row.operation_id,
+                        type(exc).__name__)
+        self._begin("toolfence.recheck")
+        return self
+
+    def _begin(self, name: str | None) -> None:
+        if self._phase is not None:
+            self._phase.end()
+        self._phase = None if name is None else self.tracing.tracer.start_span(
+            name, context=self.context, attributes=self.ids,
+        )
+
+    def tool(self, tool_name: str, call_id: str) -> ToolSpan:
+        """The re-checks passed: the tool's span, started now, current inside `with`."""
+        self._begin(None)
+        return ToolSpan(self, tool_name, call_id)
+
+    def outcome(self, label: str) -> None:
+        self.span.set_attribute("toolfence.outcome", label)
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, _tb: object) -> None:
+        self._begin(None)
+        if exc is not None:
+            _failed(self.tracing, self.span, exc)
+        self.span.end()
+        self.tracing.context.detach(self._token)
+
+
+class ToolSpan:
+    """`execute_tool {tool}` (GenAI semantic conventions): its W3C context is what the
+    tool's `ctx` and an MCP call's `_meta` carry downstream."""
+
+    def __init__(self, attempt: Attempt, tool_name: str, call_id: str) -> None:
+        tracing = attempt.tracing
+        self.attempt = attempt
+        self.span = tracing.tracer.start_span(
+            f"execute_tool {tool_name}", context=attempt.context,
+            attributes={
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": tracing.shown(tool_name),
+                "gen_ai.tool.call.id": tracing.shown(call_id),
+                **attempt.ids,
+            },
+        )
+        carrier = tracing.carrier_of(self.span)
+        self.traceparent: str | None = carrier.get("traceparent")
+        self.tracestate: str | None = carrier.get("tracestate")
+        self._token: Any = None
+
+    def __enter__(self) -> ToolSpan:
+        tracing = self.attempt.tracing
+        self._token = tracing.context.attach(tracing.trace.set_span_in_context(self.span))
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, _tb: object) -> None:
+        tracing = self.attempt.tracing
+        if exc is not None:
+            _failed(tracing, self.span, exc)
+        self.span.end()
+        tracing.context.detach(self._token)
+        self.attempt._begin("toolfence.complete")
