@@ -33,7 +33,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
@@ -283,13 +283,44 @@ def _failed(tracing: _Tracing, span: Any, exc: BaseException) -> None:
     span.set_status(tracing.trace.Status(tracing.trace.StatusCode.ERROR))
 
 
-def server_span(method: str, route: str) -> AbstractContextManager[None]:
-    """`toolfence serve`'s span of one request to a route that registers operations."""
+def http_server_span(
+    method: str, headers: Iterable[tuple[bytes, bytes]]
+) -> AbstractContextManager[Callable[[str, int], None] | None]:
+    """`toolfence serve`'s SERVER span of one HTTP request, current while it is served
+    (the operations a `POST /v1/requests` registers store its context): a child of
+    the client's `traceparent` when it sent one. Yields a function the caller gives
+    the matched route template and the status once answered (None when off)."""
     tracing = _on()
     if tracing is None:
-        return _NOTHING
-    attributes = {"http.request.method": method, "http.route": route}
-    return _current_span(tracing, f"{method} {route}", attributes, kind="SERVER")
+        return nullcontext()
+    carrier = {
+        name.decode("latin-1").lower(): value.decode("latin-1")
+        for name, value in headers
+        if name.lower() in (b"traceparent", b"tracestate")
+    }
+    return _http_span(tracing, method, tracing.propagator.extract(carrier))
+
+
+@contextmanager
+def _http_span(tracing: _Tracing, method: str, parent: Any) -> Iterator[Callable[[str, int], None]]:
+    with tracing.tracer.start_as_current_span(
+        method, context=parent, kind=tracing.trace.SpanKind.SERVER,
+        attributes={"http.request.method": method}, record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
+
+        def answered(template: str, status: int) -> None:
+            span.update_name(f"{method} {template}")
+            span.set_attribute("http.route", template)
+            span.set_attribute("http.response.status_code", status)
+            if status >= 500:
+                span.set_status(tracing.trace.Status(tracing.trace.StatusCode.ERROR))
+
+        try:
+            yield answered
+        except BaseException as exc:
+            _failed(tracing, span, exc)
+            raise
 
 
 # ------------------------------------------------------------------ the relay
