@@ -323,6 +323,85 @@ def _http_span(tracing: _Tracing, method: str, parent: Any) -> Iterator[Callable
             raise
 
 
+# ------------------------------------------------------------------ turns
+
+
+def turn_span(tenant: str, turn_id: str) -> AbstractContextManager[None]:
+    """Starting a turn (a child of the caller's span, such as `POST /v1/turns`): the
+    turn stores its context, and each of its model steps is a child of it."""
+    tracing = _on()
+    if tracing is None:
+        return _NOTHING
+    return _current_span(tracing, "toolfence.start_turn", tracing.ids(tenant=tenant, turn_id=turn_id))
+
+
+def chat_span(stored: str | None, turn_id: str, step: int, driver: Any) -> NoSpan | Chat:
+    """One model step of a turn (GenAI's `chat`, CLIENT): a child of the span that
+    started the turn; `answered(usage)` names its model and token usage, `stored` is
+    the context the step keeps for its calls."""
+    tracing = _on()
+    if tracing is None:
+        return NO_SPAN
+    return Chat(tracing, stored, turn_id, step, driver)
+
+
+def resumed(stored: str | None) -> AbstractContextManager[None]:
+    """`stored`'s span current again, with no new span (a step's calls enqueued by a
+    later job join the step's `chat` span)."""
+    tracing = _on()
+    if tracing is None or not stored:
+        return _NOTHING
+    return _attached(tracing, tracing.parent(parse(stored)))
+
+
+@contextmanager
+def _attached(tracing: _Tracing, context: Any) -> Iterator[None]:
+    token = tracing.context.attach(context)
+    try:
+        yield
+    finally:
+        tracing.context.detach(token)
+
+
+class Chat:
+    def __init__(self, tracing: _Tracing, stored: str | None, turn_id: str, step: int, driver: Any) -> None:
+        self.tracing = tracing
+        mode = str(getattr(driver, "mode", ""))
+        model = getattr(driver, "model", None)
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "chat", **tracing.ids(turn_id=turn_id, step=step),
+        }
+        if mode and mode != "json":
+            attributes["gen_ai.provider.name"] = mode
+        if isinstance(model, str) and model:
+            attributes["gen_ai.request.model"] = tracing.shown(model)
+        self.span = tracing.tracer.start_span(
+            "chat", context=tracing.parent(parse(stored)), kind=tracing.trace.SpanKind.CLIENT,
+            attributes=attributes,
+        )
+        self.stored: str | None = json.dumps(tracing.carrier_of(self.span), sort_keys=True)
+        self._token: Any = None
+
+    def __enter__(self) -> Chat:
+        self._token = self.tracing.context.attach(self.tracing.trace.set_span_in_context(self.span))
+        return self
+
+    def answered(self, usage: Any) -> None:
+        """The model's answer: its model's name and token counts (never its text)."""
+        model = self.tracing.shown(str(usage.model)) if usage.model else ""
+        if model:
+            self.span.update_name(f"chat {model}")
+            self.span.set_attribute("gen_ai.response.model", model)
+        self.span.set_attribute("gen_ai.usage.input_tokens", int(usage.input_tokens))
+        self.span.set_attribute("gen_ai.usage.output_tokens", int(usage.output_tokens))
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, _tb: object) -> None:
+        if exc is not None:
+            _failed(self.tracing, self.span, exc)
+        self.span.end()
+        self.tracing.context.detach(self._token)
+
+
 # ------------------------------------------------------------------ the relay
 
 
@@ -365,6 +444,7 @@ class NoSpan:
 
     traceparent: str | None = None
     tracestate: str | None = None
+    stored: str | None = None
 
     def __enter__(self) -> NoSpan:
         return self
@@ -376,6 +456,9 @@ class NoSpan:
         return self
 
     def outcome(self, label: str) -> None:
+        return None
+
+    def answered(self, usage: Any) -> None:
         return None
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from canary_tools import CANARY
 from fleetkit import call, context, enqueue_committed, operation, owner_pid, wait_until, worker_of
-from otlpkit import Receiver, ReceivedSpan, otlp_receiver
+from otlpkit import ReceivedSpan, Receiver, otlp_receiver
 
 from executor.cli.fleet import Fleet, process_alive
 from executor.mcp import shutdown_connections
@@ -62,7 +62,9 @@ def _names(spans: list[ReceivedSpan]) -> set[tuple[str, str]]:
 
 
 def _one(spans: list[ReceivedSpan], name: str, **attributes: object) -> ReceivedSpan:
-    found = [s for s in spans if s.name == name and all(s.attributes.get(k) == v for k, v in attributes.items())]
+    found = [
+        s for s in spans if s.name == name and all(s.attributes.get(k) == v for k, v in attributes.items())
+    ]
     assert len(found) == 1, (name, attributes, [(s.service, s.name, s.attributes) for s in spans])
     return found[0]
 
@@ -194,8 +196,10 @@ def test_sigkilled_worker__successor_attempt_links_to_it__same_trace(
     # and its attempt is in the same trace, a child of the request span, linked to the
     # killed attempt's span (the parent of the killed worker's exported reserve span)
     def successor() -> list[ReceivedSpan]:
-        return [s for s in receiver.of_trace(enqueue_span.trace_id)
-                if s.name == "toolfence.attempt" and s.attributes.get("toolfence.generation") == final.generation]
+        return [
+            s for s in receiver.of_trace(enqueue_span.trace_id)
+            if s.name == "toolfence.attempt" and s.attributes.get("toolfence.generation") == final.generation
+        ]
 
     wait_until(successor, timeout=30, what="the successor's attempt span")
     (killed_reserve,) = first_reserve()

@@ -24,6 +24,7 @@ from executor.telemetry import tracing
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
+BALANCE = {"call_id": "c1", "tool_name": "ledger.get_balance", "arguments": {"account_id": "acme-1"}}
 
 
 @pytest.fixture
@@ -43,7 +44,7 @@ def test_post_requests__server_span_under_the_clients__operations_store_its_trac
     # Given a server started with tracing on, and a client inside its own trace
     served = served_with()
     key = served.key("acme", "alice", KeyScope.PRODUCE)
-    body = {"calls": [{"call_id": "c1", "tool_name": "ledger.get_balance", "arguments": {"account_id": "acme-1"}}]}
+    body = {"calls": [BALANCE]}
     # When it posts a request
     with served.client(key) as client:
         response = client.post(
@@ -74,7 +75,7 @@ def test_tracing_off__no_span__nothing_stored(served_with: Callable[..., Served]
     assert not tracing.wanted()
     served = served_with()
     key = served.key("acme", "alice", KeyScope.PRODUCE)
-    body = {"calls": [{"call_id": "c1", "tool_name": "ledger.get_balance", "arguments": {"account_id": "acme-1"}}]}
+    body = {"calls": [BALANCE]}
     with served.client(key) as client:
         assert client.post("/v1/requests", json=body).status_code == 202
     # Then the operation carries no trace context

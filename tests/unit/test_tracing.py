@@ -133,7 +133,8 @@ def test_attempts__children_of_the_request_span__a_new_generation_links_to_the_l
     assert second.attributes["toolfence.took_over"] is True
     assert first.attributes["toolfence.outcome"] == "completed"
     # the phases are children of their attempt
-    for name in ("toolfence.reserve", "toolfence.recheck", "execute_tool ledger.transfer", "toolfence.complete"):
+    phases = ("toolfence.reserve", "toolfence.recheck", "execute_tool ledger.transfer", "toolfence.complete")
+    for name in phases:
         assert [span.parent.span_id for span in found[name]] == [
             first.context.span_id, second.context.span_id,
         ], name
@@ -144,7 +145,8 @@ def test_attempts__children_of_the_request_span__a_new_generation_links_to_the_l
     tool_spans = found["execute_tool ledger.transfer"]
     for traceparent, span in zip((first_traceparent, second_traceparent), tool_spans, strict=True):
         assert traceparent is not None
-        assert traceparent.split("-")[:3] == ["00", f"{span.context.trace_id:032x}", f"{span.context.span_id:016x}"]
+        ids = ["00", f"{span.context.trace_id:032x}", f"{span.context.span_id:016x}"]
+        assert traceparent.split("-")[:3] == ids
 
 
 def test_execute_tool__genai_attributes__a_failure_by_its_type_only(spans) -> None:
@@ -187,9 +189,11 @@ def test_a_failing_save__logged__the_attempt_goes_on(spans, caplog) -> None:
     def save(text: str) -> None:
         raise ConnectionError("the database went away")
 
-    with caplog.at_level(logging.WARNING, "toolfence.tracing"):
-        with tracing.attempt(_row(None), 1, False, 0.0, save) as trace:
-            trace.outcome("completed")
+    with (
+        caplog.at_level(logging.WARNING, "toolfence.tracing"),
+        tracing.attempt(_row(None), 1, False, 0.0, save) as trace,
+    ):
+        trace.outcome("completed")
     assert "ConnectionError" in caplog.text
     assert [span.name for span in spans.get_finished_spans()][-1] == "toolfence.attempt"
 
