@@ -62,6 +62,7 @@ from executor.http.problems import (
 )
 from executor.http.service import Service, body_digest
 from executor.store.errors import StoreDatabaseError
+from executor.telemetry import tracing
 from outbox.producer import AdmissionUnavailable
 
 M = TypeVar("M", bound=BaseModel)
@@ -226,6 +227,9 @@ def build_api(service: Service, authenticator: Authenticator, limiter: RateLimit
             "Errors are RFC 9457 problem+json with toolfence's stable codes."
         ),
         docs_url=None, redoc_url=None, openapi_url="/openapi.json",
+        # FastAPI's own SERVER and operation spans, into toolfence's tracer when tracing
+        # is on (a POST /v1/requests' operations join its trace); off, none at all.
+        telemetry=tracing.fastapi_telemetry(),  # type: ignore[arg-type]
     )
     app.state.service = service
     app.add_exception_handler(ProblemError, problem_handler)

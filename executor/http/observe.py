@@ -1,7 +1,6 @@
 """Counting `toolfence serve`'s responses (toolfence_http_responses_total and
 toolfence_http_request_seconds), by route template so the labels stay bounded;
-naming each request in the logs (`http_request_id`); and, with tracing on, a
-SERVER span per request (`TraceRequests`)."""
+and naming each request in the logs (`http_request_id`)."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from executor.telemetry import logcontext, metrics, tracing
+from executor.telemetry import logcontext, metrics
 
 # A request id a client or a proxy in front sent (`X-Request-ID`) is kept when it
 # looks like one (uuids, ULIDs, hex, a load balancer's `Root=1-…`); anything else
@@ -66,35 +65,6 @@ class NameRequests:
             return
         with logcontext.log_context(http_request_id=request_id_of(scope)):
             await self.app(scope, receive, send)
-
-
-class TraceRequests:
-    """ASGI middleware, added only when tracing is on (`executor.telemetry.tracing`):
-    each request is a SERVER span named by its method and route template, current
-    while it is served, so a `POST /v1/requests`'s operations join its trace."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        status = 500
-
-        async def noting_send(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-            await send(message)
-
-        with tracing.http_server_span(str(scope.get("method", "")), scope.get("headers", ())) as answered:
-            try:
-                await self.app(scope, receive, noting_send)
-            finally:
-                if answered is not None:
-                    route = scope.get("route")
-                    answered(str(getattr(route, "path", "unmatched")) if route else "unmatched", status)
 
 
 def request_id_of(scope: Scope) -> str:

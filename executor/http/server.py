@@ -34,12 +34,11 @@ from executor.core.tools import Registry
 from executor.http.api import RateLimiter, build_api
 from executor.http.body import BodySizeLimit
 from executor.http.keys import Authenticator
-from executor.http.observe import CountResponses, NameRequests, TraceRequests
+from executor.http.observe import CountResponses, NameRequests
 from executor.http.service import Service
 from executor.providers.hosted import NO_HOSTED_TOOLS, HostedPolicy
 from executor.settings import Settings, SettingsError, read
 from executor.store.engine import get_engine
-from executor.telemetry import tracing
 
 
 @dataclass(frozen=True)
@@ -97,8 +96,6 @@ def create_app(
     mount_console(app, service, authenticator, limiter, http)
     app.add_middleware(BodySizeLimit, max_bytes=http.max_body_bytes)
     app.add_middleware(CountResponses)  # sees every answer
-    if tracing.enabled():
-        app.add_middleware(TraceRequests)  # a SERVER span per request; off: not in the stack
     app.add_middleware(NameRequests)  # added last: outermost, names the request for every record
     return app
 

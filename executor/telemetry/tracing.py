@@ -28,13 +28,16 @@ an exception is recorded by its type only (its message can quote arguments).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextvars import ContextVar
+from functools import cache
 from typing import Any
 
 log = logging.getLogger("toolfence.tracing")
@@ -51,6 +54,34 @@ _role = "producer"
 _state: Any = None  # None: not decided yet in this process; False: off; _Tracing: on
 _NOTHING: AbstractContextManager[None] = nullcontext()
 _ours: list[Any] = []  # the provider this module made global, once (OpenTelemetry allows one)
+_PINNED: ContextVar[int | None] = ContextVar("toolfence_attempt_span_id", default=None)
+
+
+def attempt_span_id(operation_id: str, generation: int) -> int:
+    """The span id of generation `generation`'s attempt of an operation: derived, so the
+    next attempt and a sweep can link to it with nothing written (decision 0212)."""
+    digest = hashlib.sha256(f"{operation_id}\0{generation}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") or 1
+
+
+@cache
+def _attempt_ids_class() -> type:
+    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+
+    class AttemptIds(RandomIdGenerator):
+        """Random ids, except the span id an attempt asks for (`attempt_span_id`)."""
+
+        def generate_span_id(self) -> int:
+            pinned = _PINNED.get()
+            return pinned if pinned is not None else int(super().generate_span_id())
+
+    return AttemptIds
+
+
+def attempt_ids() -> Any:
+    """The SDK `IdGenerator` toolfence's providers use (give it to a provider handed
+    over with `use`, or attempts store their span's context on the row instead)."""
+    return _attempt_ids_class()()
 
 
 def wanted(environ: Mapping[str, str] = os.environ) -> bool:
@@ -158,7 +189,7 @@ class _Tracing:
         resource = Resource.create({"toolfence.role": role})
         if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
             resource = resource.merge(Resource({SERVICE_NAME: f"toolfence-{role}"}))
-        provider = TracerProvider(resource=resource)
+        provider = TracerProvider(resource=resource, id_generator=attempt_ids())
         exporters = _exporters(os.environ) or ["otlp"]
         for name in exporters:
             if name == "otlp":
@@ -198,6 +229,20 @@ class _Tracing:
         context = span.get_span_context()
         if not context.is_valid:
             return []
+        return [self.trace.Link(context, {"toolfence.link": why})]
+
+    def previous(self, stored: Mapping[str, str], operation_id: str, generation: int, why: str) -> list[Any]:
+        """A Link to generation `generation`'s attempt: the one stored on the row when its
+        worker stored one, else the derived id in the request's trace; none without either."""
+        if "attempt" in stored:
+            return self.link_to(stored["attempt"], why)
+        request = self.trace.get_current_span(self.parent(stored)).get_span_context()
+        if generation < 1 or not request.is_valid:
+            return []
+        context = self.trace.SpanContext(
+            trace_id=request.trace_id, span_id=attempt_span_id(operation_id, generation),
+            is_remote=True, trace_flags=request.trace_flags,
+        )
         return [self.trace.Link(context, {"toolfence.link": why})]
 
     def ids(self, **fields: str | int | None) -> dict[str, str | int]:
@@ -283,44 +328,18 @@ def _failed(tracing: _Tracing, span: Any, exc: BaseException) -> None:
     span.set_status(tracing.trace.Status(tracing.trace.StatusCode.ERROR))
 
 
-def http_server_span(
-    method: str, headers: Iterable[tuple[bytes, bytes]]
-) -> AbstractContextManager[Callable[[str, int], None] | None]:
-    """`toolfence serve`'s SERVER span of one HTTP request, current while it is served
-    (the operations a `POST /v1/requests` registers store its context): a child of
-    the client's `traceparent` when it sent one. Yields a function the caller gives
-    the matched route template and the status once answered (None when off)."""
+def fastapi_telemetry() -> dict[str, Any]:
+    """`FastAPI(telemetry=…)` for `toolfence serve`: FastAPI's own SERVER span per
+    request (a child of the client's `traceparent`, named by method and route) and
+    its operation spans, into this process's provider when tracing is on; nothing
+    when off. Never its metrics (Prometheus counts requests) nor its exception logs
+    (a validation error's message can quote the body)."""
     tracing = _on()
-    if tracing is None:
-        return nullcontext()
-    carrier = {
-        name.decode("latin-1").lower(): value.decode("latin-1")
-        for name, value in headers
-        if name.lower() in (b"traceparent", b"tracestate")
+    return {
+        "tracing": tracing is not None,
+        "tracer_provider": None if tracing is None else tracing.provider,
+        "metrics": False, "logs": False, "auto_configure": False,
     }
-    return _http_span(tracing, method, tracing.propagator.extract(carrier))
-
-
-@contextmanager
-def _http_span(tracing: _Tracing, method: str, parent: Any) -> Iterator[Callable[[str, int], None]]:
-    with tracing.tracer.start_as_current_span(
-        method, context=parent, kind=tracing.trace.SpanKind.SERVER,
-        attributes={"http.request.method": method}, record_exception=False,
-        set_status_on_exception=False,
-    ) as span:
-
-        def answered(template: str, status: int) -> None:
-            span.update_name(f"{method} {template}")
-            span.set_attribute("http.route", template)
-            span.set_attribute("http.response.status_code", status)
-            if status >= 500:
-                span.set_status(tracing.trace.Status(tracing.trace.StatusCode.ERROR))
-
-        try:
-            yield answered
-        except BaseException as exc:
-            _failed(tracing, span, exc)
-            raise
 
 
 # ------------------------------------------------------------------ turns
@@ -432,7 +451,8 @@ def reconcile_span(operation_id: str, generation: int, stored: str | None) -> Ab
     fields = parse(stored)
     return _current_span(
         tracing, "toolfence.reconcile", tracing.ids(operation_id=operation_id, generation=generation),
-        parent=tracing.parent(fields), links=tracing.link_to(fields.get("attempt"), "last_attempt"),
+        parent=tracing.parent(fields),
+        links=tracing.previous(fields, operation_id, generation, "last_attempt"),
     )
 
 
@@ -504,12 +524,17 @@ class Attempt:
         tracing, trace = self.tracing, self.tracing.trace
         stored = parse(self.row.trace_context)
         parent = tracing.parent(stored)
-        self.span = tracing.tracer.start_span(
-            "toolfence.attempt", context=parent, kind=trace.SpanKind.CONSUMER,
-            attributes={**self.ids, "toolfence.took_over": self.took_over},
-            links=tracing.link_to(stored.get("attempt"), "previous_attempt"),
-            start_time=self.started_ns,
-        )
+        derived = attempt_span_id(self.row.operation_id, self.generation)
+        links = tracing.previous(stored, self.row.operation_id, self.generation - 1, "previous_attempt")
+        pinned = _PINNED.set(derived)
+        try:
+            self.span = tracing.tracer.start_span(
+                "toolfence.attempt", context=parent, kind=trace.SpanKind.CONSUMER,
+                attributes={**self.ids, "toolfence.took_over": self.took_over},
+                links=links, start_time=self.started_ns,
+            )
+        finally:
+            _PINNED.reset(pinned)
         self.context = trace.set_span_in_context(self.span)
         self._token = tracing.context.attach(self.context)
         tracing.tracer.start_span(
@@ -517,14 +542,20 @@ class Attempt:
         ).end()
         mine: dict[str, str] = {}  # the request's context as read (nothing when unreadable)
         tracing.propagator.inject(mine, parent)
-        mine["attempt"] = tracing.carrier_of(self.span)["traceparent"]
+        if "traceparent" not in mine or self.span.get_span_context().span_id != derived:
+            # The next attempt cannot derive this span: an application's provider chose
+            # its id, or there is no request trace to find it in. Stored on the row.
+            self._store(mine)
+        self._begin("toolfence.recheck")
+        return self
+
+    def _store(self, mine: dict[str, str]) -> None:
+        mine["attempt"] = self.tracing.carrier_of(self.span)["traceparent"]
         try:
             self.save(json.dumps(mine, sort_keys=True))
         except Exception as exc:  # a trace context never stops an operation
             log.warning("could not store the trace context of %s: %s", self.row.operation_id,
                         type(exc).__name__)
-        self._begin("toolfence.recheck")
-        return self
 
     def _begin(self, name: str | None) -> None:
         if self._phase is not None:

@@ -29,15 +29,25 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SECRET = "sk-tracingSECRETtracingSECRET0123456789"
 
 
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
+def _tracing_into(provider: TracerProvider) -> Iterator[InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
-    provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracing.use(provider)
     yield exporter
     tracing.shutdown()
     provider.shutdown()
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    """A provider as toolfence sets one up: attempts' span ids are derived."""
+    yield from _tracing_into(TracerProvider(id_generator=tracing.attempt_ids()))
+
+
+@pytest.fixture
+def foreign_spans() -> Iterator[InMemorySpanExporter]:
+    """An application's own provider: random span ids everywhere."""
+    yield from _tracing_into(TracerProvider())
 
 
 def _by_name(exporter: InMemorySpanExporter) -> dict[str, list[Any]]:
@@ -112,10 +122,10 @@ def test_attempts__children_of_the_request_span__a_new_generation_links_to_the_l
     with tracing.enqueue_span("acme", "req-1", 1):
         stored = tracing.stored_context()
     assert stored is not None
-    # When generation 1 runs, stores its context, and generation 2 takes over
+    # When generation 1 runs and generation 2 takes over
     saved: list[str] = []
     first_traceparent = _run_attempt(_row(stored), 1, saved)
-    second_traceparent = _run_attempt(_row(saved[-1]), 2, saved)
+    second_traceparent = _run_attempt(_row(stored), 2, saved)
     # Then every span is in the request's trace
     found = _by_name(spans)
     enqueue = found["toolfence.enqueue"][0]
@@ -138,15 +148,35 @@ def test_attempts__children_of_the_request_span__a_new_generation_links_to_the_l
         assert [span.parent.span_id for span in found[name]] == [
             first.context.span_id, second.context.span_id,
         ], name
-    # the stored context keeps the request's and names the last attempt
-    assert json.loads(saved[-1])["traceparent"] == json.loads(stored)["traceparent"]
-    assert json.loads(saved[-1])["attempt"].split("-")[2] == f"{second.context.span_id:016x}"
+    # each attempt's span id is derived from (operation, generation): nothing was stored
+    assert saved == []
+    assert first.context.span_id == tracing.attempt_span_id("op-1", 1)
+    assert second.context.span_id == tracing.attempt_span_id("op-1", 2)
     # and the traceparent handed to the tool is the execute_tool span's own
     tool_spans = found["execute_tool ledger.transfer"]
     for traceparent, span in zip((first_traceparent, second_traceparent), tool_spans, strict=True):
         assert traceparent is not None
         ids = ["00", f"{span.context.trace_id:032x}", f"{span.context.span_id:016x}"]
         assert traceparent.split("-")[:3] == ids
+
+
+def test_an_applications_provider__the_attempt_stores_its_context__the_next_links_through_it(
+    foreign_spans,
+) -> None:
+    # Given an application's own provider (its ids are random, so not derivable)
+    with tracing.enqueue_span("acme", "req-1", 1):
+        stored = tracing.stored_context()
+    # When two generations run
+    saved: list[str] = []
+    _run_attempt(_row(stored), 1, saved)
+    _run_attempt(_row(saved[-1]), 2, saved)
+    # Then each stored the request's context and its own, and the second linked to the first
+    first, second = _by_name(foreign_spans)["toolfence.attempt"]
+    assert len(saved) == 2
+    assert json.loads(saved[-1])["traceparent"] == json.loads(stored)["traceparent"]
+    assert json.loads(saved[-1])["attempt"].split("-")[2] == f"{second.context.span_id:016x}"
+    assert [link.context.span_id for link in second.links] == [first.context.span_id]
+    assert second.parent.span_id == first.parent.span_id
 
 
 def test_execute_tool__genai_attributes__a_failure_by_its_type_only(spans) -> None:
@@ -201,11 +231,10 @@ def test_a_failing_save__logged__the_attempt_goes_on(spans, caplog) -> None:
 def test_publish_and_reconcile__children_of_the_request__the_sweep_links_to_the_last_attempt(spans) -> None:
     with tracing.enqueue_span("acme", "req-1", 1):
         stored = tracing.stored_context()
-    saved: list[str] = []
-    _run_attempt(_row(stored), 1, saved)
+    _run_attempt(_row(stored), 1, [])
     with tracing.publish_span("op-1", stored):
         pass
-    with tracing.reconcile_span("op-1", 1, saved[-1]):
+    with tracing.reconcile_span("op-1", 1, stored):
         pass
     found = _by_name(spans)
     enqueue, attempt = found["toolfence.enqueue"][0], found["toolfence.attempt"][0]
