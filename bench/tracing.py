@@ -2,7 +2,7 @@
 
     python -m bench.tracing [--ops 500] [--repeat 3]
 
-Two rows, interleaved round after round on one fleet shape (a relay, 2 workers,
+Two rows, interleaved round after round (off, on, then on, off: ABBA) on one fleet shape (a relay, 2 workers,
 prefork, concurrency 1, the no-op idempotent write): the producer in this process
 enqueues `--ops` one-call requests, the relay publishes them and the workers run
 them; the clock runs from the first enqueue to the last terminal row.
@@ -147,7 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     with otlp_sink() as endpoint:
         on = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_BSP_SCHEDULE_DELAY": "1000"}
         for round_number in range(args.repeat):
-            for label, otel in (("off", {}), ("on", on)):
+            # ABBA: off first in even rounds, on first in odd ones, so a machine getting
+            # busier or quieter through the sitting favours neither row.
+            order = (("off", {}), ("on", on))
+            for label, otel in order if round_number % 2 == 0 else order[::-1]:
                 seconds = end_to_end(args.ops, engine, log_dir / f"{label}-{round_number}", otel)
                 rates[label].append(args.ops / seconds)
                 print(f"round {round_number + 1} tracing {label}: {args.ops / seconds:.1f} ops/s", flush=True)
@@ -165,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print("| ratio | value |")
     print("|---|---|")
-    print(f"| tracing on / off (end to end) | {on_rate / off:.3f} |")
+    print(f"| tracing on / off (end to end, medians) | {on_rate / off:.3f} |")
+    pairs = [o / f for o, f in zip(rates["on"], rates["off"], strict=True)]
+    print("| tracing on / off, each round | " + ", ".join(f"{r:.3f}" for r in pairs) + " |")
     print(f"| off path: ns per operation (its helpers, minus an empty loop's {empty:.0f} ns) "
           f"| {helpers - empty:.0f} |")
     print(f"| off path / an operation's wall time when off ({per_op_ns / 1e6:.2f} ms) "
