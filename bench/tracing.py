@@ -5,7 +5,9 @@
 Two rows, interleaved round after round (off, on, then on, off: ABBA) on one fleet shape (a relay, 2 workers,
 prefork, concurrency 1, the no-op idempotent write): the producer in this process
 enqueues `--ops` one-call requests, the relay publishes them and the workers run
-them; the clock runs from the first enqueue to the last terminal row.
+them; the clock runs from the first enqueue to the last terminal row, and the
+CPU time of this process and its descendants (producer, relay, workers, pool
+children; not PostgreSQL, shared with whatever else runs) is counted over it.
 
 - off: no `OTEL_*` variable anywhere (what every deployment runs unless it asks);
 - on: `OTEL_EXPORTER_OTLP_ENDPOINT` at a local OTLP/HTTP sink that accepts and
@@ -36,6 +38,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from bench import cpu
 from bench.run import (
     DB_NAME,
     apply_env,
@@ -81,21 +84,50 @@ def otlp_sink() -> Iterator[str]:
         server.server_close()
 
 
-def end_to_end(n: int, engine: Any, log_dir: Path, otel: dict[str, str]) -> float:
-    """Seconds for n one-call requests, enqueued here, through the relay and 2 workers."""
+def own_cpu_seconds(before: dict[int, cpu.Process], after: dict[int, cpu.Process]) -> float:
+    """CPU seconds this process and its descendants (the producer here, the relay, the
+    workers and their pool children) spent between two snapshots: on a machine
+    shared with other work, what the rows cost, where their wall time is mostly
+    what the neighbours left them."""
+    me = os.getpid()
+
+    def ours(pid: int) -> bool:
+        seen: set[int] = set()
+        while pid not in seen and pid in after:
+            if pid == me:
+                return True
+            seen.add(pid)
+            pid = after[pid].parent
+        return False
+
+    tick = os.sysconf("SC_CLK_TCK")
+    spent = 0
+    for pid, process in after.items():
+        if ours(pid):
+            earlier = before.get(pid)
+            start = earlier.ticks if earlier is not None and earlier.started == process.started else 0
+            spent += max(0, process.ticks - start)
+    return spent / tick
+
+
+def end_to_end(n: int, engine: Any, log_dir: Path, otel: dict[str, str]) -> tuple[float, float]:
+    """(seconds, CPU seconds of toolfence's processes) for n one-call requests, enqueued
+    here, through the relay and 2 workers."""
     for name in OTEL_VARIABLES:
         os.environ.pop(name, None)
     os.environ.update(otel)
     tracing.shutdown()  # this process decides again, from the variables just set
     prefix = f"tr-{uuid.uuid4().hex[:6]}"
     with toolfence_fleet(log_dir, extra_env=otel):
-        started = time.perf_counter()
+        before, started = cpu.processes(), time.perf_counter()
         enqueue_calls(engine, "bench.noop_write", n, prefix)
         wait_terminal(engine, of_requests(prefix), n)
+        tracing.flush()  # this process's spans, exported inside the window
         elapsed = time.perf_counter() - started
-    tracing.flush()
+        time.sleep(1.5)  # the fleet's last batches leave (OTEL_BSP_SCHEDULE_DELAY=1000)
+        spent = own_cpu_seconds(before, cpu.processes())
     tracing.shutdown()
-    return elapsed
+    return elapsed, spent
 
 
 def off_path_ns(iterations: int = 200_000) -> tuple[float, float]:
@@ -144,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     apply_env(base_env("bench-setup"))
     engine = make_engine(pg_url(DB_NAME))
     rates: dict[str, list[float]] = {"off": [], "on": []}
+    cpu_ms: dict[str, list[float]] = {"off": [], "on": []}
     with otlp_sink() as endpoint:
         on = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_BSP_SCHEDULE_DELAY": "1000"}
         for round_number in range(args.repeat):
@@ -151,26 +184,34 @@ def main(argv: list[str] | None = None) -> int:
             # busier or quieter through the sitting favours neither row.
             order = (("off", {}), ("on", on))
             for label, otel in order if round_number % 2 == 0 else order[::-1]:
-                seconds = end_to_end(args.ops, engine, log_dir / f"{label}-{round_number}", otel)
+                seconds, spent = end_to_end(args.ops, engine, log_dir / f"{label}-{round_number}", otel)
                 rates[label].append(args.ops / seconds)
-                print(f"round {round_number + 1} tracing {label}: {args.ops / seconds:.1f} ops/s", flush=True)
+                cpu_ms[label].append(spent * 1000 / args.ops)
+                print(f"round {round_number + 1} tracing {label}: {args.ops / seconds:.1f} ops/s, "
+                      f"{cpu_ms[label][-1]:.2f} CPU ms/op", flush=True)
         exports = _Sink.received
     engine.dispose()
     helpers, empty = off_path_ns()
     off, on_rate = statistics.median(rates["off"]), statistics.median(rates["on"])
     per_op_ns = 1e9 / off
     print()
-    print("| row | median ops/s | per round |")
-    print("|---|---|---|")
+    print("| row | median ops/s | per round | median CPU ms/op (toolfence's processes) | per round |")
+    print("|---|---|---|---|---|")
     for label in ("off", "on"):
         print(f"| tracing {label} | {statistics.median(rates[label]):.1f} | "
-              + ", ".join(f"{r:.1f}" for r in rates[label]) + " |")
+              + ", ".join(f"{r:.1f}" for r in rates[label])
+              + f" | {statistics.median(cpu_ms[label]):.2f} | "
+              + ", ".join(f"{c:.2f}" for c in cpu_ms[label]) + " |")
     print()
     print("| ratio | value |")
     print("|---|---|")
     print(f"| tracing on / off (end to end, medians) | {on_rate / off:.3f} |")
     pairs = [o / f for o, f in zip(rates["on"], rates["off"], strict=True)]
     print("| tracing on / off, each round | " + ", ".join(f"{r:.3f}" for r in pairs) + " |")
+    cpu_pairs = [o / f for o, f in zip(cpu_ms["on"], cpu_ms["off"], strict=True)]
+    print(f"| CPU per operation, on / off (medians) | "
+          f"{statistics.median(cpu_ms['on']) / statistics.median(cpu_ms['off']):.3f} |")
+    print("| CPU per operation, on / off, each round | " + ", ".join(f"{r:.3f}" for r in cpu_pairs) + " |")
     print(f"| off path: ns per operation (its helpers, minus an empty loop's {empty:.0f} ns) "
           f"| {helpers - empty:.0f} |")
     print(f"| off path / an operation's wall time when off ({per_op_ns / 1e6:.2f} ms) "

@@ -17,9 +17,12 @@ The operation row is how a trace crosses processes (decision 0212): the
 producer's `toolfence.enqueue` span's W3C context is stored with each operation
 it registers (`trace_context`, JSON), the relay's `toolfence.publish`, each
 worker's `toolfence.attempt` (reserve, re-checks, `execute_tool {tool}`,
-complete) and the reconciler's `toolfence.reconcile` are its children, and each
-attempt stores its own context on the row, so the next attempt (a retry, a take-
-over by a new generation) and a sweep carry a span Link to it.
+complete) and the reconciler's `toolfence.reconcile` are its children. An
+attempt's span id is derived from the operation id and its generation
+(`attempt_span_id`), so the next attempt (a retry, a take-over by a new
+generation) and a sweep carry a span Link to it with nothing written; only under
+a provider whose ids toolfence does not choose is it stored on the row. A turn's
+model steps are `chat` spans; the calls a step proposes join its trace.
 
 Span attributes hold identifiers, names and counts, never an argument value or a
 result; identifiers pass through the log sanitiser (`shown_text`) as in logs, and
@@ -89,10 +92,10 @@ def wanted(environ: Mapping[str, str] = os.environ) -> bool:
     if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return False
     exporters = _exporters(environ)
-    if "none" in exporters:
-        return False
-    if any(name in EXPORTERS for name in exporters):
-        return True
+    if exporters:
+        # Named exporters decide: `none` is off, and so is a list of only exporters
+        # toolfence does not set up (`zipkin`): spans nobody exports cost for nothing.
+        return "none" not in exporters and any(name in EXPORTERS for name in exporters)
     return any(environ.get(name, "").strip() for name in ENDPOINT_VARIABLES)
 
 

@@ -88,6 +88,8 @@ def _run_attempt(row: SimpleNamespace, generation: int, saved: list[str], fail: 
         ({"OTEL_SDK_DISABLED": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, False),
         ({"OTEL_SDK_DISABLED": "false", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, True),
         ({"OTEL_SERVICE_NAME": "x"}, False),
+        ({"OTEL_TRACES_EXPORTER": "zipkin", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, False),
+        ({"OTEL_TRACES_EXPORTER": "zipkin,otlp"}, True),
     ],
 )
 def test_wanted__only_the_standard_variables_turn_traces_on(environ: dict[str, str], on: bool) -> None:
