@@ -166,7 +166,7 @@ def test_sigkilled_worker__successor_attempt_links_to_it__same_trace(
     # its downstream call long enough to strike
     fleet = make_fleet(
         workers=2, concurrency=1, reconcile_every=0.5,
-        env={**_otel_env(receiver), "TOOLFENCE_LEDGER_LATENCY_MS": "1500"},
+        env={**_otel_env(receiver), "TOOLFENCE_LEDGER_LATENCY_MS": "3000"},
     ).start()
     engine = make_engine(settings.database_url)
     handle = enqueue_committed(engine, [call("t", "ledger.transfer", **TRANSFER)], context("req-kill"))
@@ -204,6 +204,8 @@ def test_sigkilled_worker__successor_attempt_links_to_it__same_trace(
     wait_until(successor, timeout=30, what="the successor's attempt span")
     (killed_reserve,) = first_reserve()
     killed_attempt_id = killed_reserve.parent_span_id
+    # (derived from the operation and its generation: nothing was written for it)
+    assert killed_attempt_id == f"{tracing.attempt_span_id(operation_id, 1):016x}"
     attempts = {
         s.attributes["toolfence.generation"]: s for s in receiver.of_trace(enqueue_span.trace_id)
         if s.name == "toolfence.attempt"
