@@ -216,6 +216,8 @@ class Reconciler:
         assert tool.lookup is not None
         try:
             args = tool.input_model.model_validate(json.loads(row.arguments))
+            # The sweep's span (tracing on): the lookup's downstream joins the request's trace.
+            traceparent, tracestate = tracing.current_context()
             ctx = RunContext(
                 operation_id=row.operation_id,
                 idempotency_key=f"toolfence:{row.operation_id}",
@@ -225,6 +227,7 @@ class Reconciler:
                 attempt=row.attempts,
                 call_id=row.call_id,
                 still_owner=lambda: False,  # the reconciler only asks; it never writes downstream
+                traceparent=traceparent, tracestate=tracestate,
             )
             answer = tool.lookup(args, ctx)
             if answer.answer is LookupAnswer.NOT_DONE:

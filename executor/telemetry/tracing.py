@@ -287,6 +287,16 @@ def stored_context() -> str | None:
     return json.dumps(carrier, sort_keys=True) if "traceparent" in carrier else None
 
 
+def current_context() -> tuple[str | None, str | None]:
+    """The current span's W3C `traceparent` and `tracestate` for a downstream call
+    (a reconciler's lookup); (None, None) when off or without a span."""
+    tracing = _on()
+    if tracing is None:
+        return None, None
+    carrier = tracing.carrier_of(tracing.trace.get_current_span())
+    return carrier.get("traceparent"), carrier.get("tracestate")
+
+
 def current_ids() -> tuple[str, str] | None:
     """The current span's trace and span id (hex), or None (off or no span)."""
     tracing = _on()

@@ -1,5 +1,5 @@
-"""A retry and a reconciler sweep join the request's trace (decision 0212), on SQLite
-and PostgreSQL: the real producer, `OperationRunner` and `Reconciler` in this
+"""A retry, a reconciler sweep and its lookup join the request's trace (decision 0212),
+on SQLite and PostgreSQL: the real producer, `OperationRunner` and `Reconciler` in this
 process, tracing into the SDK's in-memory exporter through a provider set up as
 toolfence sets up its own (derived attempt span ids: nothing written per attempt).
 """
@@ -23,6 +23,8 @@ from executor.core.tools import (
     Access,
     Approval,
     Effect,
+    LookupAnswer,
+    LookupResult,
     Mode,
     Registry,
     RetryableError,
@@ -65,12 +67,30 @@ FLAKY = Tool(
     access=Access.public_tool(), approval=Approval.never(), effect=[Effect.IDEMPOTENT],
     retry=RetryPolicy(max_attempts=3, initial_backoff_seconds=0.01, max_backoff_seconds=0.05),
 )
-REGISTRY = Registry([FLAKY])
+LOOKED_UP: list[str | None] = []  # ctx.traceparent of each lookup
+
+
+def _never_runs(args: Numbered, ctx: RunContext) -> Written:
+    raise AssertionError("the test never runs it")
+
+
+def _lookup(args: Numbered, ctx: RunContext) -> LookupResult:
+    LOOKED_UP.append(ctx.traceparent)
+    return LookupResult(LookupAnswer.DONE, Written(Done(receipt="r-1"), "r-1"))
+
+
+ASKABLE = Tool(
+    name="t.askable", description="A write the downstream can be asked about.", mode=Mode.WRITE,
+    untrusted_output=False, input_model=Numbered, output_model=Done, run=_never_runs,
+    access=Access.public_tool(), approval=Approval.never(), effect=[Effect.LOOKUP], lookup=_lookup,
+)
+REGISTRY = Registry([FLAKY, ASKABLE])
 
 
 @pytest.fixture
 def spans() -> Iterator[InMemorySpanExporter]:
     SEEN.clear()
+    LOOKED_UP.clear()
     exporter = InMemorySpanExporter()
     provider = TracerProvider(id_generator=tracing.attempt_ids())
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -80,9 +100,9 @@ def spans() -> Iterator[InMemorySpanExporter]:
     provider.shutdown()
 
 
-def _enqueued(engine: Engine) -> str:
+def _enqueued(engine: Engine, tool: str = "t.flaky") -> str:
     with engine.begin() as conn:
-        handle = enqueue(conn, [ProposedCall(call_id="c1", tool_name="t.flaky", arguments='{"n": 1}')],
+        handle = enqueue(conn, [ProposedCall(call_id="c1", tool_name=tool, arguments='{"n": 1}')],
                          CTX, REGISTRY)
     operation_id = handle.operation_ids["c1"]
     assert operation_id is not None
@@ -163,3 +183,25 @@ def test_a_sweep_of_an_expired_lease__in_the_trace__linked_to_the_dead_attempt(
     assert attempt.attributes["toolfence.generation"] == 2
     assert attempt.parent.span_id == request.context.span_id
     assert [link.context.span_id for link in attempt.links] == [dead_attempt]
+
+
+def test_a_sweeps_lookup__the_downstream_gets_the_sweeps_trace_context(
+    spans: InMemorySpanExporter, engine: Engine, db_url: str
+) -> None:
+    # Given a lookup write whose worker died holding it
+    settings = Settings(database_url=db_url, broker_url="memory://")
+    operation_id = _enqueued(engine, "t.askable")
+    with engine.begin() as conn:
+        assert store.reserve(conn, operation_id, store.new_owner_token(), 0.2) is not None
+    time.sleep(0.5)
+    # When the reconciler asks the downstream whether it happened
+    report = Reconciler(settings, engine, REGISTRY).sweep()
+    assert report.actions == {"lookup_succeeded": 1}, report.as_dict()
+    # Then the lookup was made inside the sweep's span of the request's trace
+    (request,) = _named(spans, "toolfence.enqueue")
+    sweeps = _named(spans, "toolfence.reconcile")
+    (asked,) = LOOKED_UP
+    assert asked is not None
+    _, trace_id, span_id, _ = asked.split("-")
+    assert trace_id == f"{request.context.trace_id:032x}"
+    assert span_id in {f"{sweep.context.span_id:016x}" for sweep in sweeps}

@@ -106,6 +106,7 @@ def test_off__no_opentelemetry_sdk_import__every_helper_answers_the_shared_do_no
         "assert tracing.attempt(row, 1, False, 0.0, print) is tracing.NO_SPAN\n"
         "assert tracing.NO_SPAN.tool('t', 'c').traceparent is None\n"
         "assert tracing.stored_context() is None and tracing.current_ids() is None\n"
+        "assert tracing.current_context() == (None, None)\n"
         "with tracing.enqueue_span('t', 'r', 1), tracing.publish_span('o', None):\n"
         "    pass\n"
         "print(sorted(m for m in sys.modules if m.startswith('opentelemetry.sdk')))\n"
@@ -244,6 +245,15 @@ def test_publish_and_reconcile__children_of_the_request__the_sweep_links_to_the_
     assert publish.kind is SpanKind.PRODUCER
     assert publish.parent.span_id == sweep.parent.span_id == enqueue.context.span_id
     assert [link.context.span_id for link in sweep.links] == [attempt.context.span_id]
+
+
+def test_current_context__the_current_spans_traceparent__none_outside_a_span(spans) -> None:
+    assert tracing.current_context() == (None, None)
+    with tracing.enqueue_span("acme", "req-1", 1):
+        traceparent, tracestate = tracing.current_context()
+    (span,) = spans.get_finished_spans()
+    assert traceparent is not None and tracestate is None
+    assert traceparent.split("-")[1:3] == [f"{span.context.trace_id:032x}", f"{span.context.span_id:016x}"]
 
 
 def test_json_logs__a_record_inside_a_span_carries_its_trace_and_span_ids(spans) -> None:
