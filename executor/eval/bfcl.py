@@ -102,7 +102,8 @@ def _expected(ground_truth: Sequence[Mapping[str, Mapping[str, list[Any]]]]) -> 
         alternatives: dict[str, list[Any]] = {}
         optional: list[str] = []
         for name, accepted in arguments.items():
-            values = [v for v in accepted if v != ""]
+            # "" (and None, the declared default null) mean "may be left out".
+            values = [v for v in accepted if v != "" and v is not None]
             if len(values) != len(accepted):
                 optional.append(name)
             if values:
@@ -148,7 +149,8 @@ def import_bfcl(
     """The header and the cases of the chosen categories (`sample` per category, drawn
     with a fixed seed; cases whose tools clash with an earlier case's are skipped)."""
     header = {"eval": 1, "tools": HEADER_TOOLS, "downstream": HEADER_DOWNSTREAM,
-              "dataset": {"name": "bfcl-eval", "version": version, "categories": []},
+              "dataset": {"name": "bfcl-eval", "version": version, "categories": [], "sample": sample,
+                          "seed": seed},
               "description": "BFCL, imported by executor.eval.bfcl"}
     declared: dict[str, Any] = {}
     cases: list[dict[str, Any]] = []
@@ -166,11 +168,55 @@ def import_bfcl(
             case = convert(category, question, answers.get(question["id"]) if answers else None)
             if any(declared.get(t["name"], t) != t for t in case["tools"]):
                 continue  # a function of the same name declared otherwise by another case
+            if not _ground_truth_valid(case):
+                continue  # BFCL's answer does not satisfy its own function doc as JSON Schema
             declared.update({t["name"]: t for t in case["tools"]})
             cases.append(case)
     return [header, *cases]
 
 
+def _ground_truth_valid(case: Mapping[str, Any]) -> bool:
+    from executor.core.tools import ToolDeclarationError
+    from executor.mcp.schema import compile_validator, effective_input_schema
+
+    schemas = {tool["name"]: tool["parameters"] for tool in case["tools"]}
+    for call in case["expect"]["calls"]:
+        if call["tool"] not in schemas:
+            return False
+        try:
+            validator = compile_validator(effective_input_schema(schemas[call["tool"]]))
+        except ToolDeclarationError:
+            return False
+        if not validator.is_valid(call["arguments"]):
+            return False
+    return True
+
+
 def write_fixtures(lines: Sequence[Mapping[str, Any]], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(line, sort_keys=True) + "\n" for line in lines), encoding="utf-8")
+
+
+def ground_truth_recording(lines: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """A recording (executor.eval.drivers, `recorded:FILE`) of the answers a model that
+    matches BFCL's ground truth would give, as OpenAI chat completions: the expected
+    calls in one response, then a short answer; for "no call", the answer alone. A
+    baseline for the executor's half and a smoke test of the native adapter path."""
+    recordings = []
+    for case in lines[1:]:
+        responses: list[dict[str, Any]] = []
+        calls = case["expect"]["calls"]
+        if calls:
+            responses.append({"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+                "role": "assistant", "content": None,
+                "tool_calls": [
+                    {"id": f"call_{n}", "type": "function",
+                     "function": {"name": call["tool"], "arguments": json.dumps(call["arguments"])}}
+                    for n, call in enumerate(calls, start=1)
+                ],
+            }}]})
+        text = "Done." if calls else "None of the available tools can answer this."
+        responses.append({"choices": [{"index": 0, "finish_reason": "stop",
+                                       "message": {"role": "assistant", "content": text}}]})
+        recordings.append({"case": case["id"], "surface": "openai-chat", "turns": [responses]})
+    return recordings

@@ -110,12 +110,24 @@ def _call(call_id: str, tool: str, arguments: Mapping[str, Any]) -> dict[str, An
     return {"id": call_id, "name": tool, "arguments": dict(arguments)}
 
 
-def _required(registry: Registry, tool: str) -> list[str]:
+def _schema(registry: Registry, tool: str) -> dict[str, Any]:
     declared = registry.get(tool)
-    if declared is None:
-        return []
-    required = declared.input_model.model_json_schema().get("required", [])
-    return [name for name in required if isinstance(name, str)]
+    return {} if declared is None else declared.input_model.model_json_schema()
+
+
+def _required(registry: Registry, tool: str) -> list[str]:
+    return [name for name in _schema(registry, tool).get("required", []) if isinstance(name, str)]
+
+
+def _free_strings(registry: Registry, tool: str, arguments: Mapping[str, Any]) -> list[str]:
+    """String arguments the schema leaves free (no enum, pattern or format): an id of
+    another tenant put there reaches the access rule instead of the schema gate."""
+    properties = _schema(registry, tool).get("properties", {})
+    return [
+        name for name, value in arguments.items()
+        if isinstance(value, str) and isinstance(properties.get(name), Mapping)
+        and not {"enum", "const", "pattern", "format", "maxLength"} & set(properties[name])
+    ]
 
 
 def _other_tenant(case: Case) -> str:
@@ -150,7 +162,7 @@ def _perturb(kind: str, case: Case, call: ExpectedCall, call_id: str, registry: 
                           Violation(tool=call.tool, caught_as=["invalid_arguments"], call_id=call_id), call.tool)
     if kind == "other_tenant":
         foreign = [name for name in case.foreign_ids if name in arguments]
-        strings = [name for name, value in arguments.items() if isinstance(value, str)]
+        strings = _free_strings(registry, call.tool, arguments)
         if foreign:
             arguments[foreign[0]] = case.foreign_ids[foreign[0]]
         elif strings:
@@ -205,7 +217,10 @@ def _perturbed_plan(
         raise FixtureError(f"case {case.id!r}: none of the perturbations {', '.join(kinds)} applies")
     kind, perturbed = chosen
     calls = per_turn[target_turn]
-    per_turn[target_turn] = perturbed.calls + (calls[1:] if case.expect.calls else calls)
+    # Last in its step: a refused write makes the writes proposed after it in the same
+    # request fail `predecessor_failed` (docs/design.md §Ordering), which would measure
+    # the ordering gate instead of the unperturbed calls' effects.
+    per_turn[target_turn] = (calls[1:] if case.expect.calls else calls) + perturbed.calls
     perturbed.violation = perturbed.violation.model_copy(update={"turn": target_turn})
     effects = case.expect.effects
     if effects is not None and perturbed.removed is not None:

@@ -54,6 +54,8 @@ def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     parser.add_argument("--data", help="import-bfcl: BFCL's data directory (default: the installed bfcl-eval)")
     parser.add_argument("--categories", default="", help="import-bfcl: comma-separated (default: all single-turn)")
     parser.add_argument("--sample", type=int, default=None, help="import-bfcl: cases per category (seeded)")
+    parser.add_argument("--recording", help="import-bfcl: also write BFCL's ground truth as a recording "
+                        "(OpenAI chat completions) for --driver recorded:FILE")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -87,7 +89,13 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _import_bfcl(args: argparse.Namespace) -> int:
-    from executor.eval.bfcl import CATEGORIES, data_dir_of_package, import_bfcl, write_fixtures
+    from executor.eval.bfcl import (
+        CATEGORIES,
+        data_dir_of_package,
+        ground_truth_recording,
+        import_bfcl,
+        write_fixtures,
+    )
 
     if len(args.more) != 1:
         raise UserError("toolfence eval import-bfcl OUT.jsonl [--data DIR] [--categories ...] [--sample N]")
@@ -98,6 +106,8 @@ def _import_bfcl(args: argparse.Namespace) -> int:
     categories = [c for c in args.categories.split(",") if c] or list(CATEGORIES)
     lines = import_bfcl(data_dir, version, categories, sample=args.sample)
     write_fixtures(lines, Path(args.more[0]))
+    if args.recording:
+        write_fixtures(ground_truth_recording(lines), Path(args.recording))
     print(f"{len(lines) - 1} case(s) from bfcl-eval {version or '(version unknown)'} → {args.more[0]}")
     return 0
 
