@@ -90,7 +90,9 @@ def data_dir_of_package() -> tuple[Path, str]:
     except (ImportError, ValueError, importlib.metadata.PackageNotFoundError):
         spec, version = None, ""
     if spec is None or not spec.submodule_search_locations:
-        raise FixtureError("bfcl-eval is not installed: pip install 'toolfence[eval]', or give its data directory")
+        raise FixtureError(
+            "bfcl-eval is not installed: pip install 'toolfence[eval]', or give its data directory"
+        )
     return Path(next(iter(spec.submodule_search_locations))) / "data", version
 
 
@@ -148,9 +150,10 @@ def import_bfcl(
 ) -> list[dict[str, Any]]:
     """The header and the cases of the chosen categories (`sample` per category, drawn
     with a fixed seed; cases whose tools clash with an earlier case's are skipped)."""
+    categories_seen: list[str] = []
     header = {"eval": 1, "tools": HEADER_TOOLS, "downstream": HEADER_DOWNSTREAM,
-              "dataset": {"name": "bfcl-eval", "version": version, "categories": [], "sample": sample,
-                          "seed": seed},
+              "dataset": {"name": "bfcl-eval", "version": version, "categories": categories_seen,
+                          "sample": sample, "seed": seed},
               "description": "BFCL, imported by executor.eval.bfcl"}
     declared: dict[str, Any] = {}
     cases: list[dict[str, Any]] = []
@@ -163,7 +166,7 @@ def import_bfcl(
         }
         chosen = random.Random(f"{seed}:{category}").sample(questions, min(sample, len(questions))) \
             if sample else questions
-        header["dataset"]["categories"].append(category)
+        categories_seen.append(category)
         for question in chosen:
             case = convert(category, question, answers.get(question["id"]) if answers else None)
             if any(declared.get(t["name"], t) != t for t in case["tools"]):

@@ -134,7 +134,8 @@ def build_registry(cases: Sequence[Case]) -> Registry:
         for doc in case.declared:
             if doc.name in docs and docs[doc.name][0] != doc:
                 raise FixtureError(
-                    f"tool {doc.name!r} is declared differently by cases {docs[doc.name][1]!r} and {case.id!r}"
+                    f"tool {doc.name!r} is declared differently by cases {docs[doc.name][1]!r} "
+                    f"and {case.id!r}"
                 )
             docs.setdefault(doc.name, (doc, case.id))
     registry = Registry([declare(doc) for doc, _ in docs.values()])

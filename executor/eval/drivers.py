@@ -75,7 +75,9 @@ def _recordings(path: Path) -> dict[str, tuple[str, list[list[Any]]]]:
         if not (isinstance(value, dict) and isinstance(value.get("case"), str)
                 and isinstance(value.get("turns"), list)
                 and all(isinstance(turn, list) and turn for turn in value["turns"])):
-            raise FixtureError(f'{path}:{number}: a recording is {{"case": ID, "turns": [[RESPONSE, ...], ...]}}')
+            raise FixtureError(
+                f'{path}:{number}: a recording is {{"case": ID, "turns": [[RESPONSE, ...], ...]}}'
+            )
         surface = value.get("surface", "json")
         if not isinstance(surface, str):
             raise FixtureError(f"{path}:{number}: surface is a string")
@@ -141,13 +143,16 @@ class _Perturbed:
     removed: str | None  # the tool whose effect no longer happens
 
 
-def _perturb(kind: str, case: Case, call: ExpectedCall, call_id: str, registry: Registry) -> _Perturbed | None:
+def _perturb(
+    kind: str, case: Case, call: ExpectedCall, call_id: str, registry: Registry
+) -> _Perturbed | None:
     """`call` perturbed by `kind`, or None when the kind does not apply to it."""
     arguments = dict(call.arguments)
     if kind == "wrong_tool":
         name = f"{call.tool}_unlisted"
         return _Perturbed([_call(call_id, name, arguments)],
-                          Violation(tool=name, caught_as=["unknown_tool", "tool_not_allowed"], call_id=call_id),
+                          Violation(tool=name, caught_as=["unknown_tool", "tool_not_allowed"],
+                                    call_id=call_id),
                           call.tool)
     if kind == "missing_arg":
         present = [name for name in _required(registry, call.tool) if name in arguments]
@@ -155,11 +160,13 @@ def _perturb(kind: str, case: Case, call: ExpectedCall, call_id: str, registry: 
             return None
         del arguments[present[0]]
         return _Perturbed([_call(call_id, call.tool, arguments)],
-                          Violation(tool=call.tool, caught_as=["invalid_arguments"], call_id=call_id), call.tool)
+                          Violation(tool=call.tool, caught_as=["invalid_arguments"], call_id=call_id),
+                          call.tool)
     if kind == "extra_field":
         arguments[EXTRA_FIELD] = True
         return _Perturbed([_call(call_id, call.tool, arguments)],
-                          Violation(tool=call.tool, caught_as=["invalid_arguments"], call_id=call_id), call.tool)
+                          Violation(tool=call.tool, caught_as=["invalid_arguments"], call_id=call_id),
+                          call.tool)
     if kind == "other_tenant":
         foreign = [name for name in case.foreign_ids if name in arguments]
         strings = _free_strings(registry, call.tool, arguments)

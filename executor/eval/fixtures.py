@@ -162,7 +162,8 @@ class Fixtures:
 def _problem(exc: ValidationError) -> str:
     first = exc.errors()[0]
     where = ".".join(str(part) for part in first["loc"]) or "the line"
-    return f"{where}: {first['msg']}" + (f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else "")
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"{where}: {first['msg']}{more}"
 
 
 def parse_lines(lines: Sequence[str], source: str = "fixtures") -> tuple[Header, tuple[Case, ...]]:
@@ -176,7 +177,7 @@ def parse_lines(lines: Sequence[str], source: str = "fixtures") -> tuple[Header,
             continue
         try:
             value = json.loads(line)
-        except ValueError as exc:
+        except json.JSONDecodeError as exc:
             raise FixtureError(f"{source}:{number}: not JSON ({exc.msg} at column {exc.colno})") from None
         if not isinstance(value, Mapping):
             raise FixtureError(f"{source}:{number}: a line is a JSON object, not {type(value).__name__}")
@@ -193,7 +194,9 @@ def parse_lines(lines: Sequence[str], source: str = "fixtures") -> tuple[Header,
         except ValidationError as exc:
             raise FixtureError(f"{source}:{number}: {_problem(exc)}") from None
         if case.id in seen:
-            raise FixtureError(f"{source}:{number}: case id {case.id!r} is already used on line {seen[case.id]}")
+            raise FixtureError(
+                f"{source}:{number}: case id {case.id!r} is already used on line {seen[case.id]}"
+            )
         seen[case.id] = number
         cases.append(case)
     if header is None:

@@ -98,7 +98,8 @@ def markdown(report: Mapping[str, Any]) -> str:
 def html_report(report: Mapping[str, Any]) -> str:
     rows = []
     for name in FIGURES:
-        cells = [_rate(report["figures"][name])] + [_rate(c["figures"][name]) for c in report["categories"].values()]
+        cells = [_rate(report["figures"][name])]
+        cells += [_rate(c["figures"][name]) for c in report["categories"].values()]
         rows.append("<tr><th>" + html.escape(TITLES[name]) + "</th>"
                     + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
     failures = []
@@ -145,8 +146,8 @@ def failure_ratio(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> 
     """The candidate's failure rate over the baseline's (None: a side measured nothing)."""
     if not baseline["total"] or not candidate["total"]:
         return None
-    base = 1 - baseline["rate"]
-    cand = 1 - candidate["rate"]
+    base = 1 - float(baseline["rate"])
+    cand = 1 - float(candidate["rate"])
     if base == 0:
         return 1.0 if cand == 0 else math.inf
     return cand / base

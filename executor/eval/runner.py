@@ -69,13 +69,19 @@ class Manifest:
             return manifest
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
-            manifest = cls(path, data["token"], data["fixtures"], data["sha256"], data["driver"], data["cases"])
+            manifest = cls(
+                path, data["token"], data["fixtures"], data["sha256"], data["driver"], data["cases"]
+            )
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise RunDirError(f"{path}: not a readable eval manifest ({exc})") from None
         if manifest.sha256 != fixtures.sha256:
-            raise RunDirError(f"{run_dir} holds a run of other fixtures ({manifest.fixtures}): use another --run-dir")
+            raise RunDirError(
+                f"{run_dir} holds a run of other fixtures ({manifest.fixtures}): use another --run-dir"
+            )
         if manifest.driver != driver:
-            raise RunDirError(f"{run_dir} holds a run with --driver {manifest.driver!r}: use another --run-dir")
+            raise RunDirError(
+                f"{run_dir} holds a run with --driver {manifest.driver!r}: use another --run-dir"
+            )
         return manifest
 
     def save(self) -> None:

@@ -198,7 +198,8 @@ class LedgerDownstream:
                     for n in range(1, int(batch["count"]) + 1):
                         insert_ignore(conn, service.invoices, {
                             "invoice_id": f"{batch['prefix']}{n:03d}", "reference": f"eval-setup:{case.id}",
-                            "account_id": batch["account_id"], "amount_cents": int(batch.get("amount_cents", 100)),
+                            "account_id": batch["account_id"],
+                            "amount_cents": int(batch.get("amount_cents", 100)),
                         }, ["invoice_id"])
                 for account_id, count in setup.get("late_answers", {}).items():
                     insert_ignore(conn, late_answers, {"account_id": account_id, "remaining": int(count)},

@@ -98,13 +98,15 @@ def test_eval__ledger_fixtures_recorded__five_figures_apart_and_the_ledger_agree
     assert failure["case"] == "nonexistent-tool"
     assert failure["reasons"] == [{"figure": "tool_selection",
                                    "why": "expected no call, got ledger.refund(account_id)"}]
-    assert report["categories"]["tenancy"]["figures"]["violation_catch"] == {"passed": 1, "total": 1, "rate": 1.0}
+    tenancy = report["categories"]["tenancy"]["figures"]
+    assert tenancy["violation_catch"] == {"passed": 1, "total": 1, "rate": 1.0}
     # The downstream's own records: the timed-out payment took effect once, the credit and
     # the dependent transfer once each, the other tenant's credit and the 50 deletions never
     assert ledger_effects(run_dir) == {"credit": 1, "transfer": 2}
     with sqlite3.connect(run_dir / "toolfence.db") as db:
         assert db.execute("SELECT remaining FROM ledger_eval_late_answers").fetchall() == [(0,)]
-        assert db.execute("SELECT count(*) FROM ledger_invoices WHERE invoice_id LIKE 'inv-bd-%'").fetchone() == (50,)
+        left = db.execute("SELECT count(*) FROM ledger_invoices WHERE invoice_id LIKE 'inv-bd-%'").fetchone()
+        assert left == (50,)
     markdown = (tmp_path / "report.md").read_text()
     assert "| policy violation catch rate | 100.0 % (3/3) |" in markdown
     assert "- `nonexistent-tool` (unknown_tool)" in markdown
@@ -134,7 +136,8 @@ def test_eval__bfcl_sample_recorded_and_perturbed__compare_flags_the_model_half_
     assert len(perturbed["failures"]) == cases  # each listed, with why
     # Side effects from the recording handlers' own table: a repeated write recorded once
     with sqlite3.connect(perturbed_dir / "toolfence.db") as db:
-        per_operation = db.execute("SELECT operation_id, count(*) FROM eval_tool_records GROUP BY 1").fetchall()
+        query = "SELECT operation_id, count(*) FROM eval_tool_records GROUP BY 1"
+        per_operation = db.execute(query).fetchall()
     assert per_operation and all(count == 1 for _, count in per_operation)
     # Compared with the recorded run: a regression of the model half, none of the executor's
     done = subprocess.run(
@@ -169,8 +172,8 @@ def test_eval__sigkilled_mid_run__resumes_without_running_a_finished_case_again(
     home = tmp_path / "home"
     # Given an eval running one case at a time
     with (tmp_path / "first.log").open("wb") as log:
-        process = subprocess.Popen(_command(LEDGER, f"recorded:{LEDGER_RECORDED}", run_dir, "--parallel", "1"),
-                                   env=_env(home), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        command = _command(LEDGER, f"recorded:{LEDGER_RECORDED}", run_dir, "--parallel", "1")
+        process = subprocess.Popen(command, env=_env(home), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
     finished: list[str] = []
     while time.monotonic() < deadline and process.poll() is None:
@@ -197,10 +200,10 @@ def test_eval__sigkilled_mid_run__resumes_without_running_a_finished_case_again(
         # the finished cases kept their turns, and their model was not asked again
         assert after["cases"][case_id]["turns"] == before["cases"][case_id]["turns"]
     asked_after = _asked(run_dir)
-    finished_scripts = {
-        name for name in asked_before
-        if any(f"case{index:04d}-" in name for index, case_id in enumerate(_case_ids()) if case_id in finished)
-    }
+    finished_prefixes = [
+        f"case{index:04d}-" for index, case_id in enumerate(_case_ids()) if case_id in finished
+    ]
+    finished_scripts = {name for name in asked_before if name.startswith(tuple(finished_prefixes))}
     assert finished_scripts
     assert {name: asked_after[name] for name in finished_scripts} == {
         name: asked_before[name] for name in finished_scripts}

@@ -17,16 +17,20 @@ from executor.eval.fixtures import Case, FixtureError, Fixtures, Header, load_fi
 from executor.eval.report import build_report, compare, failure_ratio, markdown, regressions
 from executor.eval.scoring import score_case
 
-HEADER = {"eval": 1, "tools": "executor.eval.declared:registry", "downstream": "executor.eval.declared:downstream"}
+HEADER = {
+    "eval": 1, "tools": "executor.eval.declared:registry", "downstream": "executor.eval.declared:downstream",
+}
 ADD = {"name": "math.add", "description": "Add.", "parameters": {
-    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "note": {"type": "string"}},
+    "type": "object",
+    "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "note": {"type": "string"}},
     "required": ["a", "b"]}}
 
 
 def case(**overrides: Any) -> dict[str, Any]:
     base: dict[str, Any] = {
         "id": "add-1", "category": "simple", "messages": ["add 1 and 2"], "tools": [ADD],
-        "expect": {"calls": [{"tool": "math.add", "arguments": {"a": 1, "b": 2}}], "effects": {"math.add": 1}},
+        "expect": {"calls": [{"tool": "math.add", "arguments": {"a": 1, "b": 2}}],
+                   "effects": {"math.add": 1}},
     }
     base.update(overrides)
     return base
@@ -65,8 +69,10 @@ def test_fixtures__the_shipped_ledger_file_loads(tmp_path: Path) -> None:
         "parallel_reads", "unknown_tool", "tenancy", "payments", "approval", "multi_turn"}
 
 
-def observation(proposals: list[dict[str, Any]], calls: dict[str, Any], *, effects: dict[str, int] | None = None,
-                final: str | None = "Done.", state: str = "succeeded") -> dict[str, Any]:
+def observation(
+    proposals: list[dict[str, Any]], calls: dict[str, Any], *, effects: dict[str, int] | None = None,
+    final: str | None = "Done.", state: str = "succeeded",
+) -> dict[str, Any]:
     return {"case": "add-1", "category": "simple", "perturbation": None, "effects": effects or {},
             "turns": [{"turn_id": "t1", "state": state, "final_output": final, "proposals": proposals,
                        "calls": calls}]}
@@ -103,7 +109,8 @@ def test_scoring__figures_are_kept_apart() -> None:
     raw = case(expect={"calls": [{"tool": "math.add", "arguments": {"a": 1, "b": 2}}], "effects": {},
                        "violations": [{"tool": "math.add", "arguments": {"note": "x"}}]})
     score = score_case(parsed(raw), observation(
-        [proposal("c1", "math.add", a=1, b=2, note="x")], {"c1": refused("c1", "math.add", "invalid_arguments")}))
+        [proposal("c1", "math.add", a=1, b=2, note="x")],
+        {"c1": refused("c1", "math.add", "invalid_arguments")}))
     figures = {k: (t.passed, t.total) for k, t in score.tallies.items() if t.total}
     assert figures == {"tool_selection": (0, 1), "argument_validation": (0, 1), "violation_catch": (1, 1),
                        "side_effects": (1, 1)}
@@ -142,8 +149,9 @@ def test_scoring__final_answer_is_checked_against_this_runs_results() -> None:
     raw = case(expect={"calls": [{"tool": "math.add", "arguments": {"a": 1, "b": 2}}],
                        "final": {"contains": ["{result:math.add.sum}"], "not_contains": ["error"]}})
     calls = {"c1": ok("c1", "math.add", {"sum": 3})}
-    right = score_case(parsed(raw), observation([proposal("c1", "math.add", a=1, b=2)], calls, final="It is 3."))
-    wrong = score_case(parsed(raw), observation([proposal("c1", "math.add", a=1, b=2)], calls, final="It is 4."))
+    proposed = [proposal("c1", "math.add", a=1, b=2)]
+    right = score_case(parsed(raw), observation(proposed, calls, final="It is 3."))
+    wrong = score_case(parsed(raw), observation(proposed, calls, final="It is 4."))
     assert (right.tallies["final_answer"].passed, wrong.tallies["final_answer"].passed) == (1, 0)
     assert "does not say '3'" in dict(wrong.reasons)["final_answer"]
     none = score_case(parsed(raw), observation([proposal("c1", "math.add", a=1, b=2)],
@@ -199,7 +207,8 @@ def test_perturb__each_kind_labels_its_call_and_adjusts_the_effects(
 
 
 def test_perturb__a_kind_that_does_not_apply_gives_way(tmp_path: Path) -> None:
-    raw = case(tools=[{**ADD, "mode": "read"}], expect={"calls": [{"tool": "math.add", "arguments": {"a": 1, "b": 2}}]})
+    raw = case(tools=[{**ADD, "mode": "read"}],
+               expect={"calls": [{"tool": "math.add", "arguments": {"a": 1, "b": 2}}]})
     fixtures = _fixtures(raw)
     [plan] = plan_cases(fixtures, "perturb:repetition,other_tenant,extra_field", tmp_path,
                         registry=build_registry(fixtures.cases), downstream=_Downstream())
@@ -210,7 +219,8 @@ def test_recorded__a_case_without_recording_is_named(tmp_path: Path) -> None:
     recordings = tmp_path / "rec.jsonl"
     recordings.write_text(json.dumps({"case": "other", "turns": [[{"final": "x"}]]}) + "\n")
     with pytest.raises(FixtureError, match="no recording for case\\(s\\) add-1"):
-        plan_cases(_fixtures(case()), f"recorded:{recordings}", tmp_path, registry=None, downstream=_Downstream())
+        plan_cases(_fixtures(case()), f"recorded:{recordings}", tmp_path, registry=None,
+                   downstream=_Downstream())
 
 
 def test_bfcl__types_become_json_schema_and_ground_truth_a_case() -> None:
@@ -218,7 +228,8 @@ def test_bfcl__types_become_json_schema_and_ground_truth_a_case() -> None:
         "x": {"type": "float"}, "pair": {"type": "tuple", "items": {"type": "integer"}},
         "obj": {"type": "any"}, "cls": {"type": "com.example.Thing"}}, "required": ["x"]})
     assert schema == {"type": "object", "properties": {
-        "x": {"type": "number"}, "pair": {"type": "array", "items": {"type": "integer"}}, "obj": {}, "cls": {}},
+        "x": {"type": "number"}, "pair": {"type": "array", "items": {"type": "integer"}},
+        "obj": {}, "cls": {}},
         "required": ["x"]}
     question = {"id": "simple_0", "question": [[{"role": "user", "content": "area of 10 by 5"}]],
                 "function": [{"name": "area", "parameters": {"type": "dict", "properties": {
@@ -240,7 +251,9 @@ def test_bfcl__the_committed_sample_records_its_dataset_version() -> None:
 
 
 def _report(rates: dict[str, tuple[int, int]]) -> dict[str, Any]:
-    figures = {name: {"passed": p, "total": t, "rate": p / t if t else None} for name, (p, t) in rates.items()}
+    figures = {
+        name: {"passed": p, "total": t, "rate": p / t if t else None} for name, (p, t) in rates.items()
+    }
     return {"driver": "d", "figures": figures, "categories": {"simple": {"figures": figures}}}
 
 
@@ -254,7 +267,8 @@ def test_compare__regression_is_a_ratio_of_failure_rates() -> None:
     baseline = _report({**full, "tool_selection": (99, 100)})
     candidate = _report({**full, "tool_selection": (95, 100)})
     found = regressions(compare(baseline, candidate), threshold=2.0)
-    assert [(r["category"], r["figure"]) for r in found] == [("all", "tool_selection"), ("simple", "tool_selection")]
+    assert [(r["category"], r["figure"]) for r in found] == [
+        ("all", "tool_selection"), ("simple", "tool_selection")]
     assert regressions(compare(baseline, candidate), threshold=6.0) == []
 
 

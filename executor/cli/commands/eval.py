@@ -36,8 +36,12 @@ def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     parser.set_defaults(func=run)
     parser.add_argument("fixtures", help="the fixtures file (JSONL), or `compare`, or `import-bfcl`")
     parser.add_argument("more", nargs="*", help=argparse.SUPPRESS)
-    parser.add_argument("--driver", help="recorded:FILE, perturb[:KIND,...], or any turn driver (openai-chat:MODEL, ...)")
-    parser.add_argument("--parallel", type=int, default=4, help="cases run at once (and the fleet's worker slots)")
+    parser.add_argument(
+        "--driver", help="recorded:FILE, perturb[:KIND,...], or any turn driver (openai-chat:MODEL, ...)"
+    )
+    parser.add_argument(
+        "--parallel", type=int, default=4, help="cases run at once (and the fleet's worker slots)"
+    )
     parser.add_argument("--run-dir", help="the run's directory; run again with the same one to resume")
     parser.add_argument("--json", action="store_true", help="print the report as JSON (for CI)")
     parser.add_argument("--report", help="also write the report: FILE.json, FILE.html or FILE.md")
@@ -51,8 +55,12 @@ def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     parser.add_argument("--max-steps", type=int, default=8, help="model steps per turn")
     parser.add_argument("--threshold", type=float, default=2.0,
                         help="compare: a failure ratio at or above this is a regression (exit 1)")
-    parser.add_argument("--data", help="import-bfcl: BFCL's data directory (default: the installed bfcl-eval)")
-    parser.add_argument("--categories", default="", help="import-bfcl: comma-separated (default: all single-turn)")
+    parser.add_argument(
+        "--data", help="import-bfcl: BFCL's data directory (default: the installed bfcl-eval)"
+    )
+    parser.add_argument(
+        "--categories", default="", help="import-bfcl: comma-separated (default: all single-turn)"
+    )
     parser.add_argument("--sample", type=int, default=None, help="import-bfcl: cases per category (seeded)")
     parser.add_argument("--recording", help="import-bfcl: also write BFCL's ground truth as a recording "
                         "(OpenAI chat completions) for --driver recorded:FILE")
@@ -193,7 +201,9 @@ def _run_eval(args: argparse.Namespace) -> int:
     from executor.eval.runner import Manifest
 
     if not args.driver:
-        raise UserError("say what answers for the model: --driver recorded:FILE, perturb, openai-chat:MODEL, ...")
+        raise UserError(
+            "say what answers for the model: --driver recorded:FILE, perturb, openai-chat:MODEL, ..."
+        )
     if not 1 <= args.parallel <= 64:
         raise UserError("--parallel is 1..64")
     fixtures = load_fixtures(args.fixtures)
@@ -212,7 +222,8 @@ def _run_eval(args: argparse.Namespace) -> int:
                   f"{fixtures.header.tools}: your workers must load the latter", file=sys.stderr)
     with _environment(env):
         report = _execute(args, fixtures, driver, run_dir, manifest)
-    (run_dir / "report.json").write_text(json.dumps(report, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    text = json.dumps(report, indent=1, sort_keys=True) + "\n"
+    (run_dir / "report.json").write_text(text, encoding="utf-8")
     if args.report:
         from executor.eval.report import write_report
 
@@ -226,7 +237,9 @@ def _run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _execute(args: argparse.Namespace, fixtures: Fixtures, driver: str, run_dir: Path, manifest: Any) -> dict[str, Any]:
+def _execute(
+    args: argparse.Namespace, fixtures: Fixtures, driver: str, run_dir: Path, manifest: Any
+) -> dict[str, Any]:
     from executor.core.tools import load_registry
     from executor.eval.downstream import load_downstream
     from executor.eval.drivers import plan_cases
@@ -257,5 +270,7 @@ def _execute(args: argparse.Namespace, fixtures: Fixtures, driver: str, run_dir:
             (run_dir / FLEET_PIDS).unlink(missing_ok=True)
     observations = observe(plans, manifest, engine, database_url, downstream)
     engine.dispose()
-    scores = [score_case(plan.case, observation) for plan, observation in zip(plans, observations, strict=True)]
+    scores = [
+        score_case(plan.case, observation) for plan, observation in zip(plans, observations, strict=True)
+    ]
     return build_report(fixtures, driver, run_dir, scores)
