@@ -23,6 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import func, select
+
+from ledger.service import Ledger, effects
 
 pytestmark = pytest.mark.slow
 
@@ -213,3 +216,32 @@ def test_eval__sigkilled_mid_run__resumes_without_running_a_finished_case_again(
 
 def _case_ids() -> list[str]:
     return [json.loads(line)["id"] for line in LEDGER.read_text().splitlines()[1:] if line.strip()]
+
+
+def test_eval__configured_database_and_broker__runs_on_the_users_fleet(
+    fleet_env: dict[str, str], make_fleet: Any, tmp_path: Path
+) -> None:
+    # Given the user's own fleet on PostgreSQL and Redis, loading the fixtures' registry
+    tools = {"TOOLFENCE_TOOLS": "ledger.eval:registry"}
+    make_fleet(workers=1, concurrency=3, relays=1, reconcile_every=0.5, env=tools).start()
+    env = {**_env(tmp_path / "home"), **fleet_env, **tools}
+    env["PYTHONPATH"] = _env(tmp_path / "home")["PYTHONPATH"]
+    # When the eval runs against the configured database and broker, starting no fleet
+    done = subprocess.run(
+        _command(LEDGER, f"recorded:{LEDGER_RECORDED}", tmp_path / "run", "--fleet", "configured", "--json",
+                 "--parallel", "3"),
+        env=env, cwd=ROOT, capture_output=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    report = json.loads(done.stdout)
+    # Then the figures are those of the embedded run, and the ledger's own tables agree
+    assert rates(report) == {
+        "tool_selection": (5, 6), "argument_validation": (8, 8), "violation_catch": (3, 3),
+        "side_effects": (6, 6), "final_answer": (5, 5)}
+    assert not (tmp_path / "run" / "fleet.pids").exists() and not (tmp_path / "run" / "toolfence.db").exists()
+    book = Ledger(fleet_env["TOOLFENCE_DATABASE_URL"])
+    try:
+        with book.reader.connect() as conn:
+            kinds = dict(conn.execute(select(effects.c.kind, func.count()).group_by(effects.c.kind)).all())
+    finally:
+        book.engine.dispose()
+    assert kinds == {"credit": 1, "transfer": 2}
