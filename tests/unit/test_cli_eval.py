@@ -135,7 +135,8 @@ def test_import_bfcl__from_a_data_directory__version_recorded_bad_ground_truth_s
     arguments = json.loads(tool_call["arguments"])
     assert (tool_call["name"], arguments) == ("area", {"base": 1, "height": 2.5})
     # a sample is drawn with a fixed seed: the same cases each time
-    sample = ("eval", "import-bfcl", str(out), "--data", str(data), "--categories", "simple_python", "--sample", "2")
+    sample = ("eval", "import-bfcl", str(out), "--data", str(data), "--categories", "simple_python",
+              "--sample", "2")
     cli(*sample)
     first = [c.id for c in load_fixtures(out).cases]
     cli(*sample)
