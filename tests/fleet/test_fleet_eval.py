@@ -84,38 +84,6 @@ def rates(report: dict[str, Any]) -> dict[str, tuple[int, int]]:
     return {name: (f["passed"], f["total"]) for name, f in report["figures"].items()}
 
 
-def test_eval__ledger_fixtures_recorded__five_figures_apart_and_the_ledger_agrees(
-    tmp_path: Path, run_dirs: list[Path]
-) -> None:
-    run_dir = tmp_path / "run"
-    run_dirs.append(run_dir)
-    report = run_eval(tmp_path / "home", LEDGER, f"recorded:{LEDGER_RECORDED}", run_dir,
-                      "--parallel", "3", "--report", str(tmp_path / "report.md"))
-    # The recorded model proposed a tool that does not exist (model half: wrong), which
-    # the executor refused (executor half: right); everything else was right.
-    assert rates(report) == {
-        "tool_selection": (5, 6), "argument_validation": (8, 8), "violation_catch": (3, 3),
-        "side_effects": (6, 6), "final_answer": (5, 5)}
-    assert set(report["figures"]) == set(FIGURES)
-    [failure] = report["failures"]
-    assert failure["case"] == "nonexistent-tool"
-    assert failure["reasons"] == [{"figure": "tool_selection",
-                                   "why": "expected no call, got ledger.refund(account_id)"}]
-    tenancy = report["categories"]["tenancy"]["figures"]
-    assert tenancy["violation_catch"] == {"passed": 1, "total": 1, "rate": 1.0}
-    # The downstream's own records: the timed-out payment took effect once, the credit and
-    # the dependent transfer once each, the other tenant's credit and the 50 deletions never
-    assert ledger_effects(run_dir) == {"credit": 1, "transfer": 2}
-    with sqlite3.connect(run_dir / "toolfence.db") as db:
-        assert db.execute("SELECT remaining FROM ledger_eval_late_answers").fetchall() == [(0,)]
-        left = db.execute("SELECT count(*) FROM ledger_invoices WHERE invoice_id LIKE 'inv-bd-%'").fetchone()
-        assert left == (50,)
-    markdown = (tmp_path / "report.md").read_text()
-    assert "| policy violation catch rate | 100.0 % (3/3) |" in markdown
-    assert "- `nonexistent-tool` (unknown_tool)" in markdown
-    assert not (run_dir / "fleet.pids").exists()  # the command stopped its fleet
-
-
 def test_eval__bfcl_sample_recorded_and_perturbed__compare_flags_the_model_half_only(
     tmp_path: Path, run_dirs: list[Path]
 ) -> None:
@@ -192,11 +160,26 @@ def test_eval__sigkilled_mid_run__resumes_without_running_a_finished_case_again(
     assert 2 <= len(finished) < 6, (tmp_path / "first.log").read_text()[-2000:]
     asked_before = _asked(run_dir)
     # And it is run again with the same run directory
-    report = run_eval(home, LEDGER, f"recorded:{LEDGER_RECORDED}", run_dir, "--parallel", "1")
-    # Then every case is reported, with the same figures as an uninterrupted run
+    report = run_eval(home, LEDGER, f"recorded:{LEDGER_RECORDED}", run_dir, "--parallel", "1",
+                      "--report", str(tmp_path / "report.md"))
+    # Then every case is reported, the five figures apart: the recorded model proposed a
+    # tool that does not exist (model half: wrong), which the executor refused (executor
+    # half: right); everything else was right
     assert report["cases"] == 6
-    assert rates(report)["side_effects"] == (6, 6)
-    assert rates(report)["tool_selection"] == (5, 6)
+    assert set(report["figures"]) == set(FIGURES)
+    assert rates(report) == {
+        "tool_selection": (5, 6), "argument_validation": (8, 8), "violation_catch": (3, 3),
+        "side_effects": (6, 6), "final_answer": (5, 5)}
+    [failure] = report["failures"]
+    assert failure["case"] == "nonexistent-tool"
+    assert failure["reasons"] == [{"figure": "tool_selection",
+                                   "why": "expected no call, got ledger.refund(account_id)"}]
+    tenancy = report["categories"]["tenancy"]["figures"]
+    assert tenancy["violation_catch"] == {"passed": 1, "total": 1, "rate": 1.0}
+    markdown = (tmp_path / "report.md").read_text()
+    assert "| policy violation catch rate | 100.0 % (3/3) |" in markdown
+    assert "- `nonexistent-tool` (unknown_tool)" in markdown
+    assert not (run_dir / "fleet.pids").exists()  # the command stopped its fleet
     after = _manifest(run_dir)
     assert after["token"] == before["token"]
     for case_id in finished:
@@ -210,8 +193,14 @@ def test_eval__sigkilled_mid_run__resumes_without_running_a_finished_case_again(
     assert finished_scripts
     assert {name: asked_after[name] for name in finished_scripts} == {
         name: asked_before[name] for name in finished_scripts}
-    # And the ledger's own records show each effect once, across both processes
+    # And the ledger's own records show each effect once, across both processes: the
+    # timed-out payment once, the credit and the dependent transfer once each, the other
+    # tenant's credit and the 50 deletions (waiting for an approver) never
     assert ledger_effects(run_dir) == {"credit": 1, "transfer": 2}
+    with sqlite3.connect(run_dir / "toolfence.db") as db:
+        assert db.execute("SELECT remaining FROM ledger_eval_late_answers").fetchall() == [(0,)]
+        left = db.execute("SELECT count(*) FROM ledger_invoices WHERE invoice_id LIKE 'inv-bd-%'").fetchone()
+        assert left == (50,)
 
 
 def _case_ids() -> list[str]:

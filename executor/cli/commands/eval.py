@@ -155,6 +155,8 @@ def _embedded_env(run_dir: Path, token: str, fixtures: Fixtures) -> dict[str, st
         "TOOLFENCE_RELAY_POLL_SECONDS": "0.05",
         "TOOLFENCE_RECONCILE_QUEUED_AFTER_SECONDS": "5",
         "TOOLFENCE_TURN_WAIT_SECONDS": "2",
+        # A turn whose holder died with a killed run is given back this soon after.
+        "TOOLFENCE_LEASE_SECONDS": "5",
         "PROMETHEUS_MULTIPROC_DIR": str(run_dir / "metrics"),
     }
 
