@@ -1,8 +1,9 @@
 """`toolfence eval` for real: the command as a user runs it (a subprocess, its own
 TOOLFENCE_HOME), on the embedded default it starts itself (SQLite, the filesystem
 broker, a relay, a worker and a reconciler), with the recorded and perturbing
-drivers, over the ledger's fixtures and a BFCL sample; then an eval process
-SIGKILLed mid-run and run again in the same run directory.
+drivers, over the ledger's fixtures and a BFCL sample; an eval process SIGKILLed
+mid-run and run again in the same run directory; and a run on the user's own
+fleet (PostgreSQL, Redis) with `--fleet configured`.
 
 Side effects are checked from the downstream's own tables (the ledger's
 `ledger_effects`, the recording handlers' `eval_tool_records`), not from the

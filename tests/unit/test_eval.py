@@ -135,6 +135,19 @@ def test_scoring__a_tool_outside_the_case_is_a_violation_caught_by_unknown_tool(
     assert score.tallies["argument_validation"].total == 0  # never reached the schema gate
 
 
+def test_scoring__a_registry_tool_outside_the_case_counts_only_where_the_catalog_is_enforced() -> None:
+    named = case(tools=["ledger.get_balance"], expect={"calls": []})
+    proposed = [proposal("c1", "ledger.send_notice", account_id="a")]
+    calls = {"c1": ok("c1", "ledger.send_notice")}
+    known = frozenset({"ledger.get_balance", "ledger.send_notice"})
+    # no surface: the executor offers every tool the roles allow, so this is the model's miss only
+    unsurfaced = score_case(parsed(named), observation(proposed, calls), known)
+    assert unsurfaced.tallies["violation_catch"].total == 0
+    # in a surface whose catalog is the case's tools, it is a violation the executor let through
+    surfaced = score_case(parsed({**named, "surface": "chat"}), observation(proposed, calls), known)
+    assert (surfaced.tallies["violation_catch"].passed, surfaced.tallies["violation_catch"].total) == (0, 1)
+
+
 def test_scoring__ordered_calls_and_alternatives() -> None:
     raw = case(expect={"calls": [
         {"tool": "math.add", "arguments": {"a": 1, "b": 2}, "alternatives": {"b": [2, 3]}, "optional": ["b"]},

@@ -271,8 +271,10 @@ def _execute(
             fleet.stop()
             (run_dir / FLEET_PIDS).unlink(missing_ok=True)
     observations = observe(plans, manifest, engine, database_url, downstream)
+    known = frozenset(registry.names())
     engine.dispose()
     scores = [
-        score_case(plan.case, observation) for plan, observation in zip(plans, observations, strict=True)
+        score_case(plan.case, observation, known)
+        for plan, observation in zip(plans, observations, strict=True)
     ]
     return build_report(fixtures, driver, run_dir, scores)
