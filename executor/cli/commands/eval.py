@@ -131,16 +131,17 @@ def _version_beside(data_dir: Path) -> str:
 
 @contextmanager
 def _environment(values: Mapping[str, str]) -> Iterator[None]:
-    saved = {name: os.environ.get(name) for name in values}
+    """This process reads the same settings as the fleet it starts (as the demo does)."""
+    from executor.settings import Settings, using
+
+    saved = os.environ.copy()
     os.environ.update(values)
     try:
-        yield
+        with using(Settings.from_env()):
+            yield
     finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def _embedded_env(run_dir: Path, token: str, fixtures: Fixtures) -> dict[str, str]:
