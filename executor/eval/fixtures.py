@@ -129,6 +129,14 @@ class Case(_Strict):
     foreign_ids: dict[str, str] = Field(default_factory=dict)
     expect: Expect
 
+    @field_validator("messages")
+    @classmethod
+    def _storable(cls, value: list[str]) -> list[str]:
+        # What a turn's message column cannot hold (start_turn refuses it).
+        if any("\x00" in m or any("\ud800" <= ch <= "\udfff" for ch in m) for m in value):
+            raise ValueError("a message holds no NUL character or lone surrogate")
+        return value
+
     @model_validator(mode="after")
     def _turns_exist(self) -> Case:
         for call in self.expect.calls:

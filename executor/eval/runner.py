@@ -98,6 +98,18 @@ class Manifest:
         return bool(self.cases.get(case_id, {}).get("done"))
 
 
+def check_cases(cases: Sequence[Case], registry: Registry) -> None:
+    """What the registry must declare for the cases to run: each named tool and surface
+    (a mistake in the fixtures is refused before any turn starts, not midway)."""
+    names = set(registry.names())
+    for case in cases:
+        missing = sorted(t for t in case.tools if isinstance(t, str) and t not in names)
+        if missing:
+            raise FixtureError(f"case {case.id!r}: the registry declares no tool {', '.join(missing)}")
+        if case.surface and registry.surface(case.surface) is None:
+            raise FixtureError(f"case {case.id!r}: the registry declares no surface {case.surface!r}")
+
+
 def turn_id_of(token: str, index: int, turn: int) -> str:
     return f"ev{token}-{index:04d}-t{turn}"
 

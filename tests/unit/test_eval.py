@@ -15,6 +15,7 @@ from executor.eval.declared import build_registry
 from executor.eval.drivers import plan_cases
 from executor.eval.fixtures import Case, FixtureError, Fixtures, Header, load_fixtures, parse_lines
 from executor.eval.report import build_report, compare, failure_ratio, markdown, regressions
+from executor.eval.runner import check_cases
 from executor.eval.scoring import score_case
 
 HEADER = {
@@ -47,6 +48,7 @@ def lines(*cases: dict[str, Any]) -> list[str]:
     (json.dumps(case(id="bad id!")), "fixtures:2: id: String should match pattern"),
     (json.dumps(case(expect={"calls": [], "surprise": 1})), "fixtures:2: expect.surprise: Extra inputs"),
     (json.dumps(case(expect={"calls": [{"tool": "math.add", "turn": 2}]})), "expect.calls names turn 2"),
+    (json.dumps(case(messages=["a\u0000b"])), "messages: Value error, a message holds no NUL"),
 ])
 def test_fixtures__a_bad_line__is_named_with_its_field(text: str, expected: str) -> None:
     with pytest.raises(FixtureError) as raised:
@@ -294,3 +296,21 @@ def test_report__markdown_lists_each_failing_case_and_why() -> None:
     assert "| tool selection accuracy | 0.0 % (0/1) | 0.0 % (0/1) |" in text
     assert "- `add-1` (simple)" in text
     assert "side-effect exactness: the downstream recorded math.add×1, expected nothing" in text
+
+
+def test_check_cases__a_tool_or_surface_the_registry_lacks_is_refused_before_running() -> None:
+    fixtures = _fixtures(case())
+    registry = build_registry(fixtures.cases)
+    check_cases(fixtures.cases, registry)
+    with pytest.raises(FixtureError, match="'named': the registry declares no tool math.pow"):
+        check_cases(_fixtures(case(id="named", tools=["math.pow"])).cases, registry)
+    with pytest.raises(FixtureError, match="'surfaced': the registry declares no surface 'chat'"):
+        check_cases(_fixtures(case(id="surfaced", surface="chat")).cases, registry)
+
+
+def test_plan__any_other_driver_runs_every_turn_as_given(tmp_path: Path) -> None:
+    fixtures = _fixtures(case(messages=["one", "two"]))
+    [plan] = plan_cases(fixtures, "cli:my-agent --json", tmp_path, registry=None, downstream=_Downstream())
+    assert plan.drivers == ("cli:my-agent --json", "cli:my-agent --json")
+    with pytest.raises(FixtureError, match="unknown driver kind"):
+        plan_cases(fixtures, "telepathy:model", tmp_path, registry=None, downstream=_Downstream())

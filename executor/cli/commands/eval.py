@@ -247,7 +247,7 @@ def _execute(
     from executor.eval.downstream import load_downstream
     from executor.eval.drivers import plan_cases
     from executor.eval.report import build_report
-    from executor.eval.runner import Runner, observe
+    from executor.eval.runner import Runner, check_cases, observe
     from executor.eval.scoring import score_case
     from executor.settings import Settings
     from executor.store.engine import make_engine
@@ -257,6 +257,7 @@ def _execute(
     database_url = current.database_url
     migrate(database_url)
     registry = load_registry(fixtures.header.tools)
+    check_cases(fixtures.cases, registry)
     downstream = load_downstream(fixtures.header.downstream)
     downstream.prepare(database_url, fixtures.cases)
     plans = plan_cases(fixtures, driver, run_dir, registry=registry, downstream=downstream)
