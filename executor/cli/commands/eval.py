@@ -190,12 +190,17 @@ def _start_fleet(run_dir: Path, env: Mapping[str, str], parallel: int) -> Fleet:
     fleet = Fleet(env=dict(env), log_dir=run_dir / "fleet", workers=1, concurrency=parallel,
                   reconcile_every=1.0)
     try:
-        fleet.start(wait_ready=60.0)
+        # Recorded as soon as they exist: a run killed while its fleet starts leaves none
+        # that a resumed run cannot find.
+        fleet.start_relay(0)
+        fleet.start_worker(0)
+        fleet.start_reconciler()
+        (run_dir / FLEET_PIDS).write_text(" ".join(str(m.pid) for m in fleet.members), encoding="utf-8")
+        fleet.wait_ready(60.0)
     except RuntimeError as exc:  # a member exited or never said it was ready
         fleet.stop()
+        (run_dir / FLEET_PIDS).unlink(missing_ok=True)
         raise UserError(f"the eval fleet did not start: {exc}") from None
-    finally:
-        (run_dir / FLEET_PIDS).write_text(" ".join(str(m.pid) for m in fleet.members), encoding="utf-8")
     return fleet
 
 
