@@ -56,9 +56,25 @@ def build_report(
             }
             for category in categories
         },
+        "usage": _usage(scores),
         "failures": [score.to_json() for score in scores if not score.passed],
         "results": [score.to_json() for score in scores],
     }
+
+
+def _usage(scores: Sequence[CaseScore]) -> dict[str, Any]:
+    """The model's cost over the run, beside the figures (never folded into them):
+    model calls, tokens, and dollars when every driver call reported them."""
+    total: dict[str, Any] = {"model_calls": 0, "input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0}
+    known = True
+    for score in scores:
+        for key in ("model_calls", "input_tokens", "output_tokens"):
+            total[key] += int(score.usage.get(key, 0))
+        total["cost_usd"] += float(score.usage.get("cost_usd", 0.0))
+        known = known and bool(score.usage.get("cost_known", False))
+    if not known:
+        total["cost_usd"] = None
+    return total
 
 
 def _rate(figure: Mapping[str, Any]) -> str:
@@ -75,6 +91,8 @@ def markdown(report: Mapping[str, Any]) -> str:
         f"{report['cases']} case(s) from `{Path(report['fixtures']).name}`"
         + (f" ({dataset.get('name')} {dataset.get('version')})" if dataset else "")
         + f", driver `{report['driver']}`: {report['cases_passed']} passed every check.",
+        "",
+        _usage_line(report.get("usage")),
         "",
         "| figure | all | " + " | ".join(report["categories"]) + " |",
         "| --- | --- | " + " | ".join("---" for _ in report["categories"]) + " |",
@@ -93,6 +111,15 @@ def markdown(report: Mapping[str, Any]) -> str:
         for reason in failure["reasons"]:
             lines.append(f"  - {TITLES.get(reason['figure'], reason['figure'])}: {reason['why']}")
     return "\n".join(lines) + "\n"
+
+
+def _usage_line(usage: Mapping[str, Any] | None) -> str:
+    if not usage:
+        return "Model usage: not recorded."
+    cost = usage.get("cost_usd")
+    shown = "cost not reported by the driver" if cost is None else f"{cost:.4f} USD"
+    return (f"Model usage: {usage['model_calls']} call(s), {usage['input_tokens']} input and "
+            f"{usage['output_tokens']} output tokens, {shown}.")
 
 
 def html_report(report: Mapping[str, Any]) -> str:

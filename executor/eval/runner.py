@@ -18,7 +18,7 @@ import json
 import os
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -228,6 +228,17 @@ def _proposals(conn: Any, turn: int, turn_id: str) -> list[dict[str, Any]]:
     return found
 
 
+def _add_usage(total: dict[str, Any], step: Mapping[str, Any]) -> None:
+    """A checkpointed step's usage (its model call), summed: what the case cost."""
+    total["model_calls"] += 1
+    total["input_tokens"] += int(step.get("input_tokens") or 0)
+    total["output_tokens"] += int(step.get("output_tokens") or 0)
+    if step.get("cost_usd") is None:
+        total["cost_known"] = False
+    else:
+        total["cost_usd"] += float(step["cost_usd"])
+
+
 def observe(
     plans: Sequence[CasePlan], manifest: Manifest, engine: Engine, database_url: str, downstream: Downstream
 ) -> list[dict[str, Any]]:
@@ -237,6 +248,8 @@ def observe(
         case = plan.case
         turns: list[dict[str, Any]] = []
         operation_ids: list[str] = []
+        usage = {"model_calls": 0, "input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0,
+                 "cost_known": True}
         for turn in range(1, len(case.messages) + 1):
             turn_id = turn_id_of(manifest.token, index, turn)
             view = get_turn(engine, case.tenant, turn_id)
@@ -247,6 +260,7 @@ def observe(
                 proposals = _proposals(conn, turn, turn_id)
             calls: dict[str, Any] = {}
             for step in view["steps"]:
+                _add_usage(usage, step["usage"])
                 for status in step["calls"]:
                     calls[status["call_id"]] = status
                     if status.get("operation_id"):
@@ -259,6 +273,7 @@ def observe(
         observations.append({
             "case": case.id, "category": case.category, "perturbation": plan.perturbation,
             "turns": turns, "effects": downstream.effects(database_url, sorted(set(operation_ids))),
+            "usage": usage,
             "timed_out": bool(manifest.cases.get(case.id, {}).get("timed_out"))
             and any(t["state"] not in SETTLED for t in turns),
         })

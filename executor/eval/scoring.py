@@ -70,6 +70,7 @@ class CaseScore:
     turn_ids: list[str]
     tallies: dict[str, Tally] = field(default_factory=lambda: {f: Tally() for f in FIGURES})
     reasons: list[tuple[str, str]] = field(default_factory=list)  # (figure or "outcome", why)
+    usage: dict[str, Any] = field(default_factory=dict)  # model calls, tokens, cost (not a figure)
 
     def fail(self, figure: str, why: str) -> None:
         self.reasons.append((figure, why))
@@ -84,6 +85,7 @@ class CaseScore:
             "turns": self.turn_ids, "passed": self.passed,
             "figures": {name: tally.to_json() for name, tally in self.tallies.items() if tally.total},
             "reasons": [{"figure": figure, "why": why} for figure, why in self.reasons],
+            "usage": self.usage,
         }
 
 
@@ -239,7 +241,8 @@ def score_case(
     proposal of a registry tool the case does not list is a violation only where the
     executor enforces the case's catalog: a surface, or the case's declared tools)."""
     turns = observation["turns"]
-    score = CaseScore(case.id, case.category, observation.get("perturbation"), [t["turn_id"] for t in turns])
+    score = CaseScore(case.id, case.category, observation.get("perturbation"), [t["turn_id"] for t in turns],
+                      usage=dict(observation.get("usage") or {}))
     unsettled = [t for t in turns if t["state"] in ("not_started", "running", "queued")]
     if unsettled:
         first = unsettled[0]

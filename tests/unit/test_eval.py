@@ -314,3 +314,17 @@ def test_plan__any_other_driver_runs_every_turn_as_given(tmp_path: Path) -> None
     assert plan.drivers == ("cli:my-agent --json", "cli:my-agent --json")
     with pytest.raises(FixtureError, match="unknown driver kind"):
         plan_cases(fixtures, "telepathy:model", tmp_path, registry=None, downstream=_Downstream())
+
+
+def test_report__model_usage_beside_the_figures() -> None:
+    fixtures = Fixtures(Path("f.jsonl"), Header.model_validate(HEADER), (), "0")
+    priced = {**observation([], {}), "usage": {"model_calls": 2, "input_tokens": 100, "output_tokens": 10,
+                                                "cost_usd": 0.25, "cost_known": True}}
+    unpriced = {**observation([], {}), "usage": {"model_calls": 1, "input_tokens": 5, "output_tokens": 1,
+                                                  "cost_usd": 0.0, "cost_known": False}}
+    raw = parsed(case(expect={"calls": []}))
+    both = build_report(fixtures, "d", Path("run"), [score_case(raw, priced), score_case(raw, unpriced)])
+    assert both["usage"] == {"model_calls": 3, "input_tokens": 105, "output_tokens": 11, "cost_usd": None}
+    assert "Model usage: 3 call(s), 105 input and 11 output tokens, cost not reported" in markdown(both)
+    one = build_report(fixtures, "d", Path("run"), [score_case(raw, priced)])
+    assert "2 call(s), 100 input and 10 output tokens, 0.2500 USD." in markdown(one)
