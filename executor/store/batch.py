@@ -10,7 +10,7 @@ between them are CPU, and a tool's hooks read through their own connections (the
 never saw this transaction's rows). On PostgreSQL each half is one pipeline
 (psycopg's pipeline mode: the statements go out together and one Sync ends them),
 so a request of any number of calls costs two round trips;
-docs/decisions/0226-an-admission-reads-in-one-round-trip-and-writes-in-one.md has
+docs/decisions/0212-an-admission-reads-in-one-round-trip-and-writes-in-one.md has
 the safety argument. On SQLite the same statements run one after the other: the
 database is in the process, a round trip costs nothing.
 """

@@ -171,7 +171,7 @@ def test_enqueue__caller_commits_anyway__nothing_of_the_batch_was_written_and_a_
     with engine.begin() as conn, pytest.raises(AdmissionUnavailable):
         enqueue(conn, [QUOTE, PAY], ALICE, registry)
     # Then nothing of the batch is there: an admission writes once every call is
-    # decided (docs/decisions/0226), so the read decided before the rule failed is
+    # decided (docs/decisions/0212), so the read decided before the rule failed is
     # not half of a request either
     assert results(engine, "acme", "req-1") == []
     assert rows(engine) == (0, 0, 0)

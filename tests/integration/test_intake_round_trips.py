@@ -6,7 +6,7 @@ query ends with one). The caller's transaction has begun before `enqueue` (its
 BEGIN and COMMIT are the caller's, as for any statement of its own), so what is
 counted is what admission costs. And the one case the up-front reads cannot
 settle for good: an operation id the caller chose, taken by another request
-between the reads and the writes (docs/decisions/0226).
+between the reads and the writes (docs/decisions/0212).
 """
 
 from __future__ import annotations
