@@ -45,6 +45,7 @@ from executor.store.approvals import (
 from executor.store.audit import (
     audit_trail,
 )
+from executor.store.batch import AdmissionRaced, AdmissionReads, Intake, Writes, read_for_admission
 from executor.store.clock import DATABASE_CLOCK, Clock, ManualClock, read_now
 from executor.store.driver import Executes
 from executor.store.errors import StoreDatabaseError, store_errors
@@ -120,6 +121,11 @@ from executor.store.registration import register
 from executor.store.tracecontext import save_attempt_trace, trace_contexts
 
 __all__ = [
+    "AdmissionRaced",
+    "AdmissionReads",
+    "Intake",
+    "Writes",
+    "read_for_admission",
     "ApproverUnavailable",
     "StoreDatabaseError",
     "store_errors",

@@ -14,6 +14,7 @@ from executor.cli.commands import (
     demo,
     deny,
     enqueue,
+    eval,
     keys,
     metrics,
     migrate,
@@ -30,5 +31,5 @@ from executor.cli.commands import (
 
 COMMANDS: tuple[ModuleType, ...] = (
     migrate, demo, worker, relay, reconcile, check, metrics, enqueue, serve, keys, results, show,
-    approvals, approve, deny, turn, pending, resolve, config,
+    approvals, approve, deny, turn, eval, pending, resolve, config,
 )
