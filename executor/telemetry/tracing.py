@@ -5,7 +5,7 @@ endpoint (`OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`)
 or `OTEL_TRACES_EXPORTER` naming `otlp` or `console`; `OTEL_SDK_DISABLED=true`
 and `OTEL_TRACES_EXPORTER=none` keep it off whatever else is set. Off, no
 OpenTelemetry module is imported here and every helper below answers a shared
-do-nothing object after one global read (decision 0213, measured in
+do-nothing object after one global read (decision 0216, measured in
 bench/RESULTS.md). On, a process sets up one SDK tracer provider the first time
 it needs one (a Celery pool child after its fork, never the parent), named
 `OTEL_SERVICE_NAME` or `toolfence-<role>`, exporting by OTLP/HTTP through a
@@ -13,7 +13,7 @@ it needs one (a Celery pool child after its fork, never the parent), named
 child's shutdown. An application that set up its own SDK provider keeps it: its
 spans and ours are one trace.
 
-The operation row is how a trace crosses processes (decision 0212): the
+The operation row is how a trace crosses processes (decision 0215): the
 producer's `toolfence.enqueue` span's W3C context is stored with each operation
 it registers (`trace_context`, JSON), the relay's `toolfence.publish`, each
 worker's `toolfence.attempt` (reserve, re-checks, `execute_tool {tool}`,
@@ -62,7 +62,7 @@ _PINNED: ContextVar[int | None] = ContextVar("toolfence_attempt_span_id", defaul
 
 def attempt_span_id(operation_id: str, generation: int) -> int:
     """The span id of generation `generation`'s attempt of an operation: derived, so the
-    next attempt and a sweep can link to it with nothing written (decision 0212)."""
+    next attempt and a sweep can link to it with nothing written (decision 0215)."""
     digest = hashlib.sha256(f"{operation_id}\0{generation}".encode()).digest()
     return int.from_bytes(digest[:8], "big") or 1
 

@@ -1,5 +1,5 @@
 """One trace per request across processes: producer → relay → worker → tool, and a
-SIGKILLed worker's successor linked to it (docs/tracing.md, decisions 0212 and 0213).
+SIGKILLed worker's successor linked to it (docs/tracing.md, decisions 0215 and 0216).
 
 Every process exports by OTLP/HTTP to a receiver this test starts
 (`otlpkit.otlp_receiver`); what is asserted is decoded from the protobuf the

@@ -1,4 +1,4 @@
-"""A retry, a reconciler sweep and its lookup join the request's trace (decision 0212),
+"""A retry, a reconciler sweep and its lookup join the request's trace (decision 0215),
 on SQLite and PostgreSQL: the real producer, `OperationRunner` and `Reconciler` in this
 process, tracing into the SDK's in-memory exporter through a provider set up as
 toolfence sets up its own (derived attempt span ids: nothing written per attempt).

@@ -8,7 +8,7 @@ take-over by a new generation and a reconciler sweep join the request's trace.
 (its model steps are its children), `toolfence_turn_steps.trace_context` that of
 the step's `chat` span (the step's calls, enqueued perhaps by a later job, join
 it). Nullable, no backfill: NULL is "traced by nobody" (tracing was off),
-decision 0212.
+decision 0215.
 
 Revision ID: 0011
 Revises: 0010
