@@ -23,7 +23,7 @@ from typing import Any
 
 from executor.cli.args import EXIT_FAILURE, EXIT_USAGE, UserError, missing_required
 from executor.cli.commands import COMMANDS, command_name
-from executor.telemetry import logs
+from executor.telemetry import logs, tracing
 
 __all__ = ["EXIT_FAILURE", "EXIT_USAGE", "UserError", "build_parser", "main"]
 
@@ -135,6 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.loaded = loaded
         chosen = Settings.from_loaded(loaded)
         logs.configure(chosen.log_format, logs.chosen_level(chosen.log_level, verbose))
+        # Its default service name, should OTEL_* turn traces on (set up on first use).
+        tracing.set_role(tracing.COMMAND_ROLES.get(args.command, args.command))
         with using(chosen):
             return int(args.func(args))
     except UserError as exc:

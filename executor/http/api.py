@@ -64,6 +64,7 @@ from executor.http.problems import (
 )
 from executor.http.service import Service, body_digest
 from executor.store.errors import StoreDatabaseError
+from executor.telemetry import tracing
 from outbox.producer import AdmissionUnavailable
 
 M = TypeVar("M", bound=BaseModel)
@@ -243,6 +244,9 @@ def build_api(service: Service, authenticator: Authenticator, limiter: RateLimit
         # `approve_v1_approvals_approval_id_approve_post` (decision 0223).
         generate_unique_id_function=lambda route: route.name,
         openapi_tags=OPENAPI_TAGS,
+        # FastAPI's own SERVER and operation spans, into toolfence's tracer when tracing
+        # is on (a POST /v1/requests' operations join its trace); off, none at all.
+        telemetry=tracing.fastapi_telemetry(),  # type: ignore[arg-type]
     )
     app.state.service = service
     app.add_exception_handler(ProblemError, problem_handler)

@@ -232,6 +232,11 @@ DECLARED: tuple[Variable, ...] = (
         "TOOLFENCE_TURN_CLI_ENV_ALLOW", NAMES, (),
         "environment variables a cli: agent may see besides PATH, HOME, …",
     ),
+    # Eval (`toolfence eval`)
+    Variable(
+        "TOOLFENCE_EVAL_FIXTURES", TEXT, None,
+        "the eval fixtures file whose declared tools executor.eval.declared:registry builds",
+    ),
     # Logs
     Variable(
         "TOOLFENCE_LOG_FORMAT", CHOICE, "text",

@@ -44,7 +44,7 @@ from tests.netkit import REFUSED_PASSWORD, Directory, refused_database_url
 
 COMMANDS = [
     "migrate", "demo", "worker", "relay", "reconcile", "check", "metrics", "enqueue", "results",
-    "show", "approvals", "approve", "deny", "pending", "resolve", "turn", "serve", "keys", "config",
+    "show", "approvals", "approve", "deny", "pending", "resolve", "turn", "eval", "serve", "keys", "config",
     "completion",
 ]
 WHO = ["--tenant", "acme", "--principal", "alice"]

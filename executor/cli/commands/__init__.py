@@ -19,6 +19,7 @@ from executor.cli.commands import (
     demo,
     deny,
     enqueue,
+    eval,
     keys,
     metrics,
     migrate,
@@ -35,7 +36,7 @@ from executor.cli.commands import (
 
 COMMANDS: tuple[ModuleType, ...] = (
     migrate, demo, worker, relay, reconcile, check, metrics, enqueue, serve, keys, results, show,
-    approvals, approve, deny, turn, pending, resolve, config, completion,
+    approvals, approve, deny, turn, eval, pending, resolve, config, completion,
 )
 
 
