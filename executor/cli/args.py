@@ -8,7 +8,7 @@ holds what the implementations share); `tests/unit/test_cli_conventions.py`
 checks that `--help` loads none of them.
 
 The conventions every command follows (docs/fleet.md §Command-line conventions,
-decision 0221):
+decision 0217):
 
 - who acts: `--principal`, `--tenant` and `--role` (repeat it, or comma-separate);
 - an identifier given as an option ends in `-id` (`--request-id`,

@@ -241,7 +241,7 @@ def build_api(service: Service, authenticator: Authenticator, limiter: RateLimit
         docs_url=None, redoc_url=None, openapi_url="/openapi.json",
         # Each operation's id is its function's name (submit_request, approve, ...), and
         # each has a tag: a generated client's `api.approvals.approve`, not
-        # `approve_v1_approvals_approval_id_approve_post` (decision 0223).
+        # `approve_v1_approvals_approval_id_approve_post` (decision 0219).
         generate_unique_id_function=lambda route: route.name,
         openapi_tags=OPENAPI_TAGS,
         # FastAPI's own SERVER and operation spans, into toolfence's tracer when tracing

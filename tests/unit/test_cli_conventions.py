@@ -1,4 +1,4 @@
-"""The CLI's conventions (decision 0221, docs/fleet.md): what `--help`, `--version` and
+"""The CLI's conventions (decision 0217, docs/fleet.md): what `--help`, `--version` and
 completion load, help text on every option, one spelling per concept with the old
 ones kept as hidden aliases, a scripted driver refused at start when it cannot be
 read, why a turn fell back, `turn show --wait`, the exporter refusing to serve
