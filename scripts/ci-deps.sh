@@ -16,6 +16,7 @@
 #   chromium                             chromium           tests/http (the console, via Playwright)
 #   bwrap                                bubblewrap         tests/sandbox, tests/fleet (sandbox.run_python), bench
 #   /usr/bin/python3                     python3            the sandbox's interpreter (TOOLFENCE_SANDBOX_PYTHON)
+#   curl, jq                             curl, jq           tests/http/test_walkthrough.py (docs/http.md's curl walkthrough)
 #
 # Idempotent and silent when everything is there. Not root and something is
 # missing: one line on stderr naming the packages to install, exit 1. Commands
@@ -66,6 +67,8 @@ check() {
     need chromium chromium "$(has chromium)"
     need bubblewrap bwrap "$(has bwrap)"
     need python3 /usr/bin/python3 "$(has_file /usr/bin/python3)"
+    need curl curl "$(has curl)"
+    need jq jq "$(has jq)"
 }
 
 check

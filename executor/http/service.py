@@ -44,6 +44,8 @@ from executor.http.models import (
     TurnOut,
     TurnStarted,
     TurnStepOut,
+    call_statuses,
+    moment,
 )
 from executor.http.problems import ProblemDetail, ProblemError
 from executor.providers.hosted import NO_HOSTED_TOOLS, HostedPolicy
@@ -312,7 +314,8 @@ class Service:
                 approval_id=r.approval_id, kind="operation", operation_id=r.operation_id,
                 request_id=r.request_id, call_id=r.call_id, tool=r.tool_name, requester=r.requester,
                 impact=r.impact, resources=self._resources(r), intent_hash=r.intent_hash,
-                requested_at=r.requested_at, expires_at=r.expires_at, age_seconds=r.age_seconds,
+                requested_at=moment(r.requested_at), expires_at=moment(r.expires_at),
+                age_seconds=r.age_seconds,
             )
             for r in rows
         ]
@@ -321,8 +324,8 @@ class Service:
                 approval_id=h.approval_id, kind="hosted", operation_id=None, request_id=h.request_id,
                 call_id=None, tool=store.HOSTED_APPROVAL_TOOL,
                 requester=str(h.requester.get("principal", "")), impact=h.impact, resources=None,
-                intent_hash=h.intent_hash, requested_at=h.requested_at, expires_at=h.expires_at,
-                age_seconds=max(0.0, now - h.requested_at),
+                intent_hash=h.intent_hash, requested_at=moment(h.requested_at),
+                expires_at=moment(h.expires_at), age_seconds=max(0.0, now - h.requested_at),
             )
             for h in hosted
         ]
@@ -425,7 +428,7 @@ class Service:
         return [
             PendingOut(
                 operation_id=r.operation_id, request_id=r.request_id, call_id=r.call_id,
-                tool=r.tool_name, generation=r.generation, since=r.updated_at,
+                tool=r.tool_name, generation=r.generation, since=moment(r.updated_at),
                 reason=operator.operation_reason(r), cause=operator.operation_cause(r),
                 receipts=[_receipt(x) for x in receipts[r.operation_id]],
             )
@@ -516,7 +519,8 @@ def _receipt(row: Any) -> ReceiptOut:
 
 def _answer(request_id: str, statuses: Sequence[CallStatus]) -> RequestAnswer:
     return RequestAnswer(
-        request_id=request_id, calls=list(statuses), settled=all(settled(s) for s in statuses)
+        request_id=request_id, calls=call_statuses(statuses),  # type: ignore[arg-type]
+        settled=all(settled(s) for s in statuses),
     )
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from executor.core.admission import DEFAULT_MAX_ARGUMENT_BYTES, DEFAULT_MAX_ARGUMENT_DEPTH
+from executor.core.argument_limits import DEFAULT_MAX_ARGUMENT_BYTES, DEFAULT_MAX_ARGUMENT_DEPTH
 from executor.core.budgets import BudgetLimits, Budgets, Scope
 from executor.errors import ConfigurationError
 
@@ -231,6 +231,11 @@ DECLARED: tuple[Variable, ...] = (
     Variable(
         "TOOLFENCE_TURN_CLI_ENV_ALLOW", NAMES, (),
         "environment variables a cli: agent may see besides PATH, HOME, …",
+    ),
+    # Eval (`toolfence eval`)
+    Variable(
+        "TOOLFENCE_EVAL_FIXTURES", TEXT, None,
+        "the eval fixtures file whose declared tools executor.eval.declared:registry builds",
     ),
     # Logs
     Variable(

@@ -78,6 +78,12 @@ LAYERS: dict[str, set[str]] = {
         "executor.core", "executor.errors", "executor.settings", "executor.store", "executor.telemetry",
         "executor.providers", "executor.turns", "executor.http", "outbox",
     },
+    # `toolfence eval`: turns started and read back through the turn service, tools
+    # declared through the MCP schema path; its fleet is the CLI's (`executor.cli.fleet`).
+    "executor.eval": {
+        "executor.core", "executor.errors", "executor.settings", "executor.store", "executor.turns",
+        "executor.mcp", "executor.eval",
+    },
     "executor.cli": {"executor", "outbox", "reconciler", "ledger"},  # the top: anything
 }
 

@@ -16,7 +16,7 @@ import os
 import stat
 import sys
 
-from executor.cli.common import UserError, print_json, usage_error
+from executor.cli.args import UserError, usage_error
 
 HELP = "Run a Python program in the sandbox of sandbox.run_python, or check this machine's isolation."
 
@@ -95,6 +95,8 @@ def run_run(args: argparse.Namespace) -> int:
     except ToolFailure as exc:
         raise usage_error(exc.message) from None
     if args.json:
+        from executor.cli.common import print_json
+
         print_json(result.model_dump(mode="json"))
     else:
         _print_result(result)
@@ -127,6 +129,8 @@ def run_check(args: argparse.Namespace) -> int:
 
     features = check_features()
     if args.json:
+        from executor.cli.common import print_json
+
         print_json(features.to_json())
     else:
         for feature in features.features:
