@@ -68,7 +68,7 @@ def _version(bwrap: str) -> str:
 
 def cgroup_v2() -> Feature:
     """Reported, not used: this version's limits are rlimits, the PID namespace and the
-    host's timeout (decision 0215). Said plainly, with what the machine offers."""
+    host's timeout (decision 0221). Said plainly, with what the machine offers."""
     root = Path("/sys/fs/cgroup")
     unified = root / "cgroup.controllers"
     hybrid = root / "unified" / "cgroup.controllers"
