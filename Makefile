@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SERVICES ?= postgres redis rabbitmq
 
-.PHONY: demo test deps services lint chaos chaos-long bench fuzz clean
+.PHONY: demo test deps services lint chaos chaos-long bench fuzz dashboard-snapshot clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,7 @@ chaos-long: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[test,bench]'
 	$(BIN)/python -m bench.run
+	$(BIN)/python -m bench.cli_startup
 
 # Coverage-guided fuzzing (atheris) of every entry point for FUZZ_SECONDS each, one
 # after another (17 targets: about 17 x FUZZ_SECONDS in all), the hosted path and
@@ -53,6 +54,12 @@ FUZZ_SECONDS ?= 80
 fuzz: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[test,fuzz]'
 	$(BIN)/python -m bench.fuzz.run --seconds-per-target $(FUZZ_SECONDS) --report bench/FUZZ.md
+
+# docs/dashboard.png: the Grafana dashboard's queries, answered by a real Prometheus
+# that scraped `toolfence demo` (scripts/dashboard_snapshot.py; about a minute).
+dashboard-snapshot: deps $(STAMP)
+	$(BIN)/pip install --quiet 'matplotlib>=3.8'
+	$(BIN)/python scripts/dashboard_snapshot.py --out docs/dashboard.png
 
 lint: $(STAMP)
 	$(BIN)/ruff check executor outbox reconciler ledger tests bench

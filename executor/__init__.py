@@ -138,6 +138,11 @@ if TYPE_CHECKING:
     from executor.providers.openai_responses import (
         export_mcp_tools,
     )
+    from executor.sandbox import (
+        SandboxResult,
+        SandboxUnavailable,
+        run_python_tool,
+    )
     from executor.settings import (
         Settings,
         SettingsError,
@@ -280,6 +285,9 @@ _EXPORTS: dict[str, str] = {
     "get_turn": "executor.turns.service",
     "start_turn": "executor.turns.service",
     "Target": "executor.core.surfaces",
+    "SandboxResult": "executor.sandbox",
+    "SandboxUnavailable": "executor.sandbox",
+    "run_python_tool": "executor.sandbox",
     "TurnSurface": "executor.core.surfaces",
     "Writes": "executor.core.surfaces",
     "open_items": "executor.turns.targets",
@@ -387,6 +395,9 @@ __all__ = [
     "TurnSurface",
     "Writes",
     "open_items",
+    "SandboxResult",
+    "SandboxUnavailable",
+    "run_python_tool",
 ]
 
 

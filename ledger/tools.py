@@ -1,5 +1,6 @@
 """Tool declarations for the reference ledger: one write per effect contract, a read,
-and a batch write held to the set of accounts it was approved for (`send_notices`).
+a batch write held to the set of accounts it was approved for (`send_notices`), and
+the built-in sandboxed code tool (`sandbox.run_python`), opted in.
 
 This module is what a tool author writes. `registry` is what `toolfence worker`
 loads by default (`TOOLFENCE_TOOLS=ledger.tools:registry`).
@@ -36,6 +37,7 @@ from executor import (
     Writes,
     Written,
     open_items,
+    run_python_tool,
 )
 from executor.core.admission import REFUSED_BY_DATABASE
 from executor.store.errors import refused_for_bad_data
@@ -411,7 +413,12 @@ send_notices: Tool[NoticesArgs] = Tool(
     resources=_resources_notices,
 )
 
-registry = Registry([get_balance, credit, transfer, create_invoice, send_notice, send_notices])
+# Code execution, opted in: a member may run a short program in the sandbox
+# (executor/sandbox; docs/tools.md §Code execution). It changes nothing outside its
+# run, so it needs no approval here; a deployment that wants one says so.
+run_python: Tool[Any] = run_python_tool(access=Access.for_roles(*MEMBERS))
+
+registry = Registry([get_balance, credit, transfer, create_invoice, send_notice, send_notices, run_python])
 
 # The chat surface: its turns may read balances and propose credits and transfers
 # (not notices, not invoices); every write they propose becomes a card an approver

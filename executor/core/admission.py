@@ -22,6 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from executor.core.argument_limits import DEFAULT_MAX_ARGUMENT_BYTES, DEFAULT_MAX_ARGUMENT_DEPTH
 from executor.core.canonical import NotCanonicalizable, canonical_json, intent_hash
 from executor.core.sanitize import ERROR_MESSAGE_MAX_CHARS, sanitize_error_text
 from executor.core.schema_errors import schema_details
@@ -40,9 +41,6 @@ from executor.core.surfaces import surface_forces_approval, surface_offers, unli
 from executor.core.tools import Registry, Tool, ToolFailure
 from executor.core.types import ErrorCode, ErrorDetail, FailedTerminal, ProposedCall, ServerContext
 from executor.errors import AdmissionError
-
-DEFAULT_MAX_ARGUMENT_BYTES = 64 * 1024
-DEFAULT_MAX_ARGUMENT_DEPTH = 32
 
 
 class Gate(StrEnum):

@@ -256,6 +256,10 @@ class RunContext:
     approved_resources: frozenset[str] | None = None
     still_owner: Callable[[], bool] = field(default=lambda: True)
     on_receipt: Callable[[str, bool], None] = field(default=lambda receipt, accepted: None)
+    # The W3C trace context of this call's `execute_tool` span, for a tool to pass
+    # downstream (an HTTP `traceparent` header); None when tracing is off.
+    traceparent: str | None = None
+    tracestate: str | None = None
 
     def ensure_owner(self) -> None:
         """Call before each downstream write: raises when the lease was lost."""

@@ -51,6 +51,11 @@ class ErrorCode(StrEnum):
     TURN_IN_PROGRESS = "turn_in_progress"
     # A listed argument names an item the server did not list (executor/core/surfaces.py)
     TARGET_NOT_OFFERED = "target_not_offered"
+    # `sandbox.run_python` (executor/sandbox): a limit the program passed, or no sandbox
+    SANDBOX_TIMEOUT = "sandbox_timeout"
+    SANDBOX_MEMORY_LIMIT = "sandbox_memory_limit"
+    SANDBOX_OUTPUT_LIMIT = "sandbox_output_limit"
+    SANDBOX_UNAVAILABLE = "sandbox_unavailable"
     # `toolfence serve`: the codes of its problem+json answers (no call result has them)
     UNAUTHENTICATED = "unauthenticated"
     NOT_FOUND = "not_found"

@@ -31,11 +31,14 @@ IMPACT_UNAVAILABLE = "impact_unavailable"
 RELATED_SHOWN = 10
 
 
-def iso(seconds: float | None) -> str | None:
-    """Epoch seconds as ISO 8601 UTC to the second (`2026-12-05T07:53:01Z`)."""
-    if seconds is None:
+def iso(moment: float | datetime | None) -> str | None:
+    """Epoch seconds, or an aware datetime (the API models' times), as ISO 8601 UTC to
+    the second (`2026-12-05T07:53:01Z`)."""
+    if moment is None:
         return None
-    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    if isinstance(moment, datetime):
+        return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(moment, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def card_impact(registry: Registry, approval: PendingApproval) -> tuple[dict[str, Any], str | None]:

@@ -48,6 +48,8 @@ from executor.http.models import (
     TurnOut,
     TurnStarted,
     TurnStepOut,
+    call_statuses,
+    moment,
 )
 from executor.http.problems import ProblemDetail, ProblemError
 from executor.providers.hosted import NO_HOSTED_TOOLS, HostedPolicy
@@ -323,10 +325,10 @@ class Service:
             found.append(ApprovalOut(
                 approval_id=r.approval_id, kind="operation", operation_id=r.operation_id,
                 request_id=r.request_id, call_id=r.call_id, tool=r.tool_name, requester=r.requester,
-                impact=impact, impact_digest=digest, impact_as_of=cards.iso(now) or "",
+                impact=impact, impact_digest=digest, impact_as_of=moment(now),
                 impact_current=digest is not None, amounts=cards.amounts_of(self.registry, r.tool_name),
                 related=shown, related_count=sharing, resources=resources[r.operation_id],
-                intent_hash=r.intent_hash, requested_at=r.requested_at, expires_at=r.expires_at,
+                intent_hash=r.intent_hash, requested_at=moment(r.requested_at), expires_at=moment(r.expires_at),
                 age_seconds=r.age_seconds,
             ))
         found += [
@@ -336,9 +338,9 @@ class Service:
                 requester=str(h.requester.get("principal", "")), impact=h.impact,
                 # A hosted call's impact is the redacted summary of the provider's
                 # arguments: fixed when it was asked, so its digest is the stored one's.
-                impact_digest=digest_of(h.impact), impact_as_of=cards.iso(now) or "",
+                impact_digest=digest_of(h.impact), impact_as_of=moment(now),
                 impact_current=True, amounts={}, related=[], related_count=0, resources=None,
-                intent_hash=h.intent_hash, requested_at=h.requested_at, expires_at=h.expires_at,
+                intent_hash=h.intent_hash, requested_at=moment(h.requested_at), expires_at=moment(h.expires_at),
                 age_seconds=max(0.0, now - h.requested_at),
             )
             for h in hosted
@@ -465,7 +467,7 @@ class Service:
         return [
             PendingOut(
                 operation_id=r.operation_id, request_id=r.request_id, call_id=r.call_id,
-                tool=r.tool_name, generation=r.generation, since=r.updated_at,
+                tool=r.tool_name, generation=r.generation, since=moment(r.updated_at),
                 reason=operator.operation_reason(r), cause=operator.operation_cause(r),
                 receipts=[_receipt(x) for x in receipts[r.operation_id]],
                 age_seconds=max(0.0, now - r.updated_at), arguments=json.loads(r.arguments),
@@ -596,7 +598,8 @@ def _receipt(row: Any) -> ReceiptOut:
 
 def _answer(request_id: str, statuses: Sequence[CallStatus]) -> RequestAnswer:
     return RequestAnswer(
-        request_id=request_id, calls=list(statuses), settled=all(settled(s) for s in statuses)
+        request_id=request_id, calls=call_statuses(statuses),  # type: ignore[arg-type]
+        settled=all(settled(s) for s in statuses),
     )
 
 

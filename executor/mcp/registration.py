@@ -364,6 +364,9 @@ class _Binding:
                 META_OPERATION_ID: ctx.operation_id,
                 META_IDEMPOTENCY_KEY: ctx.idempotency_key,
                 META_FENCING_TOKEN: ctx.fencing_token,
+                # The W3C trace context, under the keys MCP's `_meta` uses for it.
+                **({"traceparent": ctx.traceparent} if ctx.traceparent else {}),
+                **({"tracestate": ctx.tracestate} if ctx.tracestate else {}),
             },
             correlation_token=correlation_token,
             expected_input_fingerprint=self.input_fingerprint,

@@ -44,7 +44,8 @@ from tests.netkit import REFUSED_PASSWORD, Directory, refused_database_url
 
 COMMANDS = [
     "migrate", "demo", "worker", "relay", "reconcile", "check", "metrics", "enqueue", "results",
-    "show", "approvals", "approve", "deny", "pending", "resolve", "turn", "serve", "keys", "config",
+    "show", "approvals", "approve", "deny", "pending", "resolve", "turn", "eval", "serve", "keys", "sandbox",
+    "config", "completion",
 ]
 WHO = ["--tenant", "acme", "--principal", "alice"]
 
@@ -268,10 +269,10 @@ MISTAKES = {
         ["deny", "apr_nope", *BOB], ["no approval 'apr_nope'"]
     ),
     "resolve-unknown-operation": Mistake(
-        ["resolve", "op_nope", "failed", "--actor", "ops"], ["no operation 'op_nope'"]
+        ["resolve", "op_nope", "failed", "--tenant", "acme", "--principal", "ops"], ["no operation 'op_nope'"]
     ),
     "resolve-succeeded-without-reference": Mistake(
-        ["resolve", "op_nope", "succeeded", "--actor", "ops"], ["needs --reference"]
+        ["resolve", "op_nope", "succeeded", "--tenant", "acme", "--principal", "ops"], ["needs --reference"]
     ),
     "bad-json-file": Mistake(
         ["enqueue", "calls.json", *WHO], ["calls.json is not JSON", "line 1"], files={"calls.json": b"[{"},
@@ -380,7 +381,7 @@ def test_user_mistake__resolve_operation_not_reconciliation_pending__one_line(
     handle = enqueue_neutral(cli, home, "req-q", [neutral("c1", BALANCE, {"account_id": "acc-1"})])
     operation_id = handle["calls"][0]["operation_id"]
 
-    run = cli("resolve", operation_id, "failed", "--actor", "ops")
+    run = cli("resolve", operation_id, "failed", "--tenant", "acme", "--principal", "ops")
 
     assert_one_line_error(run, operation_id, "is not reconciliation_pending")
     assert cli("show", operation_id, "--tenant", "acme").json()["state"] == "queued"
@@ -403,7 +404,7 @@ def test_user_mistake__argparse_usage_error__exit_2_without_traceback(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     with pytest.raises(SystemExit) as exited:
-        main(["resolve", "op_x", "maybe", "--actor", "ops"])
+        main(["resolve", "op_x", "maybe", "--tenant", "acme", "--principal", "ops"])
     err = capsys.readouterr().err
     assert exited.value.code == 2
     assert "invalid choice: 'maybe'" in err
@@ -775,7 +776,10 @@ def test_pending_and_resolve__unknown_outcome_of_unsafe_write__listed_then_resol
 
     swept = cli("reconcile")
     listed = cli("pending").json()
-    resolved = cli("resolve", operation_id, "succeeded", "--actor", "ops", "--reference", "ntc_manual")
+    resolved = cli(
+        "resolve", operation_id, "succeeded", "--tenant", "acme", "--principal", "ops",
+        "--reference", "ntc_manual",
+    )
 
     assert swept.code == 0, swept.err
     assert [(p["operation_id"], p["tool"], p["call_id"]) for p in listed] == [(operation_id, NOTICE, "n1")]
@@ -785,7 +789,8 @@ def test_pending_and_resolve__unknown_outcome_of_unsafe_write__listed_then_resol
     assert shown["audit"][-1]["actor"] == "ops"
     assert cli("pending").json() == []
     assert_one_line_error(
-        cli("resolve", operation_id, "failed", "--actor", "ops"), "is not reconciliation_pending"
+        cli("resolve", operation_id, "failed", "--tenant", "acme", "--principal", "ops"),
+        "is not reconciliation_pending",
     )
 
 
@@ -1230,8 +1235,14 @@ def interrupted(args):
         return 130
 
 class Parser:
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def parse_known_args(self, argv):
+        return self.parse_args(argv), []
+
     def parse_args(self, argv):
-        return argparse.Namespace(func=interrupted, verbose=False)
+        return argparse.Namespace(command="interrupted", func=interrupted, verbose=False)
 
 cli.build_parser = Parser
 sys.exit(cli.main([]))

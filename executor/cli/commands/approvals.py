@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from executor import store
-from executor.cli.common import engine_of, print_json, settings, shown
-
 HELP = "List calls waiting for approval, with their impact."
 
 
@@ -17,6 +14,8 @@ def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
 
 
 def run(args: argparse.Namespace) -> int:
+    from executor import store
+    from executor.cli.common import engine_of, iso, print_json, settings, shown
     from executor.store import operator
 
     engine = engine_of(settings())
@@ -32,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
                 "tool": r.tool_name,
                 "impact": r.impact,
                 "intent_hash": r.intent_hash,
-                "expires_at": r.expires_at,
+                "expires_at": iso(r.expires_at),
             }
             for r in rows
         ]
@@ -47,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
                 "tool": store.HOSTED_APPROVAL_TOOL,
                 "impact": h.impact,
                 "intent_hash": h.intent_hash,
-                "expires_at": h.expires_at,
+                "expires_at": iso(h.expires_at),
             }
             for h in hosted
         ]

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from executor.cli.commands.decision import add_approver_arguments, decide
-from executor.core.approvers import ApprovalDecision
+from executor.cli.commands.decision import add_approver_arguments
 
 HELP = "Approve a pending call (single use, bound to its intent)."
 
@@ -17,6 +16,9 @@ def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
 
 
 def run(args: argparse.Namespace) -> int:
+    from executor.cli.commands.decision import decide
+    from executor.core.approvers import ApprovalDecision
+
     decide(args, ApprovalDecision.APPROVE)
     print(f"approved {args.approval_id}")
     return 0

@@ -235,10 +235,13 @@ def _run(run: DemoRun, requests: Sequence[DemoRequest], served: DemoConsole) -> 
     else:
         console.print(f"[bold red]Invariant violated[/]: see the FAIL rows; logs in {place.run_dir / 'logs'}")
     if place.on_sqlite:
-        console.print(f"Look around: TOOLFENCE_HOME={place.run_dir} toolfence pending")
-        console.print(
-            f"  and the turn: TOOLFENCE_HOME={place.run_dir} toolfence turn show {turn.turn_id} --tenant acme"
+        from executor.cli.demo.hints import look_around
+
+        pending, shown = look_around(
+            place.run_dir, place.database_url, ["pending"], ["turn", "show", turn.turn_id, "--tenant", "acme"]
         )
+        console.print(f"Look around: {pending}", markup=False, highlight=False, soft_wrap=True)
+        console.print(f"  and the turn: {shown}", markup=False, highlight=False, soft_wrap=True)
     served.leave_for_a_person()
     served.hold()
     STOP.check()  # a Ctrl-C while the report was printed still ends as an interrupt
