@@ -328,7 +328,8 @@ class Service:
                 impact=impact, impact_digest=digest, impact_as_of=moment(now),
                 impact_current=digest is not None, amounts=cards.amounts_of(self.registry, r.tool_name),
                 related=shown, related_count=sharing, resources=resources[r.operation_id],
-                intent_hash=r.intent_hash, requested_at=moment(r.requested_at), expires_at=moment(r.expires_at),
+                intent_hash=r.intent_hash, requested_at=moment(r.requested_at),
+                expires_at=moment(r.expires_at),
                 age_seconds=r.age_seconds,
             ))
         found += [
@@ -340,7 +341,8 @@ class Service:
                 # arguments: fixed when it was asked, so its digest is the stored one's.
                 impact_digest=digest_of(h.impact), impact_as_of=moment(now),
                 impact_current=True, amounts={}, related=[], related_count=0, resources=None,
-                intent_hash=h.intent_hash, requested_at=moment(h.requested_at), expires_at=moment(h.expires_at),
+                intent_hash=h.intent_hash, requested_at=moment(h.requested_at),
+                expires_at=moment(h.expires_at),
                 age_seconds=max(0.0, now - h.requested_at),
             )
             for h in hosted
