@@ -1,4 +1,4 @@
-"""What recomputing each card's impact costs `GET /v1/approvals` (decision 0218).
+"""What recomputing each card's impact costs `GET /v1/approvals` (decision 0222).
 
 For each number of pending approvals it creates a scratch PostgreSQL database,
 migrates it, opens the reference ledger in it, and enqueues that many transfers

@@ -7,7 +7,7 @@ was approved). So the console and the API recompute it when a card is shown and 
 when the decision is made (`current_impact`: the tool's own `impact` hook, on the
 requester's context and the call's validated arguments), and carry the digest of the
 impact that was shown (`impact_digest`). An approval whose impact has changed since is
-refused `impact_changed` (decision 0218): the person decides again on the new figures.
+refused `impact_changed` (decision 0222): the person decides again on the new figures.
 
 `Amount` (executor/core/amounts.py) is a tool's display hint for an integer field of
 its impact: a currency and its decimals, so `source_balance_cents 45000` reads

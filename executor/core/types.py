@@ -64,7 +64,7 @@ class ErrorCode(StrEnum):
     REQUEST_TOO_LARGE = "request_too_large"
     RATE_LIMITED = "rate_limited"
     NOT_PENDING = "not_pending"
-    # An approval decided on an impact that has changed since it was shown (decision 0218)
+    # An approval decided on an impact that has changed since it was shown (decision 0222)
     IMPACT_CHANGED = "impact_changed"
     NOT_READY = "not_ready"
     TURNS_NOT_CONFIGURED = "turns_not_configured"

@@ -1,6 +1,6 @@
 """An approval card as it is shown and as it is decided: the impact recomputed on
 current state, its digest, the tool's display hints, and the tenant's other pending
-and in-flight operations on the same resources (decision 0218).
+and in-flight operations on the same resources (decision 0222).
 
 `Service.approvals` builds cards with `card_impact` and `related_operations`;
 `Service.decide` calls `check_decided_impact` inside the deciding transaction, so

@@ -222,7 +222,7 @@ class DecisionBody(_Body):
         description="the `impact_digest` of the impact the approver was shown (GET /v1/approvals). "
         "When given, an approval whose impact has changed since (recomputed on current state) is "
         "refused 409 `impact_changed` and nothing is decided. When absent, the approval is decided "
-        "on the impact as it is now, which the answer's `impact_digest` names (decision 0218).",
+        "on the impact as it is now, which the answer's `impact_digest` names (decision 0222).",
     )
 
 

@@ -407,7 +407,7 @@ class Service:
                     if not found:
                         return store.Decision(store.DecisionOutcome.NOT_PENDING), operation_id, None
                     pending = found[0]
-                    # Recomputed in the deciding transaction (decision 0218).
+                    # Recomputed in the deciding transaction (decision 0222).
                     impact, decided_digest = cards.check_decided_impact(
                         self.registry, pending, shown_digest
                     )

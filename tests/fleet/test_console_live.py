@@ -1,9 +1,9 @@
 """The operator console as a person uses it, in Debian's Chromium (Playwright), against
 a real `toolfence serve` subprocess with a real relay, worker and reconciler.
 
-First the stale-impact case (decision 0218): two transfers from one account wait for
+First the stale-impact case (decision 0222): two transfers from one account wait for
 approval; once one is approved and has run, the other card shows the new balance
-without a reload (the live region, decision 0219), and a page that still shows the
+without a reload (the live region, decision 0223), and a page that still shows the
 old figures (JavaScript off) cannot approve on them: `impact_changed`, a banner.
 Then each page a person needs: the lists and their filters, an operation's record,
 "Needs a person" with its known receipt and the confirmation before running an unsafe

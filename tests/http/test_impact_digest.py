@@ -1,4 +1,4 @@
-"""The impact an approver decides on is the current one (decision 0218): recomputed on
+"""The impact an approver decides on is the current one (decision 0222): recomputed on
 current state when `GET /v1/approvals` answers and again when the approval is decided,
 with a digest the approval carries; a stale digest is refused 409 `impact_changed`.
 

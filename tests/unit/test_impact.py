@@ -1,4 +1,4 @@
-"""The impact an approver decides on (executor/core/impact.py, decision 0218): the
+"""The impact an approver decides on (executor/core/impact.py, decision 0222): the
 tool's hook on current state, its digest, and what happens when it cannot be
 computed."""
 

@@ -18,7 +18,7 @@ Pages that change while a person looks (approvals, needs a person, the lists, an
 operation, a turn) are live: `console.js` asks for the page again every few
 seconds and swaps its live region, unless the person is typing in it. Without
 JavaScript every page is complete and every form works; it is just not refreshed
-(decision 0219).
+(decision 0223).
 
 Modules: `sessions` (cookies, messages), `base` (rendering), `views` (how values
 are shown), `decisions` (approvals, needs a person, an operation), `lists`

@@ -1,4 +1,4 @@
-// toolfence console: keeps a page's live region current (decision 0219).
+// toolfence console: keeps a page's live region current (decision 0223).
 // Every page is complete without this script; with it, the element marked
 // data-live="N" is fetched again every N seconds and swapped in place, unless the
 // person is working in it (focus inside, or a field they changed). A session that
