@@ -388,7 +388,9 @@ class PendingOut(BaseModel):
     cause: str | None
     receipts: list[ReceiptOut]
     age_seconds: float = Field(default=0.0, description="how long it has waited for a person")
-    arguments: ShownJson | None = Field(default=None, description="the call's arguments, redacted")
+    arguments: Annotated[ShownJson, WithJsonSchema({NAMED: "CallArguments"})] | None = Field(
+        default=None, description="the call's arguments, redacted"
+    )
     effects: list[str] = Field(
         default_factory=list,
         description="the tool's declared effects; `unsafe`: running it again may do it twice",
@@ -441,7 +443,9 @@ class OperationOut(BaseModel):
     side_effects: int = Field(description="distinct accepted receipts (I1: at most one)")
     audit: list[AuditEventOut]
     request_calls: list[RequestCallOut]
-    arguments: ShownJson | None = Field(default=None, description="the call's arguments, redacted")
+    arguments: Annotated[ShownJson, WithJsonSchema({NAMED: "CallArguments"})] | None = Field(
+        default=None, description="the call's arguments, redacted"
+    )
     output: ShownValue = Field(default=None, description="what the tool returned, redacted")
     error_message: Shown | None = None
     approval: ApprovalDecisionOut | None = Field(

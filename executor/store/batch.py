@@ -291,12 +291,18 @@ class Writes:
     now: float
     clock: Clock = DATABASE_CLOCK
     _items: list[tuple[str, Any]] = field(default_factory=list)
+    _registered: int = 0
 
     def register(self, new: NewOperation, postgresql: bool) -> tuple[State, str | None]:
         """Register a new operation (its id checked free by `read_for_admission`): its
         state and, when it waits for an approval, its approval id."""
-        state, params = registration_parameters(new, self.now, postgresql)
-        approval = approval_values(new, self.now) if state is State.PENDING_APPROVAL else None
+        # The clock read with the reads, a microsecond more for each operation decided
+        # before it in the batch: created in the order the calls were decided, as when
+        # each registration read the clock itself.
+        now = self.now + self._registered * 1e-6
+        self._registered += 1
+        state, params = registration_parameters(new, now, postgresql)
+        approval = approval_values(new, now) if state is State.PENDING_APPROVAL else None
         self._items.append(("register", _Registration(new, state, params, approval)))
         return state, None if approval is None else approval["approval_id"]
 
