@@ -25,7 +25,7 @@ import pytest
 from google.genai import interactions as genai_interactions
 from google.genai import types as genai_types
 from pydantic import TypeAdapter
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from executor.cli.main import build_parser, main
 from executor.core.tools import load_registry
@@ -584,6 +584,31 @@ def test_approvals__big_transfer__listed_with_impact_then_approved_once_and_anot
     assert (big_result["status"], big_result["state"]) == ("pending", "queued")
     assert other_result["status"] == "failed_terminal"
     assert other_result["error"]["code"] == "approval_denied"
+
+
+def test_approve__impact_changed_since_listed__refused_then_approved_on_the_new_figures(
+    home: Path, ledger: Ledger, cli: Callable[..., Run]
+) -> None:
+    # Given two big transfers from one account, listed with their impacts as of now
+    enqueue_neutral(cli, home, "req-a", [transfer_of(50_000)])
+    enqueue_neutral(cli, home, "req-b", [transfer_of(60_000)])
+    listed = cli("approvals").json()
+    assert [card["impact_current"] for card in listed] == [True, True]
+    first, second = listed
+    # When the account's balance moves before the second card is decided
+    with ledger.engine.begin() as conn:
+        conn.execute(text("UPDATE ledger_accounts SET balance_cents = 40000 WHERE account_id = 'acc-1'"))
+    # Then approving on the digest that was shown is refused, and nothing is decided
+    stale = cli("approve", second["approval_id"], *BOB, "--impact-digest", second["impact_digest"])
+    assert_one_line_error(stale, "impact_changed", second["approval_id"])
+    again = {card["approval_id"]: card for card in cli("approvals").json()}
+    assert set(again) == {first["approval_id"], second["approval_id"]}
+    fresh = again[second["approval_id"]]
+    assert fresh["impact"]["source_balance_cents"] == 40_000
+    assert fresh["impact_digest"] != second["impact_digest"]
+    # And on the new digest it is approved (the execution-time rule still judges the funds)
+    approved = cli("approve", second["approval_id"], *BOB, "--impact-digest", fresh["impact_digest"])
+    assert approved.code == 0, approved
 
 
 def test_approvals_and_pending__tenant_given__only_that_tenants_and_each_row_names_its_tenant(

@@ -13,6 +13,11 @@ def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     parser = subparsers.add_parser("approve", help=HELP, description=HELP)
     parser.set_defaults(func=run)
     add_approver_arguments(parser)
+    parser.add_argument(
+        "--impact-digest", default=None, metavar="DIGEST",
+        help="the impact_digest `toolfence approvals` showed: refused impact_changed (nothing "
+        "decided) when the impact recomputed now differs; without it, approved on the impact as it is now",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,12 +6,12 @@ when it runs (executor/cli/args.py)."""
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from executor.cli.args import UserError, add_actor, roles_of
 
 if TYPE_CHECKING:
-    from sqlalchemy import Engine
+    from sqlalchemy import Connection, Engine
 
     from executor import store
     from executor.core.approvers import ApprovalDecision
@@ -117,10 +117,44 @@ def _decide_operation(
         if store.get_approval(conn, args.approval_id) is None:
             raise UserError(f"no approval {args.approval_id!r}")
         if verb is ApprovalDecision.APPROVE:
-            return store.approve(conn, args.approval_id, approver=who, registry=registry)
+            impact = _decided_impact(conn, args, registry, who)
+            decision = store.approve(conn, args.approval_id, approver=who, registry=registry)
+            if impact is not None and decision.outcome is store.DecisionOutcome.DECIDED:
+                from executor.http.cards import record_decided_impact
+
+                record_decided_impact(conn, args.approval_id, impact)
+            return decision
         return store.deny(
             conn, args.approval_id, approver=who, registry=registry, reason=args.reason
         )
+
+
+def _decided_impact(
+    conn: Connection, args: argparse.Namespace, registry: Registry, who: ServerContext
+) -> dict[str, Any] | None:
+    """The impact this approval is decided on, recomputed now in the deciding transaction,
+    as the console and the API decide (decision 0222): refused `impact_changed` when
+    `--impact-digest` names another, or when it cannot be computed (a deny still can).
+    None when the approval is not pending for this tenant (the store answers that)."""
+    from executor.http.cards import card_impact
+    from executor.store import operator
+
+    found = operator.pending_approvals(conn, who.tenant, args.approval_id)
+    if not found:
+        return None
+    impact, digest = card_impact(registry, found[0])
+    if digest is None:
+        raise UserError(
+            f"impact_changed: the impact of {args.approval_id} cannot be computed now, so it "
+            "cannot be approved; it stays pending"
+        )
+    shown_digest = getattr(args, "impact_digest", None)
+    if shown_digest is not None and shown_digest != digest:
+        raise UserError(
+            f"impact_changed: the impact of {args.approval_id} has changed since it was shown "
+            f"(now {digest}); read it again with `toolfence approvals` and decide on the new figures"
+        )
+    return impact
 
 
 def _decide_hosted(
