@@ -18,7 +18,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-# `make demo DEMO_FLAGS=--serve` also runs the operator console (its URL is printed).
+# `make demo DEMO_FLAGS=--serve` also runs the operator console (its URL and a key are printed)
+# and leaves two approvals and an operation of unknown outcome in it for you to decide.
 DEMO_FLAGS ?=
 
 demo: $(STAMP)
@@ -50,6 +51,7 @@ chaos-partitions: deps $(STAMP)
 bench: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[test,bench]'
 	$(BIN)/python -m bench.run
+	$(BIN)/python -m bench.cli_startup
 
 # Coverage-guided fuzzing (atheris) of every entry point for FUZZ_SECONDS each, one
 # after another (17 targets: about 17 x FUZZ_SECONDS in all), the hosted path and

@@ -7,7 +7,7 @@ Every name below is stable across the package layout (`executor/core`, `store`,
 loaded on first use (PEP 562), so `import executor.core.states` in a pure
 module does not pull in SQLAlchemy, Celery or an SDK through this file.
 
-- Declaring tools: `Tool`, `Mode`, `Effect`, `Access`, `Approval`,
+- Declaring tools: `Tool`, `Mode`, `Effect`, `Access`, `Approval`, `Amount`,
   `ApproverPolicy` (with `ApprovalSubject`, `ApproverRefusal`), `RetryPolicy`,
   `ToolBudget`, `Written`, `Observed`, `LookupAnswer`, `LookupResult`,
   `RunContext`, `Registry` (and its role resolver's `RoleResolutionFailed`),
@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from executor.core.admission import AdmissionUnavailable
+    from executor.core.amounts import Amount
     from executor.core.approvers import (
         ApprovalSubject,
         ApproverPolicy,
@@ -137,6 +138,11 @@ if TYPE_CHECKING:
     from executor.providers.openai_responses import (
         export_mcp_tools,
     )
+    from executor.sandbox import (
+        SandboxResult,
+        SandboxUnavailable,
+        run_python_tool,
+    )
     from executor.settings import (
         Settings,
         SettingsError,
@@ -188,6 +194,7 @@ _EXPORTS: dict[str, str] = {
     "Budgets": "executor.core.budgets",
     "ToolBudget": "executor.core.budgets",
     "Access": "executor.core.tools",
+    "Amount": "executor.core.amounts",
     "Approval": "executor.core.tools",
     "BusinessRuleViolation": "executor.core.tools",
     "Effect": "executor.core.tools",
@@ -278,6 +285,9 @@ _EXPORTS: dict[str, str] = {
     "get_turn": "executor.turns.service",
     "start_turn": "executor.turns.service",
     "Target": "executor.core.surfaces",
+    "SandboxResult": "executor.sandbox",
+    "SandboxUnavailable": "executor.sandbox",
+    "run_python_tool": "executor.sandbox",
     "TurnSurface": "executor.core.surfaces",
     "Writes": "executor.core.surfaces",
     "open_items": "executor.turns.targets",
@@ -285,6 +295,7 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = [
     "Access",
+    "Amount",
     "AdmissionError",
     "AdmissionUnavailable",
     "AdapterError",
@@ -384,6 +395,9 @@ __all__ = [
     "TurnSurface",
     "Writes",
     "open_items",
+    "SandboxResult",
+    "SandboxUnavailable",
+    "run_python_tool",
 ]
 
 

@@ -648,6 +648,43 @@ class Ledger:
             return NoticeBatch(receipt, applied=True, account_ids=frozenset(wanted))
 
 
+    def invoice_accounts(self, invoice_ids: Sequence[str]) -> dict[str, str]:
+        """The account of each invoice that exists (one query for a batch)."""
+        with self.reader.connect() as conn:
+            rows = conn.execute(
+                select(invoices.c.invoice_id, invoices.c.account_id).where(
+                    invoices.c.invoice_id.in_(list(invoice_ids))
+                )
+            ).all()
+        return {invoice_id: account_id for invoice_id, account_id in rows}
+
+    def delete_invoices(
+        self, *, key: str, operation_id: str, generation: int, invoice_ids: Sequence[str]
+    ) -> Applied:
+        """Delete a batch of invoices, deduplicated on the key (effect `idempotent`): one
+        `delete_invoice` effect per invoice deleted, in the deletion's transaction."""
+        self._pause()
+        with self.engine.begin() as conn:
+            receipt = _new_id("del")
+            if not insert_ignore(
+                conn, dedupe, {"kind": "delete_invoices", "idempotency_key": key, "receipt": receipt},
+                ["kind", "idempotency_key"],
+            ):
+                existing = self._existing(conn, "delete_invoices", key)
+                assert existing is not None
+                return Applied(existing, applied=False)
+            deleted = conn.execute(
+                invoices.delete().where(invoices.c.invoice_id.in_(list(invoice_ids)))
+                .returning(invoices.c.account_id)
+            ).all()
+            for (account_id,) in deleted:
+                self._record_effect(
+                    conn, receipt=receipt, operation_id=operation_id, key=key, generation=generation,
+                    kind="delete_invoice", account_id=account_id, amount_cents=None,
+                )
+            return Applied(receipt, applied=True)
+
+
 _default: Ledger | None = None
 
 

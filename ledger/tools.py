@@ -1,5 +1,6 @@
 """Tool declarations for the reference ledger: one write per effect contract, a read,
-and a batch write held to the set of accounts it was approved for (`send_notices`).
+a batch write held to the set of accounts it was approved for (`send_notices`), and
+the built-in sandboxed code tool (`sandbox.run_python`), opted in.
 
 This module is what a tool author writes. `registry` is what `toolfence worker`
 loads by default (`TOOLFENCE_TOOLS=ledger.tools:registry`).
@@ -16,6 +17,7 @@ from sqlalchemy.exc import DBAPIError
 
 from executor import (
     Access,
+    Amount,
     Approval,
     ApproverPolicy,
     BusinessRuleViolation,
@@ -35,6 +37,7 @@ from executor import (
     Writes,
     Written,
     open_items,
+    run_python_tool,
 )
 from executor.core.admission import REFUSED_BY_DATABASE
 from executor.store.errors import refused_for_bad_data
@@ -45,6 +48,7 @@ APPROVAL_THRESHOLD_CENTS = 50_000
 NOTICE_BATCH_APPROVAL_THRESHOLD = 10
 MAX_NOTICE_BATCH = 200
 ACCOUNT = "account:"
+CURRENCY = "USD"
 
 
 class _Args(BaseModel):
@@ -135,12 +139,23 @@ def _sufficient_funds(args: TransferArgs, ctx: ServerContext) -> None:
 
 
 def _transfer_impact(args: TransferArgs, ctx: ServerContext) -> dict[str, Any]:
+    """Read on current state: the console recomputes it when a card is shown and when
+    the decision is made (executor/core/impact.py)."""
+    balance = default_ledger().balance(args.source_account)
     return {
         "summary": f"move {args.amount_cents / 100:.2f} from {args.source_account} "
         f"to {args.target_account}",
-        "source_balance_cents": default_ledger().balance(args.source_account),
+        "source_balance_cents": balance,
         "amount_cents": args.amount_cents,
+        "source_balance_after_cents": balance - args.amount_cents,
     }
+
+
+# How the console shows the impact's integers: cents of the ledger's currency.
+TRANSFER_AMOUNTS = {
+    name: Amount(CURRENCY, 2)
+    for name in ("source_balance_cents", "amount_cents", "source_balance_after_cents")
+}
 
 
 def _resources_account(args: Any, ctx: ServerContext) -> list[str]:
@@ -348,6 +363,7 @@ transfer: Tool[TransferArgs] = Tool(
     effect=[Effect.FENCED],
     check=_sufficient_funds,
     impact=_transfer_impact,
+    amounts=TRANSFER_AMOUNTS,
     resource_ids=_resources_transfer,
 )
 
@@ -397,7 +413,12 @@ send_notices: Tool[NoticesArgs] = Tool(
     resources=_resources_notices,
 )
 
-registry = Registry([get_balance, credit, transfer, create_invoice, send_notice, send_notices])
+# Code execution, opted in: a member may run a short program in the sandbox
+# (executor/sandbox; docs/tools.md §Code execution). It changes nothing outside its
+# run, so it needs no approval here; a deployment that wants one says so.
+run_python: Tool[Any] = run_python_tool(access=Access.for_roles(*MEMBERS))
+
+registry = Registry([get_balance, credit, transfer, create_invoice, send_notice, send_notices, run_python])
 
 # The chat surface: its turns may read balances and propose credits and transfers
 # (not notices, not invoices); every write they propose becomes a card an approver

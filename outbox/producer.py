@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
 from executor import store
@@ -43,7 +43,7 @@ from executor.core.identifiers import (
     storable_key,
 )
 from executor.core.sanitize import sanitize_error_text, sanitize_json
-from executor.core.states import ApprovalState, State
+from executor.core.states import TERMINAL, ApprovalState, State
 from executor.core.tools import Mode, Registry
 from executor.core.types import (
     CallStatus,
@@ -68,7 +68,7 @@ from executor.providers.hosted import (
 )
 from executor.settings import current as current_settings
 from executor.store.errors import CONNECTION_ERRORS, bad_data_refusal, store_errors
-from executor.telemetry import metrics
+from executor.telemetry import metrics, tracing
 from outbox.results import call_statuses, operation_status, parse_status, repeated_failure
 from outbox.results import connection_of as _connection
 
@@ -197,7 +197,7 @@ def enqueue(
     """
     _check_batch(calls)
     check_server_context(context)
-    with store_errors():
+    with store_errors(), tracing.enqueue_span(context.tenant, context.request_id, len(calls)):
         return _enqueue(
             session, calls, context, registry,
             operation_ids=operation_ids, limits=limits, budgets=budgets, hosted=hosted,
@@ -220,16 +220,29 @@ def _enqueue(
     limits = limits or current_settings().limits
     # The TOOLFENCE_BUDGET_* settings (read once per process) unless the caller passes its own.
     budgets = (budgets or current_settings().budgets).for_tenant(context.tenant)
-    store.lock_scopes(conn, context.tenant, context.request_id, context.conversation_id)
-    existing = store.calls_of_request(conn, context.tenant, context.request_id)
+    # Pure, before the database is asked anything: what the reads need to know (the
+    # intent of each write that may repeat an earlier one, each call's operation id).
+    fingerprints = [proposal_fingerprint(call, registry, context, limits) for call in calls]
+    chosen_ids = operation_ids or {}
+    candidate_ids = {
+        chosen_ids.get(call.call_id) or default_operation_id(context.tenant, context.request_id, call.call_id)
+        for call in calls if _invalid_identifier(call, chosen_ids.get(call.call_id)) is None
+    }
+    reads = store.read_for_admission(
+        conn, context.tenant, context.request_id, context.conversation_id,
+        hashes={fp for call, fp in zip(calls, fingerprints, strict=True) if _may_repeat(registry, call)},
+        operation_ids=candidate_ids,
+    )
+    write_tools = [t.name for t in registry if t.mode is Mode.WRITE]
+    intake = store.Intake(conn, reads, store.Writes(now=reads.now), write_tools)
+    existing = reads.calls
     next_position = max((row.position for row in existing.values()), default=-1) + 1
     order = _Order()
     handles: list[CallHandle] = []
 
-    for call in calls:
+    for call, fingerprint in zip(calls, fingerprints, strict=True):
         tool = registry.get(call.tool_name)
         is_write = tool is not None and tool.mode is Mode.WRITE
-        fingerprint = proposal_fingerprint(call, registry, context, limits)
         row = existing.get(storable_key(call.call_id))
         if row is not None:
             handle, ok = _again(conn, call, row, fingerprint, registry)
@@ -239,8 +252,8 @@ def _enqueue(
             order.write_blocked = order.write_blocked or (is_write and not ok)
             continue
         position, next_position = next_position, next_position + 1
-        record = _Recorder(conn, context, call, position, fingerprint)
-        chosen_operation_id = (operation_ids or {}).get(call.call_id)
+        record = _Recorder(intake, context, call, position, fingerprint)
+        chosen_operation_id = chosen_ids.get(call.call_id)
 
         invalid = _invalid_identifier(call, chosen_operation_id)
         if invalid is not None:
@@ -250,7 +263,7 @@ def _enqueue(
             order.write_blocked = order.write_blocked or is_write
             continue
 
-        over = _over_budget(conn, call, registry, context, budgets)
+        over = _over_budget(intake, call, registry, context, budgets)
         if over is not None:
             refused = budget_refusal(call.call_id, call.tool_name, over)
             label = _tool_label(call, registry)
@@ -288,18 +301,18 @@ def _enqueue(
             handles.append(CallHandle(call.call_id, call.tool_name, None, result))
             continue
         if is_write and not decision.tool.repeatable:
-            earlier = store.earlier_write(
-                conn, context.tenant, context.request_id, context.conversation_id, decision.intent_hash
-            )
+            earlier = intake.earlier_write(context, decision.intent_hash)
             if earlier is not None:
-                handle, ok = _repeat(conn, call, earlier, record)
+                handle, ok = _repeat(intake, call, earlier, record)
                 handles.append(handle)
                 order.write_blocked = order.write_blocked or not ok
                 continue
         operation_id = chosen_operation_id or default_operation_id(
             context.tenant, context.request_id, call.call_id
         )
-        handle, ok = _register(conn, decision, operation_id, position, context, order.waits(is_write), record)
+        handle, ok = _register(
+            intake, decision, operation_id, position, context, order.waits(is_write), record
+        )
         handles.append(handle)
         if handle.operation_id is not None and isinstance(handle.status, Pending):
             order.admitted(is_write)
@@ -307,12 +320,20 @@ def _enqueue(
             order.write_blocked = True
 
     if hosted is not None:
+        intake.writes.flush(conn)
         handles.extend(_record_hosted(conn, context, hosted, next_position, limits))
 
     if conn.dialect.name == "postgresql":
         # Delivered at commit, and only if the caller commits: wakes the relay early.
-        conn.execute(text(f"NOTIFY {NOTIFY_CHANNEL}"))
+        intake.writes.notify()
+    intake.writes.flush(conn)
     return EnqueueHandle(context.request_id, tuple(handles))
+
+
+def _may_repeat(registry: Registry, call: ProposedCall) -> bool:
+    """Is the call a write whose intent may repeat an earlier write's?"""
+    tool = registry.get(call.tool_name)
+    return tool is not None and tool.mode is Mode.WRITE and not tool.repeatable
 
 
 # ------------------------------------------------------------------ hosted calls
@@ -540,9 +561,10 @@ class _Recorder:
     """Writes the call row of one new call (its scope, position and fingerprint)."""
 
     def __init__(
-        self, conn: Connection, context: ServerContext, call: ProposedCall, position: int, fingerprint: str
+        self, intake: store.Intake, context: ServerContext, call: ProposedCall, position: int,
+        fingerprint: str,
     ) -> None:
-        self.conn, self.context, self.call = conn, context, call
+        self.intake, self.context, self.call = intake, context, call
         self.position, self.fingerprint = position, fingerprint
 
     def __call__(
@@ -553,36 +575,33 @@ class _Recorder:
         result: CallStatus | None,
         reused_from_call_id: str | None = None,
     ) -> None:
-        store.record_call(
-            self.conn, tenant=self.context.tenant, request_id=self.context.request_id,
+        tool_name = storable_key(self.call.tool_name)
+        self.intake.writes.record_call(
+            tenant=self.context.tenant, request_id=self.context.request_id,
             conversation_id=self.context.conversation_id,
             # The id as written when it is storable; a digest of it when not (its
             # result, stored as JSON, still carries the id as written).
             call_id=storable_key(self.call.call_id),
-            position=self.position, tool_name=storable_key(self.call.tool_name),
+            position=self.position, tool_name=tool_name,
             operation_id=operation_id,
             gate=gate, result=None if result is None else result.model_dump(mode="json"),
             proposal_hash=self.fingerprint, reused_from_call_id=reused_from_call_id,
         )
+        self.intake.counted(tool_name, gate, result is not None)
 
 
 def _over_budget(
-    conn: Connection, call: ProposedCall, registry: Registry, context: ServerContext, budgets: Budgets
+    intake: store.Intake, call: ProposedCall, registry: Registry, context: ServerContext, budgets: Budgets
 ) -> Exceeded | None:
     """Would this call break its request's or its conversation's budget? Counted from
-    the database in this transaction (the scopes are locked: see `lock_scopes`)."""
+    what the scopes held when they were locked (see `lock_scopes`) and the calls this
+    batch has recorded since, as the calls table would count them."""
     tool = registry.get(call.tool_name)
     is_write = tool is not None and tool.mode is Mode.WRITE
     tool_budget = tool.budget if tool is not None else None
-    write_tools = [t.name for t in registry if t.mode is Mode.WRITE]
-    scopes: list[tuple[Scope, str | None]] = [(Scope.REQUEST, None)]
-    if context.conversation_id is not None:
-        scopes.append((Scope.CONVERSATION, context.conversation_id))
-    for scope, conversation_id in scopes:
-        usage = store.scope_usage(
-            conn, context.tenant, tool_name=call.tool_name, write_tools=write_tools,
-            request_id=context.request_id, conversation_id=conversation_id,
-        )
+    scopes = [Scope.REQUEST] if context.conversation_id is None else [Scope.REQUEST, Scope.CONVERSATION]
+    for scope in scopes:
+        usage = intake.usage(scope, call.tool_name)
         tool_limit = None
         if tool_budget is not None:
             tool_limit = tool_budget.per_request if scope is Scope.REQUEST else tool_budget.per_conversation
@@ -630,7 +649,7 @@ def _may_follow(status: CallStatus) -> bool:
 
 
 def _repeat(
-    conn: Connection, call: ProposedCall, earlier: store.OperationRow, record: _Recorder
+    intake: store.Intake, call: ProposedCall, earlier: store.OperationRow, record: _Recorder
 ) -> tuple[CallHandle, bool]:
     """A write repeating `earlier` (same intent, same request or conversation): not run again."""
     if earlier.state == State.FAILED_TERMINAL.value:
@@ -646,16 +665,16 @@ def _repeat(
         reused_from_call_id=earlier.call_id,
     )
     status = operation_status(
-        call.call_id, call.tool_name, earlier, now=store.read_now(conn)
+        call.call_id, call.tool_name, earlier, now=intake.reads.now
     ).model_copy(update={"reused_from_call_id": earlier.call_id})
     if isinstance(status, Pending) and status.state == State.PENDING_APPROVAL.value:
-        approval = store.approval_for_operation(conn, earlier.operation_id)
+        approval = store.approval_for_operation(intake.conn, earlier.operation_id)
         status = status.model_copy(update={"approval_id": approval.approval_id if approval else None})
     return CallHandle(call.call_id, call.tool_name, earlier.operation_id, status), _may_follow(status)
 
 
 def _register(
-    conn: Connection,
+    intake: store.Intake,
     admitted: Admitted,
     operation_id: str,
     position: int,
@@ -665,8 +684,9 @@ def _register(
 ) -> tuple[CallHandle, bool]:
     """Register one admitted call. Returns its handle and whether a write may follow it."""
     call, tool = admitted.call, admitted.tool
-    outcome = store.register(
-        conn,
+    conn = intake.conn
+    outcome = _registered(
+        intake,
         store.NewOperation(
             operation_id=operation_id,
             request_id=context.request_id,
@@ -684,6 +704,7 @@ def _register(
             approved_resources=admitted.approved_resources,
             tenant=context.tenant,
             conversation_id=context.conversation_id,
+            trace_context=tracing.stored_context(),
         ),
     )
 
@@ -692,7 +713,7 @@ def _register(
         record(operation_id=operation_id, gate=None, result=None)
         if outcome.state is State.QUEUED and not waits_for_earlier:
             # A call that waits for an earlier one gets its message when that one settles.
-            store.add_outbox_row(conn, operation_id)
+            intake.writes.add_outbox_row(operation_id)
         decision = "pending_approval" if outcome.state is State.PENDING_APPROVAL else "admitted"
         metrics.PROPOSALS.labels(tool.name, Gate.REGISTRATION, decision).inc()
         status = Pending(
@@ -705,9 +726,9 @@ def _register(
         metrics.IDEMPOTENCY.labels(tool.name, "reused").inc()
         metrics.PROPOSALS.labels(tool.name, Gate.REGISTRATION, "reused").inc()
         record(operation_id=operation_id, gate=Gate.REGISTRATION, result=None)
-        row = store.get_operation(conn, operation_id)
+        row = intake.reads.operations.get(operation_id) or store.get_operation(conn, operation_id)
         assert row is not None
-        status = operation_status(call.call_id, call.tool_name, row, now=store.read_now(conn))
+        status = operation_status(call.call_id, call.tool_name, row, now=intake.reads.now)
         return CallHandle(call.call_id, call.tool_name, operation_id, status), (
             outcome.state is State.SUCCEEDED
         )
@@ -733,6 +754,28 @@ def _register(
         )
     record(operation_id=None, gate=Gate.REGISTRATION, result=result)
     return CallHandle(call.call_id, call.tool_name, None, result), False
+
+
+def _registered(intake: store.Intake, new: store.NewOperation) -> store.RegisterOutcome:
+    """Register `new`: decided from the reads when they found its id free or taken (the
+    INSERT then waits in `intake.writes`), else by `store.register` at once."""
+    found = intake.existing(new.operation_id)
+    if found is True:
+        outcome = store.register(intake.conn, new)
+    elif found is None:
+        state, approval_id = intake.writes.register(new, intake.postgresql)
+        outcome = store.Created(new.operation_id, state, approval_id)
+    else:
+        assert isinstance(found, store.OperationRow)
+        if found.intent_hash != new.intent_hash:
+            outcome = store.Conflict(new.operation_id)
+        elif State(found.state) in TERMINAL:
+            outcome = store.Reused(new.operation_id, State(found.state))
+        else:
+            outcome = store.InProgress(new.operation_id, State(found.state))
+    if isinstance(outcome, store.Created):
+        intake.registered[new.operation_id] = new.intent_hash
+    return outcome
 
 
 __all__ = [

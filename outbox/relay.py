@@ -24,7 +24,7 @@ from executor.settings import Settings
 from executor.store.clock import db_now
 from executor.store.schema import outbox
 from executor.store.turns import TURN_OUTBOX_KIND
-from executor.telemetry import logcontext, metrics
+from executor.telemetry import logcontext, metrics, tracing
 from outbox.producer import NOTIFY_CHANNEL
 
 log = logging.getLogger("toolfence.relay")
@@ -79,6 +79,10 @@ class Relay:
                 return 0
             published: list[int] = []
             seen: set[tuple[str | None, str]] = set()
+            # Each publish joins its request's trace (tracing on only: one more read).
+            traced = store.trace_contexts(
+                conn, [row.operation_id for row in rows if row.kind is None]
+            ) if tracing.enabled() else {}
             for row in rows:
                 if (row.kind, row.operation_id) in seen:
                     # Two rows for one operation in a batch: one message is enough.
@@ -89,7 +93,9 @@ class Relay:
                 # The row's id as the log field it is (a turn row's holds a turn id).
                 ids = {"operation_id" if row.kind is None else "turn_id": row.operation_id}
                 try:
-                    with logcontext.log_context(**ids):
+                    with logcontext.log_context(**ids), tracing.publish_span(
+                        row.operation_id, traced.get(row.operation_id)
+                    ):
                         with metrics.RELAY_PUBLISH_SECONDS.time():
                             publish(row.operation_id)
                         log.info("published %s", row.operation_id)

@@ -30,8 +30,8 @@ import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,7 +47,7 @@ from executor.core.types import ServerContext
 from executor.settings import Settings
 from executor.store import turns as turn_store
 from executor.store.engine import read_only
-from executor.telemetry import logcontext, metrics
+from executor.telemetry import logcontext, metrics, tracing
 
 log = logging.getLogger("toolfence.reconciler")
 
@@ -216,6 +216,8 @@ class Reconciler:
         assert tool.lookup is not None
         try:
             args = tool.input_model.model_validate(json.loads(row.arguments))
+            # The sweep's span (tracing on): the lookup's downstream joins the request's trace.
+            traceparent, tracestate = tracing.current_context()
             ctx = RunContext(
                 operation_id=row.operation_id,
                 idempotency_key=f"toolfence:{row.operation_id}",
@@ -225,6 +227,7 @@ class Reconciler:
                 attempt=row.attempts,
                 call_id=row.call_id,
                 still_owner=lambda: False,  # the reconciler only asks; it never writes downstream
+                traceparent=traceparent, tracestate=tracestate,
             )
             answer = tool.lookup(args, ctx)
             if answer.answer is LookupAnswer.NOT_DONE:
@@ -350,6 +353,12 @@ class Reconciler:
         )
 
 
-def _operation_scope(op: store.StaleOperation) -> AbstractContextManager[None]:
-    """The sweep item's ids on what is logged while it is settled."""
-    return logcontext.log_context(operation_id=op.operation_id, generation=op.generation, tool=op.tool_name)
+@contextmanager
+def _operation_scope(op: store.StaleOperation) -> Iterator[None]:
+    """The sweep item's ids on what is logged while it is settled, in a span of its
+    request's trace linked to the attempt whose lease expired (tracing on)."""
+    with (
+        logcontext.log_context(operation_id=op.operation_id, generation=op.generation, tool=op.tool_name),
+        tracing.reconcile_span(op.operation_id, op.generation, op.trace_context),
+    ):
+        yield

@@ -14,6 +14,9 @@
 #   prometheus-alertmanager, amtool      prometheus-alertmanager  tests/integration/test_ops_alertmanager.py
 #   setpriv                              util-linux         tests/integration/test_setup_scripts.py
 #   chromium                             chromium           tests/http (the console, via Playwright)
+#   bwrap                                bubblewrap         tests/sandbox, tests/fleet (sandbox.run_python), bench
+#   /usr/bin/python3                     python3            the sandbox's interpreter (TOOLFENCE_SANDBOX_PYTHON)
+#   curl, jq                             curl, jq           tests/http/test_walkthrough.py (docs/http.md's curl walkthrough)
 #   nft                                  nftables           tests/chaos/netns.py (partitions, loss, duplication)
 #   ip, tc                               iproute2           tests/chaos/netns.py (namespaces, veth, TBF/HTB)
 #   libfaketime.so.1                     libfaketime        tests/chaos (clock skew and jumps on workers, relays)
@@ -67,6 +70,10 @@ check() {
     need prometheus-alertmanager amtool "$(has amtool)"
     need util-linux setpriv "$(has setpriv)"
     need chromium chromium "$(has chromium)"
+    need bubblewrap bwrap "$(has bwrap)"
+    need python3 /usr/bin/python3 "$(has_file /usr/bin/python3)"
+    need curl curl "$(has curl)"
+    need jq jq "$(has jq)"
     need nftables nft "$(has nft)"
     need iproute2 ip "$(has ip)"
     need iproute2 tc "$(has tc)"

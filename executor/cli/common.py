@@ -1,4 +1,7 @@
-"""What the commands share: one-line user errors, the engine, the registry, output.
+"""What the commands' implementations share: the engine, the registry, output.
+
+Imported by a command's `run`, never at the top of a command module: it loads
+SQLAlchemy and the store (`executor/cli/args.py` is what a parser needs).
 
 A user mistake (bad URL, missing migration, unknown id, bad input file) is one
 clear line on stderr and a non-zero exit, never a traceback.
@@ -6,9 +9,7 @@ clear line on stderr and a non-zero exit, never a traceback.
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
 import os
 import signal
 import stat
@@ -19,12 +20,12 @@ from typing import TYPE_CHECKING, Any, overload
 
 from sqlalchemy import make_url
 
+from executor.cli.args import UserError, usage_error
 from executor.core.sanitize import shown_text
 from executor.core.strictjson import StrictJSONError, loads_strict
+from executor.core.times import iso_utc
 from executor.core.tools import Registry
-from executor.errors import CommandError
-from executor.settings import VARIABLES, Settings, current, mask_url
-from executor.settings.variables import INTEGER, NUMBER
+from executor.settings import Settings, current, mask_url
 from executor.store.engine import get_engine
 from executor.store.migrate import SchemaNotReady, require_schema
 
@@ -32,72 +33,9 @@ if TYPE_CHECKING:
     from executor.providers import Surface
     from executor.providers.hosted import HostedPolicy
 
-EXIT_USAGE = 2
-EXIT_FAILURE = 1
-
-
-class UserError(CommandError):
-    """A mistake the user can fix; printed as one line. The exit status is 1, or
-    2 (`EXIT_USAGE`) for a value given on the command line that the command cannot
-    take (a negative interval, a port out of range, a file that is not a file)."""
-
-    def __init__(self, message: str, exit_code: int = EXIT_FAILURE) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
-def usage_error(message: str) -> UserError:
-    """A command-line value the command cannot take: one line, exit 2."""
-    return UserError(message, EXIT_USAGE)
-
-
-MAX_INTERVAL_SECONDS = 86_400.0
-"""The longest interval or wait a command takes (a day): beyond it, a typo."""
-
-
-def seconds(value: float, flag: str, *, maximum: float = MAX_INTERVAL_SECONDS) -> float:
-    """`value` as a number of seconds a command may wait or loop on: finite, 0 or
-    more, at most `maximum`. A negative or NaN interval made `reconcile --every`
-    spin (`Event.wait` returns at once), an infinite one overflows it."""
-    if not math.isfinite(value) or not 0 <= value <= maximum:
-        raise usage_error(f"{flag} must be a number of seconds from 0 to {maximum:g}, not {value!r}")
-    return value
-
-
-def port(value: int, flag: str = "--port") -> int:
-    """A TCP port to listen on: 0 (any free port) to 65535."""
-    if not 0 <= value <= 65_535:
-        raise usage_error(f"{flag} must be a TCP port from 0 to 65535, not {value}")
-    return value
-
-
-def positive_count(value: int, flag: str) -> int:
-    if value < 1:
-        raise usage_error(f"{flag} must be 1 or more, not {value}")
-    return value
-
-
 def settings() -> Settings:
     """The settings `toolfence` loaded (and checked) before the command ran."""
     return current()
-
-
-def add_argument(
-    parser: argparse.ArgumentParser, *flags: str, envvar: str, **kwargs: Any
-) -> argparse.Action:
-    """A flag that overrides a setting: its type, choices and help come from the
-    setting's declaration (executor/settings/variables.py), and it defaults to None,
-    which leaves the setting's value (environment, settings file or default) in force."""
-    variable = VARIABLES[envvar]
-    if variable.kind == INTEGER:
-        kwargs.setdefault("type", int)
-    elif variable.kind == NUMBER:
-        kwargs.setdefault("type", float)
-    if variable.choices:
-        kwargs.setdefault("choices", list(variable.choices))
-    kwargs.setdefault("default", None)
-    help_text = kwargs.pop("help", variable.help)
-    return parser.add_argument(*flags, help=f"{help_text} (default: {envvar})", **kwargs)
 
 
 def engine_of(settings: Settings, *, check_schema: bool = True) -> Any:
@@ -265,3 +203,19 @@ def read_json_file(path: str, max_argument_depth: int) -> Any:
         if exc.code in ("json_syntax", "not_utf8"):
             raise UserError(f"{path} is {exc}") from None
         raise UserError(f"{path} is not accepted: {exc.code}: {exc}") from None
+
+
+def iso(epoch_seconds: float | None) -> str | None:
+    """A time the output shows: ISO 8601 UTC (executor/core/times.py); None stays None."""
+    return None if epoch_seconds is None else iso_utc(float(epoch_seconds))
+
+
+STATUS_TIMES = ("observed_at", "source_time")
+"""The times in a call's status (a success's freshness), epoch seconds in the library."""
+
+
+def status_json(status: Any) -> dict[str, Any]:
+    """A call's status (a library `CallStatus`, or one already as JSON) as the CLI
+    prints it: JSON, its times in ISO 8601 UTC, as the HTTP API shows them."""
+    data: dict[str, Any] = status if isinstance(status, dict) else status.model_dump(mode="json")
+    return {key: iso(value) if key in STATUS_TIMES else value for key, value in data.items()}

@@ -22,6 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from executor.core.argument_limits import DEFAULT_MAX_ARGUMENT_BYTES, DEFAULT_MAX_ARGUMENT_DEPTH
 from executor.core.canonical import NotCanonicalizable, canonical_json, intent_hash
 from executor.core.sanitize import ERROR_MESSAGE_MAX_CHARS, sanitize_error_text
 from executor.core.schema_errors import schema_details
@@ -40,9 +41,6 @@ from executor.core.surfaces import surface_forces_approval, surface_offers, unli
 from executor.core.tools import Registry, Tool, ToolFailure
 from executor.core.types import ErrorCode, ErrorDetail, FailedTerminal, ProposedCall, ServerContext
 from executor.errors import AdmissionError
-
-DEFAULT_MAX_ARGUMENT_BYTES = 64 * 1024
-DEFAULT_MAX_ARGUMENT_DEPTH = 32
 
 
 class Gate(StrEnum):
@@ -517,7 +515,7 @@ def gate_resources(
         ) from None
 
 
-def _impact_with_resources(
+def impact_with_resources(
     impact: dict[str, Any] | None, resources: frozenset[str] | None
 ) -> dict[str, Any] | None:
     """The approver sees the server's set, whatever the tool's own impact hook says."""
@@ -673,7 +671,7 @@ def admit(
             call, tool, args, ctx, reraise, refusal_for,
             forced=surface_forces_approval(registry, tool, ctx),
         )
-        impact = _impact_with_resources(impact, approved_resources)
+        impact = impact_with_resources(impact, approved_resources)
         try:
             digest = compute_intent_hash(tool, args, ctx, approved_resources)
         except NotCanonicalizable:

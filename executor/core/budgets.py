@@ -15,9 +15,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from executor.core.types import ErrorCode, ErrorDetail, FailedTerminal, ToolError
+if TYPE_CHECKING:
+    # Loaded by `refusal`: the settings declare the budgets from this module, and the
+    # CLI's parsers read those declarations without pydantic (executor/cli/args.py).
+    from executor.core.types import FailedTerminal
 
 
 class Scope(StrEnum):
@@ -128,6 +131,8 @@ def exceeded(
 
 
 def refusal(call_id: str, tool_name: str, over: Exceeded) -> FailedTerminal:
+    from executor.core.types import ErrorCode, ErrorDetail, FailedTerminal, ToolError
+
     """The caller's terminal result: which scope and budget, never what was counted."""
     return FailedTerminal(
         call_id=call_id,

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from executor.core.amounts import Amount
 from executor.core.approvers import ApproverPolicy
 from executor.core.budgets import ToolBudget
 from executor.core.sanitize import ERROR_MESSAGE_MAX_CHARS, sanitize_error_text, sanitize_json
@@ -255,6 +256,10 @@ class RunContext:
     approved_resources: frozenset[str] | None = None
     still_owner: Callable[[], bool] = field(default=lambda: True)
     on_receipt: Callable[[str, bool], None] = field(default=lambda receipt, accepted: None)
+    # The W3C trace context of this call's `execute_tool` span, for a tool to pass
+    # downstream (an HTTP `traceparent` header); None when tracing is off.
+    traceparent: str | None = None
+    tracestate: str | None = None
 
     def ensure_owner(self) -> None:
         """Call before each downstream write: raises when the lease was lost."""
@@ -305,6 +310,7 @@ class Tool(Generic[ArgsT]):
         schema_version: int = 1,
         check: Callable[[ArgsT, ServerContext], None] | None = None,
         impact: Callable[[ArgsT, ServerContext], Mapping[str, Any]] | None = None,
+        amounts: Mapping[str, Amount] | None = None,
         lookup: Callable[[ArgsT, RunContext], LookupResult] | None = None,
         model_view: Callable[[Any], Any] | None = None,
         render_view: Callable[[Any], Any] | None = None,
@@ -405,6 +411,9 @@ class Tool(Generic[ArgsT]):
             raise ToolDeclarationError(f"tool {name!r}: budget must be a ToolBudget")
         if isinstance(listed, str) or not isinstance(listed, Iterable):
             raise ToolDeclarationError(f"tool {name!r}: listed is a collection of argument names")
+        amount_hints = dict(amounts or {})
+        if any(not isinstance(hint, Amount) for hint in amount_hints.values()):
+            raise ToolDeclarationError(f"tool {name!r}: amounts maps impact names to Amount hints")
         listed_names = frozenset(listed)
         if unknown := sorted(listed_names - set(input_model.model_fields)):
             raise ToolDeclarationError(f"tool {name!r}: listed names no argument {unknown[0]!r}")
@@ -421,6 +430,8 @@ class Tool(Generic[ArgsT]):
         self.schema_version = schema_version
         self.check = check
         self.impact = impact
+        # Display hints for the impact's integer amounts (executor/core/impact.py).
+        self.amounts: dict[str, Amount] = amount_hints
         self.lookup = lookup
         self.model_view = model_view
         self.render_view = render_view

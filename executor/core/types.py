@@ -51,6 +51,11 @@ class ErrorCode(StrEnum):
     TURN_IN_PROGRESS = "turn_in_progress"
     # A listed argument names an item the server did not list (executor/core/surfaces.py)
     TARGET_NOT_OFFERED = "target_not_offered"
+    # `sandbox.run_python` (executor/sandbox): a limit the program passed, or no sandbox
+    SANDBOX_TIMEOUT = "sandbox_timeout"
+    SANDBOX_MEMORY_LIMIT = "sandbox_memory_limit"
+    SANDBOX_OUTPUT_LIMIT = "sandbox_output_limit"
+    SANDBOX_UNAVAILABLE = "sandbox_unavailable"
     # `toolfence serve`: the codes of its problem+json answers (no call result has them)
     UNAUTHENTICATED = "unauthenticated"
     NOT_FOUND = "not_found"
@@ -59,6 +64,8 @@ class ErrorCode(StrEnum):
     REQUEST_TOO_LARGE = "request_too_large"
     RATE_LIMITED = "rate_limited"
     NOT_PENDING = "not_pending"
+    # An approval decided on an impact that has changed since it was shown (decision 0222)
+    IMPACT_CHANGED = "impact_changed"
     NOT_READY = "not_ready"
     TURNS_NOT_CONFIGURED = "turns_not_configured"
 

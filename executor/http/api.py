@@ -34,6 +34,7 @@ from executor.http.models import (
     IDENTITY_FIELDS,
     MAX_WAIT_SECONDS,
     MENDED_TEXT_FIELDS,
+    NAMED_SCHEMAS,
     TURN_SERVER_FIELDS,
     ApprovalList,
     DecisionBody,
@@ -51,6 +52,7 @@ from executor.http.models import (
     TurnBody,
     TurnOut,
     TurnStarted,
+    named_refs,
 )
 from executor.http.problems import (
     Problem,
@@ -62,6 +64,7 @@ from executor.http.problems import (
 )
 from executor.http.service import Service, body_digest
 from executor.store.errors import StoreDatabaseError
+from executor.telemetry import tracing
 from outbox.producer import AdmissionUnavailable
 
 M = TypeVar("M", bound=BaseModel)
@@ -217,6 +220,16 @@ def _accepted(answer: BaseModel, replayed: bool) -> JSONResponse:
     return JSONResponse(answer.model_dump(mode="json"), status_code=202, headers=headers)
 
 
+OPENAPI_TAGS = [
+    {"name": "requests", "description": "Submit tool calls and read one result per call"},
+    {"name": "turns", "description": "Durable turns: the model loop run by the server"},
+    {"name": "approvals", "description": "Calls waiting for a person's approval, and the decision"},
+    {"name": "operations", "description": "Operations: their record, and those waiting for a person"},
+    {"name": "health", "description": "Liveness and readiness"},
+]
+"""The tags of the API's operations, in the order a reader meets them."""
+
+
 def build_api(service: Service, authenticator: Authenticator, limiter: RateLimiter) -> FastAPI:
     app = FastAPI(
         title=API_TITLE, version=API_VERSION,
@@ -226,6 +239,14 @@ def build_api(service: Service, authenticator: Authenticator, limiter: RateLimit
             "Errors are RFC 9457 problem+json with toolfence's stable codes."
         ),
         docs_url=None, redoc_url=None, openapi_url="/openapi.json",
+        # Each operation's id is its function's name (submit_request, approve, ...), and
+        # each has a tag: a generated client's `api.approvals.approve`, not
+        # `approve_v1_approvals_approval_id_approve_post` (decision 0219).
+        generate_unique_id_function=lambda route: route.name,
+        openapi_tags=OPENAPI_TAGS,
+        # FastAPI's own SERVER and operation spans, into toolfence's tracer when tracing
+        # is on (a POST /v1/requests' operations join its trace); off, none at all.
+        telemetry=tracing.fastapi_telemetry(),  # type: ignore[arg-type]
     )
     app.state.service = service
     app.add_exception_handler(ProblemError, problem_handler)
@@ -324,7 +345,7 @@ def build_api(service: Service, authenticator: Authenticator, limiter: RateLimit
     )
 
     @v1.post(
-        "/requests", status_code=202, response_model=RequestAnswer,
+        "/requests", status_code=202, response_model=RequestAnswer, tags=["requests"],
         summary="Admit and enqueue a batch of calls, or a provider response's calls",
         openapi_extra={
             "requestBody": {
@@ -337,7 +358,7 @@ def build_api(service: Service, authenticator: Authenticator, limiter: RateLimit
         },
         responses={202: {"headers": REPLAYED_HEADER}},
     )
-    async def post_requests(
+    async def submit_request(
         request: Request,
         who: Identity = producer,
         idempotency_key: IdempotencyKey = None,
@@ -348,7 +369,10 @@ def build_api(service: Service, authenticator: Authenticator, limiter: RateLimit
         answer, replayed = await _in_thread(service.submit, who, body, digest, idempotency_key)
         return _accepted(answer, replayed)
 
-    @v1.get("/requests/{request_id}", response_model=RequestAnswer, summary="One result per call")
+    @v1.get(
+        "/requests/{request_id}", response_model=RequestAnswer, summary="One result per call",
+        tags=["requests"],
+    )
     async def get_request(
         request_id: IdPath,
         who: Identity = reader,
@@ -358,7 +382,7 @@ def build_api(service: Service, authenticator: Authenticator, limiter: RateLimit
         return await service.request(who, request_id, provider=provider, wait=wait)
 
     @v1.post(
-        "/turns", status_code=202, response_model=TurnStarted,
+        "/turns", status_code=202, response_model=TurnStarted, tags=["turns"],
         summary="Run a user message as a durable turn (on the server's driver)",
         openapi_extra={"requestBody": {"required": True, "content": {
             "application/json": {"schema": {"$ref": "#/components/schemas/TurnBody"}}
@@ -368,7 +392,7 @@ def build_api(service: Service, authenticator: Authenticator, limiter: RateLimit
             **problem_doc(503),
         },
     )
-    async def post_turns(
+    async def start_turn(
         request: Request,
         who: Identity = producer,
         idempotency_key: IdempotencyKey = None,
@@ -379,7 +403,10 @@ def build_api(service: Service, authenticator: Authenticator, limiter: RateLimit
         answer, replayed = await _in_thread(service.start_turn, who, body, digest, idempotency_key)
         return _accepted(answer, replayed)
 
-    @v1.get("/turns/{turn_id}", response_model=TurnOut, summary="A turn: state, steps, calls, output")
+    @v1.get(
+        "/turns/{turn_id}", response_model=TurnOut, summary="A turn: state, steps, calls, output",
+        tags=["turns"],
+    )
     async def get_turn(
         turn_id: IdPath,
         who: Identity = reader,
@@ -389,8 +416,11 @@ def build_api(service: Service, authenticator: Authenticator, limiter: RateLimit
     ) -> TurnOut:
         return await service.turn(who, turn_id, wait=wait)
 
-    @v1.get("/approvals", response_model=ApprovalList, summary="Calls waiting for a person's approval")
-    def get_approvals(who: Identity = approvals_reader) -> ApprovalList:
+    @v1.get(
+        "/approvals", response_model=ApprovalList, summary="Calls waiting for a person's approval",
+        tags=["approvals"],
+    )
+    def list_approvals(who: Identity = approvals_reader) -> ApprovalList:
         return ApprovalList(approvals=service.approvals(who))
 
     decision_body = {
@@ -400,15 +430,21 @@ def build_api(service: Service, authenticator: Authenticator, limiter: RateLimit
         }
     }
 
-    @v1.post("/approvals/{approval_id}/approve", response_model=DecisionOut, openapi_extra=decision_body)
+    @v1.post(
+        "/approvals/{approval_id}/approve", response_model=DecisionOut, openapi_extra=decision_body,
+        summary="Approve a pending call", tags=["approvals"],
+    )
     async def approve(request: Request, approval_id: IdPath, who: Identity = approver) -> DecisionOut:
         body, _ = read_body(await request_body(request, empty_ok=True), DecisionBody, empty_ok=True)
         decided: DecisionOut = await _in_thread(
-            service.decide, who, approval_id, ApprovalDecision.APPROVE, body.reason
+            service.decide, who, approval_id, ApprovalDecision.APPROVE, body.reason, body.impact_digest
         )
         return decided
 
-    @v1.post("/approvals/{approval_id}/deny", response_model=DecisionOut, openapi_extra=decision_body)
+    @v1.post(
+        "/approvals/{approval_id}/deny", response_model=DecisionOut, openapi_extra=decision_body,
+        summary="Deny a pending call", tags=["approvals"],
+    )
     async def deny(request: Request, approval_id: IdPath, who: Identity = approver) -> DecisionOut:
         body, _ = read_body(await request_body(request, empty_ok=True), DecisionBody, empty_ok=True)
         decided: DecisionOut = await _in_thread(
@@ -416,36 +452,44 @@ def build_api(service: Service, authenticator: Authenticator, limiter: RateLimit
         )
         return decided
 
-    @v1.get("/pending", response_model=PendingList, summary="Operations waiting for a person")
-    def get_pending(
+    @v1.get(
+        "/pending", response_model=PendingList, summary="Operations waiting for a person", tags=["operations"]
+    )
+    def list_pending(
         who: Identity = operator_reader, limit: Annotated[int, Query(ge=1, le=500)] = 100
     ) -> PendingList:
         return PendingList(operations=service.pending(who, limit))
 
     @v1.post(
-        "/operations/{operation_id}/resolve", response_model=ResolveOut,
+        "/operations/{operation_id}/resolve", response_model=ResolveOut, tags=["operations"],
+        summary="Resolve an operation waiting for a person (audited)",
         openapi_extra={"requestBody": {"required": True, "content": {
             "application/json": {"schema": {"$ref": "#/components/schemas/ResolveBody"}}
         }}},
     )
-    async def resolve(request: Request, operation_id: IdPath, who: Identity = operator) -> ResolveOut:
+    async def resolve_operation(
+        request: Request, operation_id: IdPath, who: Identity = operator
+    ) -> ResolveOut:
         body, _ = read_body(await request_body(request), ResolveBody)
         resolved: ResolveOut = await _in_thread(
             service.resolve, who, operation_id, body.outcome, body.reference, body.note
         )
         return resolved
 
-    @v1.get("/operations/{operation_id}", response_model=OperationOut)
+    @v1.get(
+        "/operations/{operation_id}", response_model=OperationOut, tags=["operations"],
+        summary="An operation: state, generations, receipts, audit trail",
+    )
     def get_operation(operation_id: IdPath, who: Identity = anyone) -> OperationOut:
         return service.operation(who, operation_id)
 
     app.include_router(v1)
 
-    @app.get("/healthz", response_model=Health, summary="The process is up")
+    @app.get("/healthz", response_model=Health, summary="The process is up", tags=["health"])
     def healthz() -> Health:
         return Health(status="ok")
 
-    @app.get("/readyz", response_model=Ready, responses=problem_doc(503),
+    @app.get("/readyz", response_model=Ready, responses=problem_doc(503), tags=["health"],
              summary="The database is reachable and its schema current")
     def readyz() -> Ready:
         from executor.store.migrate import current_revision, head_revision
@@ -465,14 +509,16 @@ def build_api(service: Service, authenticator: Authenticator, limiter: RateLimit
         if app.openapi_schema is None:
             schema = get_openapi(
                 title=app.title, version=app.version, description=app.description, routes=app.routes,
+                tags=app.openapi_tags,
             )
             components = schema.setdefault("components", {}).setdefault("schemas", {})
+            components.update(NAMED_SCHEMAS)
             for model in (NeutralBatch, ProviderEnvelope, DecisionBody, ResolveBody, TurnBody, Problem):
                 found = model.model_json_schema(ref_template="#/components/schemas/{model}")
                 for name, definition in found.pop("$defs", {}).items():
                     components.setdefault(name, definition)
                 components[model.__name__] = found
-            app.openapi_schema = schema
+            app.openapi_schema = named_refs(schema)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

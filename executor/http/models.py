@@ -15,12 +15,24 @@ scanned twice. Identifiers are not rewritten: a client sends them back.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    WithJsonSchema,
+    model_validator,
+)
 
+from executor.core import types as core_types
 from executor.core.sanitize import sanitize_json, shown_text
-from executor.core.types import CallStatus
+from executor.core.times import iso_utc
 
 SHOWN_MAX_CHARS = 1_000
 SHOWN_JSON_MAX_CHARS = 16_000
@@ -34,13 +46,48 @@ def _shown_json(value: Any) -> Any:
     return sanitize_json(value, SHOWN_JSON_MAX_CHARS)
 
 
+def _moment(value: Any) -> Any:
+    """The store's epoch seconds as an aware UTC datetime (a datetime stays one)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return datetime.fromtimestamp(value, UTC)
+    return value
+
+
+def moment(epoch_seconds: float) -> datetime:
+    """The store's epoch seconds as the aware UTC datetime a `Moment` field holds."""
+    return datetime.fromtimestamp(epoch_seconds, UTC)
+
+
+Moment = Annotated[
+    datetime,
+    BeforeValidator(_moment),
+    PlainSerializer(lambda moment: iso_utc(moment.timestamp()), return_type=str, when_used="json"),
+    WithJsonSchema({"type": "string", "format": "date-time",
+                    "description": "ISO 8601 in UTC, to the millisecond (2026-12-05T07:51:44.123Z)"}),
+]
+"""A time in the API's JSON: ISO 8601 UTC (executor/core/times.py), never epoch seconds.
+A datetime in Python (the console's templates format it)."""
+
 Shown = Annotated[str, AfterValidator(_shown)]
 """Text a person reads (a principal, a reason, a note), sanitised (`shown_text`,
 with room for a reason)."""
 ShownJson = Annotated[dict[str, Any], AfterValidator(_shown_json)]
 """A JSON object a person reads (an impact, an error), sanitised with its structure kept."""
+ShownValue = Annotated[Any, AfterValidator(_shown_json)]
+"""Any JSON value a person reads (a tool's output), sanitised with its structure kept."""
 
-ProviderName = Literal["openai-chat", "openai-responses", "anthropic", "gemini", "gemini-interactions"]
+NAMED = "x-toolfence-named-schema"
+"""A placeholder schema naming one of NAMED_SCHEMAS: the OpenAPI document replaces it
+with a `$ref` to that component (`named_refs`). Pydantic checks the `$ref`s it writes
+itself, so it cannot be given one to a schema it does not build."""
+
+PROVIDER_NAMES = ("openai-chat", "openai-responses", "anthropic", "gemini", "gemini-interactions")
+ProviderName = Annotated[
+    Literal["openai-chat", "openai-responses", "anthropic", "gemini", "gemini-interactions"],
+    # A component of its own (NAMED_SCHEMAS): a generated client's enum is ProviderName,
+    # not GetRequestProviderType0.
+    WithJsonSchema({NAMED: "ProviderName"}),
+]
 """The provider surfaces (executor.providers.SURFACES; a unit test keeps them equal)."""
 
 IDENTITY_FIELDS = frozenset({"tenant", "principal", "roles", "scopes"})
@@ -77,6 +124,57 @@ _FREE_FORM = (
 )
 
 
+CallArguments = Annotated[
+    dict[str, Any],
+    # A component of its own (NAMED_SCHEMAS): a generated client's model is
+    # CallArguments, not NeutralCallArgumentsType1.
+    WithJsonSchema({NAMED: "CallArguments"}),
+]
+"""A call's arguments as a JSON object (the other form is JSON text)."""
+ProviderResult = Annotated[dict[str, Any], WithJsonSchema({NAMED: "ProviderResult"})]
+"""One call's result in a provider's shape (`GET /v1/requests/{id}?provider=`)."""
+TurnError = Annotated[dict[str, Any], WithJsonSchema({NAMED: "TurnError"})]
+Impact = Annotated[dict[str, Any], WithJsonSchema({NAMED: "Impact"})]
+"""What a call waiting for approval would do, as its tool's impact hook computed it."""
+"""Why a turn or a step failed: `code`, `message` (sanitised)."""
+
+NAMED_SCHEMAS: dict[str, dict[str, Any]] = {
+    "ProviderName": {
+        "title": "ProviderName", "type": "string", "enum": list(PROVIDER_NAMES),
+        "description": "a provider surface (its request and result shapes)",
+    },
+    "CallArguments": {
+        "title": "CallArguments", "type": "object", "additionalProperties": True,
+        "description": "a call's arguments as a JSON object",
+    },
+    "ProviderResult": {
+        "title": "ProviderResult", "type": "object", "additionalProperties": True,
+        "description": "one call's result in the provider's own shape",
+    },
+    "Impact": {
+        "title": "Impact", "type": "object", "additionalProperties": True,
+        "description": "what a call waiting for approval would do, from its tool's impact hook",
+    },
+    "TurnError": {
+        "title": "TurnError", "type": "object", "additionalProperties": True,
+        "description": "why a turn or a step failed: code and message, sanitised",
+    },
+}
+"""Schemas the models refer to by name (`$ref`), added to the OpenAPI document's
+components (executor/http/api.py): what a generated client names its types after."""
+
+
+def named_refs(schema: Any) -> Any:
+    """`schema` with each NAMED placeholder replaced by a `$ref` to its component."""
+    if isinstance(schema, dict):
+        if NAMED in schema:
+            return {"$ref": f"#/components/schemas/{schema[NAMED]}"}
+        return {key: named_refs(value) for key, value in schema.items()}
+    if isinstance(schema, list):
+        return [named_refs(item) for item in schema]
+    return schema
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -84,7 +182,7 @@ class _Body(BaseModel):
 class NeutralCall(_Body):
     call_id: str = Field(min_length=1, max_length=200, pattern=ID_PATTERN, json_schema_extra=_ID_DOC)
     tool_name: str = Field(min_length=1, max_length=200, pattern=ID_PATTERN, json_schema_extra=_ID_DOC)
-    arguments: str | dict[str, Any] = Field(
+    arguments: str | CallArguments = Field(
         description="the arguments as the model wrote them: JSON text, or an object." + _FREE_FORM
     )
 
@@ -114,8 +212,18 @@ class ProviderEnvelope(_Body):
     )
 
 
+IMPACT_DIGEST_PATTERN = r"^[0-9a-f]{32}$"
+
+
 class DecisionBody(_Body):
     reason: str | None = Field(default=None, max_length=1000, json_schema_extra=_TEXT_DOC)
+    impact_digest: str | None = Field(
+        default=None, pattern=IMPACT_DIGEST_PATTERN,
+        description="the `impact_digest` of the impact the approver was shown (GET /v1/approvals). "
+        "When given, an approval whose impact has changed since (recomputed on current state) is "
+        "refused 409 `impact_changed` and nothing is decided. When absent, the approval is decided "
+        "on the impact as it is now, which the answer's `impact_digest` names (decision 0222).",
+    )
 
 
 TURN_MESSAGE_MAX_CHARS = 100_000
@@ -158,6 +266,35 @@ class ResolveBody(_Body):
         return self
 
 
+class Succeeded(core_types.Succeeded):
+    """A success as the API shows it: the library's `Succeeded`, its freshness times
+    (`observed_at`, `source_time`) in ISO 8601 UTC instead of epoch seconds."""
+
+    observed_at: Moment | None = None  # type: ignore[assignment]
+    source_time: Moment | None = None  # type: ignore[assignment]
+
+
+class Pending(core_types.Pending):
+    """A call without a terminal outcome as the API shows it: the library's `Pending`,
+    its impact a named schema (a generated client's `Impact`)."""
+
+    impact: Impact | None = None
+
+
+CallStatus = Annotated[
+    Succeeded | core_types.FailedRetryable | core_types.FailedTerminal | Pending,
+    Field(discriminator="status"),
+]
+"""One call's status as the API shows it (the library's `CallStatus`, times in ISO
+8601 UTC). Build it from the library's with `call_statuses`."""
+
+
+def call_statuses(statuses: Sequence[core_types.CallStatus]) -> list[dict[str, Any]]:
+    """The library's statuses as the API's CallStatus reads them (epoch seconds
+    become UTC times when validated)."""
+    return [status.model_dump() for status in statuses]
+
+
 class RequestAnswer(BaseModel):
     """One status per call, in proposal order: rejected calls' terminal results,
     admitted calls' operation ids and states."""
@@ -166,9 +303,25 @@ class RequestAnswer(BaseModel):
     calls: list[CallStatus]
     settled: bool
     provider: ProviderName | None = None
-    results: list[dict[str, Any]] | None = Field(
+    results: list[ProviderResult] | None = Field(
         default=None, description="with ?provider=: the results in that provider's shape"
     )
+
+
+class AmountOut(BaseModel):
+    """A tool's display hint for an integer of its impact: minor units of `currency`."""
+
+    currency: str
+    decimals: int
+
+
+class RelatedOut(BaseModel):
+    """Another pending or in-flight operation of the tenant on one of the card's resources."""
+
+    operation_id: str
+    tool: str
+    state: str
+    shared: list[str] = Field(description="the resources it shares with the card")
 
 
 class ApprovalOut(BaseModel):
@@ -179,11 +332,26 @@ class ApprovalOut(BaseModel):
     call_id: str | None
     tool: str
     requester: Shown
-    impact: ShownJson
+    impact: Annotated[ShownJson, WithJsonSchema({NAMED: "Impact"})] = Field(
+        description="recomputed on current state when this answer was made (the tool's impact "
+        "hook); the stored one when it could not be (then `impact_current` is false)"
+    )
+    impact_digest: str | None = Field(
+        description="send it with the approval: a changed impact is refused `impact_changed`; "
+        "null when the impact could not be recomputed (the approval cannot be approved now)"
+    )
+    impact_as_of: Moment = Field(description="when the impact was computed (ISO 8601 UTC)")
+    impact_current: bool
+    amounts: dict[str, AmountOut] = Field(description="the tool's display hints for the impact's amounts")
+    related: list[RelatedOut] = Field(
+        description="the tenant's other pending and in-flight operations on the same resources, "
+        "newest first, at most 10"
+    )
+    related_count: int = Field(description="how many such operations there are")
     resources: list[str] | None
     intent_hash: str
-    requested_at: float
-    expires_at: float
+    requested_at: Moment
+    expires_at: Moment
     age_seconds: float
 
 
@@ -197,6 +365,9 @@ class DecisionOut(BaseModel):
     decided_by: Shown
     operation_id: str | None
     state: str | None
+    impact_digest: str | None = Field(
+        default=None, description="the digest of the impact an approval was decided on"
+    )
 
 
 class ReceiptOut(BaseModel):
@@ -212,10 +383,18 @@ class PendingOut(BaseModel):
     call_id: str
     tool: str
     generation: int
-    since: float
+    since: Moment
     reason: Shown | None
     cause: str | None
     receipts: list[ReceiptOut]
+    age_seconds: float = Field(default=0.0, description="how long it has waited for a person")
+    arguments: Annotated[ShownJson, WithJsonSchema({NAMED: "CallArguments"})] | None = Field(
+        default=None, description="the call's arguments, redacted"
+    )
+    effects: list[str] = Field(
+        default_factory=list,
+        description="the tool's declared effects; `unsafe`: running it again may do it twice",
+    )
 
 
 class PendingList(BaseModel):
@@ -223,7 +402,7 @@ class PendingList(BaseModel):
 
 
 class AuditEventOut(BaseModel):
-    at: float
+    at: Moment
     from_state: str | None
     to_state: str
     decision: str
@@ -236,6 +415,17 @@ class RequestCallOut(BaseModel):
     tool_name: str
     operation_id: str | None
     gate: str | None
+    state: str | None = Field(default=None, description="its operation's state (null: refused at admission)")
+    error_code: str | None = None
+
+
+class ApprovalDecisionOut(BaseModel):
+    """How the operation's approval ended: who decided, when, and why."""
+
+    state: Literal["pending", "approved", "denied", "expired"]
+    decided_by: Shown | None
+    decided_at: float | None
+    reason: Shown | None
 
 
 class OperationOut(BaseModel):
@@ -253,6 +443,14 @@ class OperationOut(BaseModel):
     side_effects: int = Field(description="distinct accepted receipts (I1: at most one)")
     audit: list[AuditEventOut]
     request_calls: list[RequestCallOut]
+    arguments: Annotated[ShownJson, WithJsonSchema({NAMED: "CallArguments"})] | None = Field(
+        default=None, description="the call's arguments, redacted"
+    )
+    output: ShownValue = Field(default=None, description="what the tool returned, redacted")
+    error_message: Shown | None = None
+    approval: ApprovalDecisionOut | None = Field(
+        default=None, description="the approval it waited for, if any: the decision and its reason"
+    )
 
 
 class ResolveOut(BaseModel):
@@ -288,7 +486,7 @@ class TurnStepOut(BaseModel):
     verdict: str | None
     usage: TurnUsageOut
     final_output: str | None = Field(description="sanitised where it is stored and read (get_turn)")
-    error: dict[str, Any] | None = Field(description="sanitised where it is read (get_turn)")
+    error: TurnError | None = Field(description="sanitised where it is read (get_turn)")
     proposed: list[TurnCallOut] = Field(description="the calls the model proposed in this step")
     calls: list[CallStatus] = Field(description="each proposed call's status and result")
     listed: list[str] | None = Field(
@@ -308,15 +506,15 @@ class TurnOut(BaseModel):
     terminal: bool
     end_reason: str | None
     final_output: str | None = Field(description="sanitised where it is stored and read (get_turn)")
-    error: dict[str, Any] | None = Field(description="sanitised where it is read (get_turn)")
+    error: TurnError | None = Field(description="sanitised where it is read (get_turn)")
     surface: str | None = Field(
         description="the turn surface the turn runs under (the key's, else the server's "
         "TOOLFENCE_TURN_SURFACE); null: none",
     )
     generation: int
     steps: list[TurnStepOut]
-    created_at: float
-    finished_at: float | None
+    created_at: Moment
+    finished_at: Moment | None
 
 
 class Health(BaseModel):

@@ -1,7 +1,7 @@
 """What the API and the console do, as plain functions over an Identity.
 
 The routes (executor/http/api.py) and the console's pages
-(executor/http/console.py) both call these, so an approval decided in a page
+(executor/http/console/) both call these, so an approval decided in a page
 and one decided through the API go through the same checks. Every function is
 tenant-scoped by the caller's identity: another tenant's id is `not_found`,
 exactly like an id that does not exist.
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import threading
 import time
 import uuid
@@ -25,10 +26,13 @@ from executor import store
 from executor.core.approvers import ApprovalDecision
 from executor.core.canonical import NotCanonicalizable, canonical_json
 from executor.core.identifiers import InvalidIdentifier, check_server_context, identifier_problem
+from executor.core.impact import impact_digest as digest_of
 from executor.core.tools import Registry
 from executor.core.types import CallStatus, ErrorCode, ProposedCall, ServerContext
+from executor.http import cards
 from executor.http.keys import Identity
 from executor.http.models import (
+    ApprovalDecisionOut,
     ApprovalOut,
     AuditEventOut,
     DecisionOut,
@@ -44,11 +48,13 @@ from executor.http.models import (
     TurnOut,
     TurnStarted,
     TurnStepOut,
+    call_statuses,
+    moment,
 )
 from executor.http.problems import ProblemDetail, ProblemError
 from executor.providers.hosted import NO_HOSTED_TOOLS, HostedPolicy
 from executor.settings import Settings
-from executor.store import operator
+from executor.store import console_reads, operator
 from executor.store.api_keys import claim_idempotency_key
 from executor.store.engine import read_only
 from executor.telemetry import logcontext, metrics
@@ -303,25 +309,40 @@ class Service:
     # ------------------------------------------------------------ approvals
 
     def approvals(self, who: Identity) -> list[ApprovalOut]:
+        """The tenant's pending approvals, each impact recomputed now on current state
+        (with its digest, the tool's amount hints, and the other pending and in-flight
+        operations on the same resources: executor/http/cards.py)."""
         with read_only(self.engine).connect() as conn:
             rows = operator.pending_approvals(conn, tenant=who.tenant)
             hosted = store.pending_hosted_approvals(conn, tenant=who.tenant)
-            now = store.read_now(conn) if hosted else 0.0
-        found = [
-            ApprovalOut(
+            now = store.read_now(conn)
+            resources = {r.operation_id: self._resources(r) for r in rows}
+            related = cards.related_operations(conn, self.registry, who.tenant, resources.items())
+        found: list[ApprovalOut] = []
+        for r in rows:
+            impact, digest = cards.card_impact(self.registry, r)
+            shown, sharing = related.get(r.operation_id, ([], 0))
+            found.append(ApprovalOut(
                 approval_id=r.approval_id, kind="operation", operation_id=r.operation_id,
                 request_id=r.request_id, call_id=r.call_id, tool=r.tool_name, requester=r.requester,
-                impact=r.impact, resources=self._resources(r), intent_hash=r.intent_hash,
-                requested_at=r.requested_at, expires_at=r.expires_at, age_seconds=r.age_seconds,
-            )
-            for r in rows
-        ]
+                impact=impact, impact_digest=digest, impact_as_of=moment(now),
+                impact_current=digest is not None, amounts=cards.amounts_of(self.registry, r.tool_name),
+                related=shown, related_count=sharing, resources=resources[r.operation_id],
+                intent_hash=r.intent_hash, requested_at=moment(r.requested_at),
+                expires_at=moment(r.expires_at),
+                age_seconds=r.age_seconds,
+            ))
         found += [
             ApprovalOut(
                 approval_id=h.approval_id, kind="hosted", operation_id=None, request_id=h.request_id,
                 call_id=None, tool=store.HOSTED_APPROVAL_TOOL,
-                requester=str(h.requester.get("principal", "")), impact=h.impact, resources=None,
-                intent_hash=h.intent_hash, requested_at=h.requested_at, expires_at=h.expires_at,
+                requester=str(h.requester.get("principal", "")), impact=h.impact,
+                # A hosted call's impact is the redacted summary of the provider's
+                # arguments: fixed when it was asked, so its digest is the stored one's.
+                impact_digest=digest_of(h.impact), impact_as_of=moment(now),
+                impact_current=True, amounts={}, related=[], related_count=0, resources=None,
+                intent_hash=h.intent_hash, requested_at=moment(h.requested_at),
+                expires_at=moment(h.expires_at),
                 age_seconds=max(0.0, now - h.requested_at),
             )
             for h in hosted
@@ -344,13 +365,15 @@ class Service:
             return None  # a tool changed since admission: show none rather than guess
 
     def _decide(
-        self, who: Identity, approval_id: str, verb: ApprovalDecision, reason: str | None
-    ) -> tuple[store.Decision, str | None]:
+        self, who: Identity, approval_id: str, verb: ApprovalDecision, reason: str | None,
+        shown_digest: str | None,
+    ) -> tuple[store.Decision, str | None, str | None]:
         if not storable(approval_id):
             raise not_found("approval")
         approver = who.context("http-approval")
         hosted = approval_id.startswith(store.HOSTED_APPROVAL_PREFIX)
         operation_id: str | None = None
+        decided_digest: str | None = None
         with self.engine.begin() as conn:
             if hosted:
                 record = store.get_hosted_approval(conn, approval_id)
@@ -358,6 +381,12 @@ class Service:
                     raise not_found("approval")
                 approvers_for = self.hosted_policy.approvers_for
                 if verb is ApprovalDecision.APPROVE:
+                    decided_digest = digest_of(record.impact)
+                    if shown_digest is not None and shown_digest != decided_digest:
+                        raise ProblemError(
+                            409, ErrorCode.IMPACT_CHANGED, "the impact is not the one shown",
+                            errors=[ProblemDetail(path="/impact_digest", code="stale")],
+                        )
                     decision = store.approve_hosted(
                         conn, approval_id, approver=approver, approvers_for=approvers_for,
                         registry=self.registry,
@@ -374,22 +403,35 @@ class Service:
                 assert approval is not None
                 operation_id = approval.operation_id
                 if verb is ApprovalDecision.APPROVE:
+                    found = operator.pending_approvals(conn, who.tenant, approval_id)
+                    if not found:
+                        return store.Decision(store.DecisionOutcome.NOT_PENDING), operation_id, None
+                    pending = found[0]
+                    # Recomputed in the deciding transaction (decision 0222).
+                    impact, decided_digest = cards.check_decided_impact(
+                        self.registry, pending, shown_digest
+                    )
                     decision = store.approve(conn, approval_id, approver=approver, registry=self.registry)
+                    if decision.outcome is store.DecisionOutcome.DECIDED:
+                        cards.record_decided_impact(conn, approval_id, impact)
                 else:
                     decision = store.deny(
                         conn, approval_id, approver=approver, registry=self.registry,
                         reason=reason or "denied",
                     )
-        return decision, operation_id
+        return decision, operation_id, decided_digest
 
     def decide(
-        self, who: Identity, approval_id: str, verb: ApprovalDecision, reason: str | None
+        self, who: Identity, approval_id: str, verb: ApprovalDecision, reason: str | None,
+        impact_digest: str | None = None,
     ) -> DecisionOut:
         """approve or deny as the key's principal, through the store's approver check;
         a refusal is committed (it is audited) before it is answered 403. An approver
         check that lost its connection decided nothing: 503, the approval pending."""
         try:
-            decision, operation_id = self._decide(who, approval_id, verb, reason)
+            decision, operation_id, decided_digest = self._decide(
+                who, approval_id, verb, reason, impact_digest
+            )
         except store.ApproverUnavailable as exc:
             raise ProblemError(
                 503, ErrorCode.UPSTREAM_UNAVAILABLE, f"{exc}; the approval stays pending, try again",
@@ -414,6 +456,7 @@ class Service:
             approval_id=approval_id,
             decision="approved" if verb is ApprovalDecision.APPROVE else "denied",
             decided_by=who.principal, operation_id=operation_id, state=state,
+            impact_digest=decided_digest,
         )
 
     # ------------------------------------------------------------ needs a person
@@ -422,15 +465,22 @@ class Service:
         with read_only(self.engine).connect() as conn:
             rows = operator.reconciliation_pending(conn, tenant=who.tenant, limit=limit)
             receipts = {r.operation_id: operator.receipts_of(conn, r.operation_id) for r in rows}
+            now = store.read_now(conn) if rows else 0.0
         return [
             PendingOut(
                 operation_id=r.operation_id, request_id=r.request_id, call_id=r.call_id,
-                tool=r.tool_name, generation=r.generation, since=r.updated_at,
+                tool=r.tool_name, generation=r.generation, since=moment(r.updated_at),
                 reason=operator.operation_reason(r), cause=operator.operation_cause(r),
                 receipts=[_receipt(x) for x in receipts[r.operation_id]],
+                age_seconds=max(0.0, now - r.updated_at), arguments=json.loads(r.arguments),
+                effects=self._effects(r.tool_name),
             )
             for r in rows
         ]
+
+    def _effects(self, tool_name: str) -> list[str]:
+        tool = self.registry.get(tool_name)
+        return sorted(e.value for e in tool.effects) if tool is not None else []
 
     def resolve(
         self, who: Identity, operation_id: str, outcome: str, reference: str | None, note: str | None
@@ -465,13 +515,21 @@ class Service:
         return ResolveOut(operation_id=operation_id, state=resolved.state, resolved_by=who.principal)
 
     def operation(self, who: Identity, operation_id: str) -> OperationOut:
+        """One operation as a person reads it: state, receipts (each once), the audit
+        trail, its arguments and output (redacted), its error message, how its approval
+        was decided and why, and each call of its request with that call's state."""
         if not storable(operation_id):
             raise not_found("operation")
         with read_only(self.engine).connect() as conn:
             record = operator.operation_record(conn, operation_id, tenant=who.tenant)
-        if record is None:
-            raise not_found("operation")
+            if record is None:
+                raise not_found("operation")
+            states = store.operations_in(
+                conn, [c.operation_id for c in record.request_calls if c.operation_id]
+            )
+            approval = console_reads.approval_decision(conn, operation_id)
         row = record.row
+        stored = json.loads(row.result) if row.result else None
         return OperationOut(
             operation_id=row.operation_id, request_id=row.request_id, call_id=row.call_id,
             tool=row.tool_name, state=row.state, generation=row.generation, attempts=row.attempts,
@@ -486,11 +544,37 @@ class Service:
             ],
             request_calls=[
                 RequestCallOut(
-                    call_id=c.call_id, tool_name=c.tool_name, operation_id=c.operation_id, gate=c.gate
+                    call_id=c.call_id, tool_name=c.tool_name, operation_id=c.operation_id, gate=c.gate,
+                    state=states[c.operation_id].state if c.operation_id in states else None,
+                    error_code=(
+                        states[c.operation_id].error_code if c.operation_id in states
+                        else _call_error_code(c.result)
+                    ),
                 )
                 for c in record.request_calls
             ],
+            arguments=json.loads(row.arguments),
+            output=stored.get("output", stored) if isinstance(stored, dict) else stored,
+            error_message=operator.operation_reason(row),
+            approval=(
+                ApprovalDecisionOut(
+                    state=approval.state, decided_by=approval.decided_by,  # type: ignore[arg-type]
+                    decided_at=approval.decided_at, reason=approval.reason,
+                )
+                if approval is not None else None
+            ),
         )
+
+
+def _call_error_code(result: str | None) -> str | None:
+    """The error code of a call refused at admission (its stored result)."""
+    if not result:
+        return None
+    try:
+        error = json.loads(result).get("error") or {}
+    except (ValueError, AttributeError):
+        return None
+    return str(error["code"]) if isinstance(error, dict) and error.get("code") else None
 
 
 KEY_SURFACE_UNDECLARED = "this key's turn surface is not declared by this server's tools"
@@ -516,7 +600,8 @@ def _receipt(row: Any) -> ReceiptOut:
 
 def _answer(request_id: str, statuses: Sequence[CallStatus]) -> RequestAnswer:
     return RequestAnswer(
-        request_id=request_id, calls=list(statuses), settled=all(settled(s) for s in statuses)
+        request_id=request_id, calls=call_statuses(statuses),  # type: ignore[arg-type]
+        settled=all(settled(s) for s in statuses),
     )
 
 

@@ -24,6 +24,7 @@ from typing import Any, Literal, TextIO
 import mcp_types
 from pydantic import BaseModel, ConfigDict, JsonValue
 
+from executor.core.amounts import Amount
 from executor.core.approvers import ApproverPolicy
 from executor.core.tools import (
     Access,
@@ -105,6 +106,8 @@ class ToolPolicy:
     max_error_chars: int = DEFAULT_MAX_ERROR_CHARS
     check: Callable[[McpArguments, ServerContext], None] | None = None
     impact: Callable[[McpArguments, ServerContext], Mapping[str, Any]] | None = None
+    # Display hints for the impact's integers (executor/core/amounts.py)
+    amounts: Mapping[str, Amount] | None = None
     resource_ids: Callable[[McpArguments, ServerContext], Iterable[str]] | None = None
     lookup: Callable[[McpArguments, RunContext], LookupResult] | None = None
     receipt: Callable[[McpToolOutput], str] | None = None
@@ -318,6 +321,7 @@ def _build_tool(
         schema_version=schema_version_of(input_model.mcp_input_schema),
         check=policy.check,
         impact=policy.impact,
+        amounts=policy.amounts,
         lookup=policy.lookup,
         model_view=model_view,
         resource_ids=policy.resource_ids,
@@ -360,6 +364,9 @@ class _Binding:
                 META_OPERATION_ID: ctx.operation_id,
                 META_IDEMPOTENCY_KEY: ctx.idempotency_key,
                 META_FENCING_TOKEN: ctx.fencing_token,
+                # The W3C trace context, under the keys MCP's `_meta` uses for it.
+                **({"traceparent": ctx.traceparent} if ctx.traceparent else {}),
+                **({"tracestate": ctx.tracestate} if ctx.tracestate else {}),
             },
             correlation_token=correlation_token,
             expected_input_fingerprint=self.input_fingerprint,

@@ -15,13 +15,13 @@ import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, TypeAlias, TypeVar
 
 import pydantic_core
 
 from executor.core.admission import offered_to
+from executor.core.times import iso_utc
 from executor.core.tools import Mode, Registry, Tool
 from executor.core.types import (
     ErrorCode,
@@ -545,10 +545,7 @@ def _jsonable(value: Any, *, surface: str, call_id: str) -> Any:
 
 
 def _timestamp(epoch_seconds: float | None) -> str | None:
-    if epoch_seconds is None:
-        return None
-    moment = datetime.fromtimestamp(epoch_seconds, UTC)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return iso_utc(epoch_seconds)
 
 
 def output_payload(result: Succeeded, *, surface: str) -> Any:

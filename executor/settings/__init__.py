@@ -13,12 +13,16 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from executor.core.admission import DEFAULT_MAX_ARGUMENT_BYTES, DEFAULT_MAX_ARGUMENT_DEPTH, Limits
+from executor.core.argument_limits import DEFAULT_MAX_ARGUMENT_BYTES, DEFAULT_MAX_ARGUMENT_DEPTH
 from executor.core.budgets import BudgetLimits, Budgets, Scope
 from executor.settings.sources import Loaded, load, read, use_config_file
 from executor.settings.variables import DECLARED, VARIABLES, SettingsError, Variable, mask_url
+
+if TYPE_CHECKING:
+    # Loaded where used: the CLI's parsers read the declarations without admission.
+    from executor.core.admission import Limits
 
 __all__ = [
     "DECLARED",
@@ -135,6 +139,8 @@ class Settings:
     @property
     def limits(self) -> Limits:
         """The parse gate's limits these settings name."""
+        from executor.core.admission import Limits
+
         return Limits(self.max_argument_bytes, self.max_argument_depth)
 
     @property

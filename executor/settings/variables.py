@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from executor.core.admission import DEFAULT_MAX_ARGUMENT_BYTES, DEFAULT_MAX_ARGUMENT_DEPTH
+from executor.core.argument_limits import DEFAULT_MAX_ARGUMENT_BYTES, DEFAULT_MAX_ARGUMENT_DEPTH
 from executor.core.budgets import BudgetLimits, Budgets, Scope
 from executor.errors import ConfigurationError
 
@@ -237,6 +237,11 @@ DECLARED: tuple[Variable, ...] = (
         "TOOLFENCE_TURN_CLI_ENV_ALLOW", NAMES, (),
         "environment variables a cli: agent may see besides PATH, HOME, …",
     ),
+    # Eval (`toolfence eval`)
+    Variable(
+        "TOOLFENCE_EVAL_FIXTURES", TEXT, None,
+        "the eval fixtures file whose declared tools executor.eval.declared:registry builds",
+    ),
     # Logs
     Variable(
         "TOOLFENCE_LOG_FORMAT", CHOICE, "text",
@@ -302,6 +307,28 @@ DECLARED: tuple[Variable, ...] = (
     Variable(
         "PROMETHEUS_MULTIPROC_DIR", TEXT, None,
         "prometheus_client's directory for the counters of several processes",
+    ),
+    # The sandbox of `sandbox.run_python` (executor/sandbox, docs/tools.md)
+    Variable(
+        "TOOLFENCE_SANDBOX_BWRAP", TEXT, "bwrap",
+        "the bubblewrap executable (a name looked up in PATH, or a path)",
+    ),
+    Variable(
+        "TOOLFENCE_SANDBOX_PYTHON", TEXT, "/usr/bin/python3",
+        "the interpreter that runs sandboxed programs (under /usr: the only runtime the sandbox mounts)",
+    ),
+    Variable(
+        "TOOLFENCE_SANDBOX_HOST_UID", INTEGER, 65534,
+        "the host uid and gid a root worker runs bubblewrap as (never root; unused when not root)",
+        minimum=1,
+    ),
+    Variable(
+        "TOOLFENCE_SANDBOX_MAX_TIMEOUT_SECONDS", NUMBER, 10.0,
+        "the longest wall-clock time a sandboxed program may ask for", minimum=0, above=True,
+    ),
+    Variable(
+        "TOOLFENCE_SANDBOX_MAX_MEMORY_MB", INTEGER, 512,
+        "the most address space (MiB) a sandboxed program may ask for", minimum=64,
     ),
     # Fault injection (tests and the chaos campaign)
     Variable("TOOLFENCE_FAULT_POINTS", NAMES, (), "fault points: point[:tool]=action[@probability], …"),

@@ -45,6 +45,7 @@ from executor.store.approvals import (
 from executor.store.audit import (
     audit_trail,
 )
+from executor.store.batch import AdmissionRaced, AdmissionReads, Intake, Writes, read_for_admission
 from executor.store.clock import DATABASE_CLOCK, Clock, ManualClock, read_now
 from executor.store.driver import Executes
 from executor.store.errors import StoreDatabaseError, store_errors
@@ -117,8 +118,14 @@ from executor.store.records import (
     StoreError,
 )
 from executor.store.registration import register
+from executor.store.tracecontext import save_attempt_trace, trace_contexts
 
 __all__ = [
+    "AdmissionRaced",
+    "AdmissionReads",
+    "Intake",
+    "Writes",
+    "read_for_admission",
     "ApproverUnavailable",
     "StoreDatabaseError",
     "store_errors",
@@ -190,6 +197,7 @@ __all__ = [
     "record_receipt",
     "refuse_approver",
     "register",
+    "save_attempt_trace",
     "release_successors",
     "release_to_retry",
     "renew",
@@ -205,5 +213,6 @@ __all__ = [
     "stale_started",
     "still_owner",
     "take_over",
+    "trace_contexts",
     "waiting_on_earlier",
 ]

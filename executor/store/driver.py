@@ -165,6 +165,11 @@ def _compile(statement: Executable, dialect: Dialect) -> _Compiled:
     return entry
 
 
+def compiled_for(statement: Executable, dialect: Dialect) -> _Compiled:
+    """`statement` compiled once for the driver-level path: `.sql` and `.parameters(values)`."""
+    return _compile(statement, dialect)
+
+
 class DriverConnection:
     """One pooled connection, used at driver level (see the module's docstring)."""
 

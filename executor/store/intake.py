@@ -58,11 +58,15 @@ def lock_scopes(conn: Connection, tenant: str, request_id: str, conversation_id:
     """
     if conn.dialect.name != "postgresql":
         return
-    keys = ([f"conversation\0{tenant}\0{conversation_id}"] if conversation_id is not None else [])
-    keys.append(f"request\0{tenant}\0{request_id}")
-    for key in keys:
-        lock_id = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big", signed=True)
+    for lock_id in scope_lock_ids(tenant, request_id, conversation_id):
         conn.execute(text("SELECT pg_advisory_xact_lock(:lock_id)"), {"lock_id": lock_id})
+
+
+def scope_lock_ids(tenant: str, request_id: str, conversation_id: str | None) -> list[int]:
+    """The advisory lock ids of a request's scopes, conversation first (`lock_scopes`)."""
+    keys = [f"conversation\0{tenant}\0{conversation_id}"] if conversation_id is not None else []
+    keys.append(f"request\0{tenant}\0{request_id}")
+    return [int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big", signed=True) for key in keys]
 
 
 def record_call(
@@ -87,20 +91,43 @@ def record_call(
     and points at its operation."""
     conn.execute(
         _insert_call(clock),
-        {
-            "tenant": tenant,
-            "request_id": request_id,
-            "conversation_id": conversation_id,
-            "proposal_hash": proposal_hash,
-            "reused_from_call_id": reused_from_call_id,
-            "call_id": call_id,
-            "position": position,
-            "tool_name": tool_name,
-            "operation_id": operation_id,
-            "gate": None if gate is None else gate.value,
-            "result": dumps(result) if result is not None else None,
-        },
+        call_row_parameters(
+            tenant=tenant, request_id=request_id, call_id=call_id, position=position,
+            tool_name=tool_name, operation_id=operation_id, gate=gate, result=result,
+            conversation_id=conversation_id, proposal_hash=proposal_hash,
+            reused_from_call_id=reused_from_call_id,
+        ),
     )
+
+
+def call_row_parameters(
+    *,
+    tenant: str,
+    request_id: str,
+    call_id: str,
+    position: int,
+    tool_name: str,
+    operation_id: str | None,
+    gate: Gate | None,
+    result: dict[str, Any] | None,
+    conversation_id: str | None = None,
+    proposal_hash: str | None = None,
+    reused_from_call_id: str | None = None,
+) -> dict[str, Any]:
+    """`_insert_call`'s parameters for one call row (`record_call`'s arguments)."""
+    return {
+        "tenant": tenant,
+        "request_id": request_id,
+        "conversation_id": conversation_id,
+        "proposal_hash": proposal_hash,
+        "reused_from_call_id": reused_from_call_id,
+        "call_id": call_id,
+        "position": position,
+        "tool_name": tool_name,
+        "operation_id": operation_id,
+        "gate": None if gate is None else gate.value,
+        "result": dumps(result) if result is not None else None,
+    }
 
 
 _CALL_COLUMNS = (

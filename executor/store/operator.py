@@ -48,7 +48,9 @@ class PendingApproval:
     age_seconds: float
 
 
-def pending_approvals(conn: Connection, tenant: str | None = None) -> list[PendingApproval]:
+def pending_approvals(
+    conn: Connection, tenant: str | None = None, approval_id: str | None = None
+) -> list[PendingApproval]:
     query = (
         select(
             approvals, operations.c.tool_name, operations.c.call_id, operations.c.request_id,
@@ -61,6 +63,8 @@ def pending_approvals(conn: Connection, tenant: str | None = None) -> list[Pendi
     )
     if tenant is not None:
         query = query.where(operations.c.tenant == tenant)
+    if approval_id is not None:
+        query = query.where(approvals.c.approval_id == approval_id)
     rows = conn.execute(query).all()
     now = read_now(conn) if rows else 0.0
     return [

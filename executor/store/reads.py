@@ -196,6 +196,7 @@ def stale_started(
             operations.c.generation,
             operations.c.tool_name,
             operations.c.lease_expires_at,
+            operations.c.trace_context,
         )
         .where(
             operations.c.state == sql_literal(State.STARTED),
@@ -207,7 +208,7 @@ def stale_started(
     if skip_locked:
         query = query.with_for_update(skip_locked=True)
     return [
-        StaleOperation(r.operation_id, r.generation, r.tool_name, r.lease_expires_at)
+        StaleOperation(r.operation_id, r.generation, r.tool_name, r.lease_expires_at, r.trace_context)
         for r in conn.execute(query)
     ]
 

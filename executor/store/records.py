@@ -32,6 +32,7 @@ class NewOperation:
     approved_resources: frozenset[str] | None = None
     tenant: str = ""
     conversation_id: str | None = None
+    trace_context: str | None = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ class StaleOperation:
     generation: int
     tool_name: str
     lease_expires_at: float
+    trace_context: str | None = None
 
 
 @dataclass(frozen=True)
@@ -181,6 +183,7 @@ class OperationRow:
     approved_resources: str | None = None
     tenant: str = ""
     conversation_id: str | None = None
+    trace_context: str | None = None
 
     @classmethod
     def from_row(cls, row: Any) -> OperationRow:

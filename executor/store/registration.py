@@ -12,6 +12,7 @@ a conflict. On PostgreSQL the `admitted` audit event is in the INSERT's statemen
 from __future__ import annotations
 
 import secrets
+from typing import Any
 
 from sqlalchemy import Connection, Executable, bindparam, insert, select
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
@@ -35,7 +36,7 @@ _REGISTERED_COLUMNS = (
     "operation_id", "tenant", "request_id", "conversation_id", "call_id", "position",
     "tool_name", "schema_version", "mode", "state", "generation", "intent_hash", "arguments",
     "context", "attempts", "available_at", "queued_at", "impact", "approved_resources",
-    "created_at", "updated_at",
+    "created_at", "updated_at", "trace_context",
 )
 
 
@@ -60,12 +61,10 @@ def _register_statement(clock: Clock, postgresql: bool, state: State) -> Executa
     return select(cte).add_cte(event_from(cte, None, state, clock).cte("logged"))
 
 
-def register(conn: Connection, new: NewOperation, clock: Clock = DATABASE_CLOCK) -> RegisterOutcome:
-    """Create the operation, or report what the idempotency table says about its id."""
+def registration_parameters(new: NewOperation, now: float, postgresql: bool) -> tuple[State, dict[str, Any]]:
+    """The state a new operation starts in and `_register_statement`'s parameters for
+    it, its timestamps `now` (the database clock, read by the caller)."""
     state = State.PENDING_APPROVAL if new.needs_approval else State.QUEUED
-    now = conn.execute(select(clock.now())).scalar_one()
-    postgresql = conn.dialect.name == "postgresql"
-    decision = "admitted"
     values = {
         "operation_id": new.operation_id,
         "tenant": new.tenant,
@@ -91,10 +90,38 @@ def register(conn: Connection, new: NewOperation, clock: Clock = DATABASE_CLOCK)
         ),
         "created_at": now,
         "updated_at": now,
+        "trace_context": new.trace_context,
     }
     params = {f"new_{column}": value for column, value in values.items()}
     if postgresql:
-        params |= event_params(decision)
+        params |= event_params("admitted")
+    return state, params
+
+
+def approval_values(new: NewOperation, now: float) -> dict[str, Any]:
+    """The pending approval row of an operation registered `pending_approval`."""
+    return {
+        "approval_id": "apr_" + secrets.token_hex(12),
+        "operation_id": new.operation_id,
+        "intent_hash": new.intent_hash,
+        "impact": dumps(new.impact),
+        "state": ApprovalState.PENDING.value,
+        "requested_at": now,
+        "expires_at": now + new.approval_ttl_seconds,
+    }
+
+
+def register_statement(clock: Clock, postgresql: bool, state: State) -> Executable:
+    """The registering INSERT (see `_register_statement`), built once per clock and state."""
+    return _register_statement(clock, postgresql, state)
+
+
+def register(conn: Connection, new: NewOperation, clock: Clock = DATABASE_CLOCK) -> RegisterOutcome:
+    """Create the operation, or report what the idempotency table says about its id."""
+    now = conn.execute(select(clock.now())).scalar_one()
+    postgresql = conn.dialect.name == "postgresql"
+    decision = "admitted"
+    state, params = registration_parameters(new, now, postgresql)
     # RETURNING rather than rowcount: drivers disagree on rowcount for DO NOTHING.
     row = conn.execute(_register_statement(clock, postgresql, state), params).one_or_none()
     if row is not None:
@@ -102,18 +129,9 @@ def register(conn: Connection, new: NewOperation, clock: Clock = DATABASE_CLOCK)
             append_event(conn, row, None, state, decision, clock)
         approval_id = None
         if state is State.PENDING_APPROVAL:
-            approval_id = "apr_" + secrets.token_hex(12)
-            conn.execute(
-                insert(approvals).values(
-                    approval_id=approval_id,
-                    operation_id=new.operation_id,
-                    intent_hash=new.intent_hash,
-                    impact=dumps(new.impact),
-                    state=ApprovalState.PENDING.value,
-                    requested_at=now,
-                    expires_at=now + new.approval_ttl_seconds,
-                )
-            )
+            approval = approval_values(new, now)
+            approval_id = approval["approval_id"]
+            conn.execute(insert(approvals).values(**approval))
         return Created(new.operation_id, state, approval_id)
     existing = conn.execute(
         select(operations.c.state, operations.c.intent_hash).where(

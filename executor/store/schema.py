@@ -67,6 +67,10 @@ operations = Table(
     # JSON list: the resource ids a write declaring `resources` was admitted (and
     # approved) for; NULL for every other operation (migration 0003).
     Column("approved_resources", Text),
+    # JSON: the W3C trace context of the request span that registered it and of the
+    # last execution attempt's span (executor/telemetry/tracing.py); NULL when
+    # tracing was off (migration 0011).
+    Column("trace_context", Text),
 )
 
 # The reconciler's query for stale `started` operations and the gauges read only
@@ -349,6 +353,8 @@ turns = Table(
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
     Column("finished_at", Float),
+    # JSON: the W3C trace context of the span that started the turn (migration 0011).
+    Column("trace_context", Text),
 )
 Index(
     "ux_toolfence_turns_running",
@@ -389,6 +395,8 @@ turn_steps = Table(
     # The ids of the items the turn's surface listed to the model at this step
     # (migration 0010; a JSON list, NULL when none were listed).
     Column("offered", Text),
+    # JSON: the W3C trace context of the step's `chat` span (migration 0011).
+    Column("trace_context", Text),
 )
 
 # `toolfence serve` (migration 0008). One row per API key: the identity it stands

@@ -94,6 +94,7 @@ def insert_turn(
     driver: str,
     options: Mapping[str, Any],
     queue_when_busy: bool = False,
+    trace_context: str | None = None,
     clock: Clock = DATABASE_CLOCK,
 ) -> TurnState | None:
     """A new `running` turn and its outbox row. When the tenant's scope already has a
@@ -105,7 +106,7 @@ def insert_turn(
         "conversation_id": conversation_id, "scope_key": scope_key, "context": dumps(dict(context)),
         "message": message, "driver": driver, "options": dumps(dict(options)),
         "state": TurnState.RUNNING.value, "generation": 0, "steps": 0,
-        "created_at": now, "updated_at": now,
+        "created_at": now, "updated_at": now, "trace_context": trace_context,
     }
     # The partial index's predicate as a literal, never a bound parameter: once psycopg
     # has prepared the statement on a connection and PostgreSQL plans it generically
@@ -237,6 +238,7 @@ def record_step(
     error: Mapping[str, Any] | None = None,
     verdict: str | None = None,
     offered: Sequence[str] | None = None,
+    trace_context: str | None = None,
     clock: Clock = DATABASE_CLOCK,
 ) -> bool:
     """Checkpoint one model step: CAS on the owner *and* on the step count (steps =
@@ -260,6 +262,7 @@ def record_step(
             verdict=verdict, usage=dumps(dict(usage)), request_id=request_id,
             generation=lease.generation, recorded_at=now,
             offered=None if offered is None else dumps(list(offered)),
+            trace_context=trace_context,
         )
     )
     return True

@@ -22,6 +22,7 @@ from executor.errors import TurnError
 from executor.settings import Settings
 from executor.store import turns as turn_store
 from executor.store.engine import read_only
+from executor.telemetry import tracing
 from executor.turns.contract import proposals_from_json
 from executor.turns.values import StepOutcome, StepRecord, TurnOptions, Usage
 
@@ -122,12 +123,13 @@ def start_turn(
     stored_context = context.model_copy(
         update={"conversation_id": conversation_id, "turn_id": turn_id}
     ).to_json()
-    state = turn_store.insert_turn(
-        conn, turn_id=turn_id, tenant=context.tenant, principal=context.principal,
-        conversation_id=conversation_id, scope_key=scope_key(scope, context, conversation_id),
-        context=stored_context, message=message, driver=driver, options=options.to_json(),
-        queue_when_busy=when_busy == "queue",
-    )
+    with tracing.turn_span(context.tenant, turn_id):
+        state = turn_store.insert_turn(
+            conn, turn_id=turn_id, tenant=context.tenant, principal=context.principal,
+            conversation_id=conversation_id, scope_key=scope_key(scope, context, conversation_id),
+            context=stored_context, message=message, driver=driver, options=options.to_json(),
+            queue_when_busy=when_busy == "queue", trace_context=tracing.stored_context(),
+        )
     if state is None:
         from executor.telemetry import metrics
 
@@ -157,6 +159,7 @@ def step_record(row: Any) -> StepRecord:
         usage=Usage.from_json(json.loads(row.usage)), final_output=row.final_output,
         error=json.loads(row.error) if row.error else None, verdict=row.verdict,
         offered=tuple(json.loads(row.offered)) if row.offered is not None else None,
+        trace_context=row.trace_context,
     )
 
 
@@ -219,6 +222,15 @@ def turn_summary(view: Mapping[str, Any]) -> str:
     if view.get("surface"):
         # The surface the turn ran under: its catalog and its write rule.
         lines.append(f"  surface {shown_text(view['surface'])}")
+    if view.get("error"):
+        # Why it fell back or failed (a driver that could not answer, a surface gone):
+        # the turn's own error, already through the sanitiser.
+        error = view["error"]
+        reason = (
+            f"{error.get('code', 'error')}: {error.get('message', '')}".rstrip(": ")
+            if isinstance(error, Mapping) else json.dumps(error)
+        )
+        lines.append(f"  why: {reason[:500]}")
     for step in view["steps"]:
         usage = step["usage"]
         head = f"  step {step['step']}: {step['outcome']}"

@@ -139,6 +139,8 @@ class StepRecord:
     # The ids of the items the turn's surface listed at this step (None: none listed):
     # the step's calls are admitted with them as the context's `offered`.
     offered: tuple[str, ...] | None = None
+    # The W3C context of the step's `chat` span (tracing on): its calls join it.
+    trace_context: str | None = None
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from executor.core.tools import load_registry
 from executor.errors import WorkerError
 from executor.settings import Settings
 from executor.store.engine import dispose_engines, get_engine
-from executor.telemetry import logcontext, metrics
+from executor.telemetry import logcontext, metrics, tracing
 from executor.worker.runner import OperationRunner
 
 if TYPE_CHECKING:
@@ -115,6 +115,8 @@ def _after_fork(**_: Any) -> None:
     dispose_engines()
     _runner = None
     _turn_runner = None
+    # Traces are set up in each child, on its first span, never shared with the parent.
+    tracing.after_fork()
 
 
 # Celery's own lines about a task ("succeeded in", "raised unexpected") are logged
@@ -161,6 +163,8 @@ def _mark_dead(pid: int | None = None, **_: Any) -> None:
     if mcp is not None:
         # MCP server subprocesses belong to this process: stop them with it.
         mcp.shutdown_connections()
+    # A pool child ends with os._exit: no atexit hook flushes its last spans.
+    tracing.shutdown()
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess
 

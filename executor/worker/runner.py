@@ -53,7 +53,7 @@ from executor.settings import Settings
 from executor.store import driver
 from executor.store.engine import read_only, single_statement
 from executor.store.errors import CONNECTION_ERRORS, bad_data_refusal
-from executor.telemetry import logcontext, metrics
+from executor.telemetry import logcontext, metrics, tracing
 from executor.worker.heartbeat import Heartbeat
 from executor.worker.outcomes import Outcome, OutcomeLabel, OutcomeRecorder, approved_resources, backoff
 
@@ -266,10 +266,23 @@ class OperationRunner(OutcomeRecorder):
             reserve_sent_at=acquired.reserve_sent_at,
         )
         heartbeat.start()
+        reservation = acquired.reservation
         try:
-            return self._execute_owned(row, tool, acquired.reservation, heartbeat)
+            with tracing.attempt(
+                row, reservation.generation, reservation.took_over, acquired.reserve_sent_at,
+                lambda text: self._save_trace(reservation, text),
+            ) as trace:
+                outcome = self._execute_owned(row, tool, reservation, heartbeat, trace)
+                trace.outcome(outcome.label.value)
+                return outcome
         finally:
             heartbeat.stop()
+
+    def _save_trace(self, reservation: store.Reservation, text: str) -> None:
+        """The attempt's trace context on the row (tracing on only): the next attempt
+        and the reconciler link to it (executor/telemetry/tracing.py)."""
+        with self.engine.begin() as conn:
+            store.save_attempt_trace(conn, reservation.operation_id, reservation.owner_token, text)
 
     def _execute_owned(
         self,
@@ -277,6 +290,7 @@ class OperationRunner(OutcomeRecorder):
         tool: Tool[Any] | None,
         reservation: store.Reservation,
         heartbeat: Heartbeat,
+        trace: tracing.NoSpan | tracing.Attempt,
     ) -> Outcome:
         arguments = json.loads(row.arguments)
         try:
@@ -357,6 +371,7 @@ class OperationRunner(OutcomeRecorder):
         def on_receipt(receipt: str, accepted: bool) -> None:
             self._record_receipt(row.operation_id, reservation.generation, receipt, accepted=accepted)
 
+        tool_span = trace.tool(tool.name, row.call_id)
         ctx = RunContext(
             operation_id=row.operation_id,
             idempotency_key=f"toolfence:{row.operation_id}",
@@ -368,12 +383,15 @@ class OperationRunner(OutcomeRecorder):
             approved_resources=approved_resources(row),
             still_owner=heartbeat.owned,
             on_receipt=on_receipt,
+            traceparent=tool_span.traceparent,
+            tracestate=tool_span.tracestate,
         )
         self.faults.fire("before_run", tool.name)
         metrics.HANDLER_INVOCATIONS.labels(tool.name).inc()
         started = time.perf_counter()
         try:
-            value = tool.run(args, ctx)
+            with tool_span:
+                value = tool.run(args, ctx)
         except StaleFencingToken:
             # The downstream saw a newer generation: we are a zombie. Its refusal is the
             # fence working; the new owner completes the operation.

@@ -62,7 +62,7 @@ from executor.store import new_owner_token
 from executor.store import turns as turn_store
 from executor.store.engine import read_only
 from executor.store.errors import CONNECTION_ERRORS
-from executor.telemetry import logcontext, metrics
+from executor.telemetry import logcontext, metrics, tracing
 from executor.turns import audit as audit_hook
 from executor.turns.contract import (
     ContractError,
@@ -318,7 +318,10 @@ class TurnRunner:
 
     def _enqueue(self, lease: turn_store.TurnLease, context: ServerContext, step: StepRecord) -> bool:
         """The step's calls as operations, in a transaction fenced by the turn's lease."""
-        with logcontext.log_context(request_id=step.request_id), self.engine.begin() as conn:
+        with (
+            logcontext.log_context(request_id=step.request_id), tracing.resumed(step.trace_context),
+            self.engine.begin() as conn,
+        ):
             if not turn_store.renew_turn(
                 conn, lease.turn_id, lease.generation, lease.owner_token, self.settings.lease_seconds
             ):
@@ -450,7 +453,10 @@ class TurnRunner:
             # A paused response may be continued with what is left of the step budget.
             max_continuations=max(0, options.max_steps - action.call_index),
         )
-        response = self._ask(driver, request)
+        with tracing.chat_span(row.trace_context, lease.turn_id, action.step, driver) as chat:
+            response = self._ask(driver, request)
+            if response is not None:
+                chat.answered(response.usage)
         if response is None:
             return None
         parsed = self._parse(driver, response)
@@ -488,6 +494,7 @@ class TurnRunner:
                 request_id=request_id, usage=response.usage.to_json(),
                 final_output=parsed.text if isinstance(parsed, Final) else None, error=error,
                 offered=None if targets is None else [t.id for t in targets],
+                trace_context=chat.stored,
             ):
                 transaction.rollback()  # the hosted records go with the lost checkpoint
                 return False

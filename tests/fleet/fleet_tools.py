@@ -150,6 +150,7 @@ def _declaration(tool: Tool[Any]) -> dict[str, Any]:
         "schema_version": tool.schema_version,
         "check": tool.check,
         "impact": tool.impact,
+        "amounts": tool.amounts,
         "lookup": tool.lookup,
         "model_view": tool.model_view,
         "render_view": tool.render_view,

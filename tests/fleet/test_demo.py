@@ -101,8 +101,11 @@ def test_demo__embedded_default__every_invariant_passes_and_nothing_is_left_runn
     assert "A durable turn (succeeded" in text, text
     assert "SIGKILL worker process" in text and "holding the turn" in text, text
     turn_checks = [line for line in text.splitlines() if "turn check:" in line]
-    assert len(turn_checks) == 4 and all(": PASS (" in line for line in turn_checks), turn_checks
+    assert len(turn_checks) == 5 and all(": PASS (" in line for line in turn_checks), turn_checks
     assert "step 3: final" in text, text
+    # Its first step worked out the credit's amount in the sandbox (bubblewrap is
+    # installed by make test's dependency step, so the program ran: not refused)
+    assert "one calculation ran sandboxed: PASS (sandbox.run_python printed '12500')" in text, text
     # It ran in a fresh directory under TOOLFENCE_HOME, and left no process behind
     runs = list(home.glob("demo-*"))
     assert len(runs) == 1 and (runs[0] / "toolfence.db").exists()

@@ -3,14 +3,13 @@ the operator console driven in a real browser (Debian's Chromium via Playwright)
 
 The server is a `toolfence serve` subprocess; the relay, worker and reconciler
 are the fleet's subprocesses; everything is checked through HTTP, the page, or
-the database. Set TOOLFENCE_SCREENSHOT_DIR to keep the approvals page's
-screenshot (docs/console-approvals.png is made that way).
+the database. The console's own walk-through, and the screenshots in docs/, are
+tests/fleet/test_console_live.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -239,11 +238,7 @@ def test_console__approve_a_transfer_and_resolve_an_unsafe_write__in_chromium(
             cookie = {c["name"]: c for c in context.cookies()}["toolfence_session"]
             assert cookie["httpOnly"] is True and cookie["sameSite"] == "Strict"
             assert carol.split("_", 2)[2] not in cookie["value"]
-            screenshots = [tmp_path / "console-approvals.png"]
-            if os.environ.get("TOOLFENCE_SCREENSHOT_DIR"):
-                screenshots.append(Path(os.environ["TOOLFENCE_SCREENSHOT_DIR"]) / "console-approvals.png")
-            for path in screenshots:
-                page.screenshot(path=str(path), full_page=True)
+            page.screenshot(path=str(tmp_path / "console-approvals.png"), full_page=True)
             # And a form posted without its CSRF token changes nothing
             forged = httpx.post(
                 f"{server}/console/approvals/{transfer['approval_id']}/approve",
@@ -282,7 +277,8 @@ def test_console__approve_a_transfer_and_resolve_an_unsafe_write__in_chromium(
             copied = httpx.get(
                 f"{server}/console/approvals", cookies={"toolfence_session": cookie["value"]}
             )
-            assert copied.status_code == 303 and copied.headers["location"] == "/console/login"
+            assert copied.status_code == 303
+            assert copied.headers["location"] == "/console/login?refused=expired"
 
             # When a key of another tenant signs in
             other = browser.new_context().new_page()

@@ -192,8 +192,8 @@ def test_unsafe_write__worker_killed_after_the_effect__pending_for_a_person_then
             )
             # When an operator checks the ledger and resolves it, naming the notice it found
             resolved = toolfence(
-                cli_env, "resolve", operation_id, "succeeded", "--actor", "ops",
-                "--reference", effect.receipt,
+                cli_env, "resolve", operation_id, "succeeded", "--tenant", pending["tenant"],
+                "--principal", "ops", "--reference", effect.receipt,
             )
             # Then it is succeeded, audited with the actor, and gone from the listing
             assert resolved.returncode == 0, resolved.stderr
@@ -210,7 +210,10 @@ def test_unsafe_write__worker_killed_after_the_effect__pending_for_a_person_then
             assert {r.receipt for r in receipt_rows(engine, operation_id) if r.accepted} == {effect.receipt}
             assert sample(page, "toolfence_invariant_violations", invariant="I1") == 0
             # And a second resolution is refused (it is no longer pending)
-            again = toolfence(cli_env, "resolve", operation_id, "failed", "--actor", "ops")
+            again = toolfence(
+                cli_env, "resolve", operation_id, "failed", "--tenant", pending["tenant"],
+                "--principal", "ops",
+            )
             assert again.returncode == 1 and "not reconciliation_pending" in again.stderr
             assert counter(metrics_dir, HANDLER_INVOCATIONS, tool="ledger.send_notice") == 1
     finally:

@@ -614,6 +614,12 @@ CONSOLE_GETS = [
     "/console/pending",
     "/console/operations/{operation_id}",
     "/console/console.css",
+    "/console/console.js",
+    "/console/operations",
+    "/console/requests",
+    "/console/turns",
+    "/console/turns/{operation_id}",
+    "/console/requests/{operation_id}",
 ]
 
 
@@ -647,8 +653,17 @@ def console_request(
         )
         query = {
             "notice": p.pick(["approved", "signed_out", CANARY, ""]),
-            "refused": p.pick(["approver_not_allowed", "csrf", "invalid", "rate_limited", CANARY]),
+            "refused": p.pick(
+                ["approver_not_allowed", "csrf", "invalid", "rate_limited", "impact_changed", CANARY]
+            ),
             "why": p.pick(["fuzzCANARY", "fuzzCANARY_why", "<b>" + CANARY, CANARY, "x" * 41, "\x00"]),
+            # the lists' filters and cursor
+            "state": p.pick(["queued", "pending_approval", "running", CANARY, "\x00", ""]),
+            "tool": p.pick(["ledger.transfer", CANARY, "x" * 300, ""]),
+            "principal": p.pick(["0" * 16, CANARY, "fuzzCANARY_who", ""]),
+            "since": p.pick(["2026-01-01T00:00", "yesterday", CANARY, "9999-99-99", ""]),
+            "until": p.pick(["2999-01-01T00:00+05:00", "nan", CANARY, ""]),
+            "after": p.pick(["1.5~op_x", "nan~op_x", "inf~" + CANARY, "~", CANARY, "1e400~x", ""]),
         }
         return HttpRequest(
             "GET", path + "?" + _form(dict(_drop_some(p, query))).decode(), route=template
@@ -678,7 +693,10 @@ def console_request(
     if action in (3, 4):
         approval = known(p, ids, "approval_id", "apr_x") if p.count(3) else p.pick(PATH_IDS)
         verb = p.pick(["approve", "deny", "approve", "nope", CANARY])
-        fields = {"csrf": csrf_value, "reason": _field(p, ["", "ok", CANARY, "\ud800", "\x00", "x" * 1_001])}
+        fields = {
+            "csrf": csrf_value, "reason": _field(p, ["", "ok", CANARY, "\ud800", "\x00", "x" * 1_001]),
+            "impact_digest": _field(p, ["0" * 32, "f" * 32, CANARY, "\x00", "x" * 65]),
+        }
         return HttpRequest(
             "POST",
             f"/console/approvals/{approval}/{verb}",
@@ -692,6 +710,7 @@ def console_request(
         "outcome": _field(p, ["succeeded", "failed", "requeue", "", CANARY]),
         "reference": _field(p, ["", "ref-1", CANARY, "\x00", "\ud800", "r" * 201]),
         "note": _field(p, ["", "n", CANARY, "\ud800", "x" * 1_001]),
+        "confirm": _field(p, ["it-did-not-happen", "", CANARY, "\x00"]),
     }
     return HttpRequest(
         "POST",

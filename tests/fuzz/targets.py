@@ -213,8 +213,8 @@ def cli_input(data: bytes) -> None:
     """The CLI's input-file reader and call-list reader: a value or a `UserError`."""
     import tempfile
 
+    from executor.cli.args import UserError
     from executor.cli.commands.enqueue import neutral_calls as _neutral_calls
-    from executor.cli.common import UserError
     from executor.cli.common import read_json_file as _read_json_file
 
     with tempfile.NamedTemporaryFile(suffix=".json") as handle:

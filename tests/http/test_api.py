@@ -458,7 +458,8 @@ def test_approve__approver_key__audit_names_the_keys_principal(
         # When the requester tries to approve her own transfer
         refused = client.post(f"/v1/approvals/{acme_world['approval']}/approve", json={})
     with served.client(carol) as client:
-        # And then carol approves it
+        # And then carol approves it (without a digest: decided on the impact as it is now)
+        [shown] = client.get("/v1/approvals").json()["approvals"]
         approved = client.post(f"/v1/approvals/{acme_world['approval']}/approve")
         again = client.post(f"/v1/approvals/{acme_world['approval']}/approve")
         record = client.get(f"/v1/operations/{acme_world['operation']}").json()
@@ -471,6 +472,7 @@ def test_approve__approver_key__audit_names_the_keys_principal(
         "decided_by": "carol",
         "operation_id": acme_world["operation"],
         "state": "queued",
+        "impact_digest": shown["impact_digest"],
     }
     assert_problem(again, 409, "not_pending")
     # And the audit trail names who tried and who decided, from their keys

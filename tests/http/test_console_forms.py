@@ -42,6 +42,13 @@ def csrf_of(page: str) -> str:
     return found.group(1)
 
 
+def digest_of(page: str) -> str:
+    """The impact digest an approve form carries (the impact the page showed)."""
+    found = re.search(r'name="impact_digest" value="([0-9a-f]{32})"', page)
+    assert found, "every approve form carries the digest of the impact it shows"
+    return found.group(1)
+
+
 def pending_transfer(served: Served) -> dict[str, str]:
     key = served.key("acme", "alice", P)
     with served.client(key) as client:
@@ -84,7 +91,7 @@ def test_approve_form__requester_decides_own_call__policy_refusal_shown_and_audi
         # When she approves it through the form
         answer = alice.post(
             f"/console/approvals/{call['approval_id']}/approve",
-            data={"csrf": csrf_of(page)},
+            data={"csrf": csrf_of(page), "impact_digest": digest_of(page)},
             follow_redirects=True,
         )
     # Then the page shows the approver policy's refusal, and the approval is still pending
@@ -111,7 +118,7 @@ def test_approve_form__role_directory_down__try_again_shown_and_nothing_audited(
         # When bob approves it through the form
         answer = bob.post(
             f"/console/approvals/{call['approval_id']}/approve",
-            data={"csrf": csrf_of(page)}, follow_redirects=True,
+            data={"csrf": csrf_of(page), "impact_digest": digest_of(page)}, follow_redirects=True,
         )
     directory.dispose()
     # Then the page says to try again, and the approval is pending with nothing audited
@@ -141,7 +148,7 @@ def test_session__key_revoked__signed_out_at_once(served: Served) -> None:
         with served.engine.begin() as conn:
             assert revoke_api_key(conn, key.split("_")[1])
         after = carol.get("/console/approvals")
-    assert after.status_code == 303 and after.headers["location"] == "/console/login"
+    assert after.status_code == 303 and after.headers["location"] == "/console/login?refused=expired"
 
 
 def test_pages__another_tenants_items__neither_listed_nor_shown(served: Served) -> None:
@@ -150,7 +157,8 @@ def test_pages__another_tenants_items__neither_listed_nor_shown(served: Served) 
         approvals = gina.get("/console/approvals").text
         operation = gina.get(f"/console/operations/{call['operation_id']}")
         decided = gina.post(
-            f"/console/approvals/{call['approval_id']}/approve", data={"csrf": csrf_of(approvals)}
+            f"/console/approvals/{call['approval_id']}/approve",
+            data={"csrf": csrf_of(approvals), "impact_digest": "0" * 32},
         )
     assert "Nothing is waiting for an approval" in approvals and call["approval_id"] not in approvals
     assert operation.status_code == 404 and "ledger.transfer" not in operation.text

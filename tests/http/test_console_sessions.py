@@ -5,6 +5,7 @@ limited per client address, and a secret-shaped principal never shown raw."""
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable
 from urllib.parse import quote
 
@@ -55,7 +56,8 @@ def test_logout__a_copy_of_the_cookie__refused_afterwards_and_after_a_restart(
     for server in (first, restarted):
         with httpx.Client(base_url=server.url, cookies={COOKIE: copied}) as client:
             answer = client.get("/console/approvals")
-            assert answer.status_code == 303 and answer.headers["location"] == "/console/login"
+            assert answer.status_code == 303
+            assert answer.headers["location"] == "/console/login?refused=expired"
         with httpx.Client(base_url=server.url, cookies={COOKIE: kept_cookie}) as client:
             assert client.get("/console/approvals").status_code == 200
 
@@ -128,3 +130,30 @@ def test_api__secret_shaped_principal__redacted_in_who_decided_and_the_audit(ser
     assert decided.json()["decided_by"] == "[REDACTED]"
     assert "sk-appr" not in record.text
     assert "[REDACTED]" in [e["actor"] for e in record.json()["audit"]]
+
+
+def _fresh_secret() -> HttpSettings:
+    """What a server without TOOLFENCE_SESSION_SECRET makes at start: a random secret."""
+    return HttpSettings(session_secret=secrets.token_bytes(32), rate_limit="10000/minute")
+
+
+def test_restart__without_a_set_secret__old_session_lands_on_login_told_it_expired(
+    served_with: Callable[..., Served],
+) -> None:
+    # Given carol signed in on a server whose session secret is made at start
+    first = served_with(http=_fresh_secret())
+    key = first.key("acme", "carol", A, roles=("approver",))
+    with signed_in(first, key) as carol:
+        cookie = carol.cookies[COOKIE]
+    # When the server restarts (a new secret) and her browser asks for a page
+    restarted = served_with(http=_fresh_secret())
+    with httpx.Client(base_url=restarted.url, cookies={COOKIE: cookie}, follow_redirects=True) as client:
+        answer = client.get("/console/approvals")
+    # Then she lands on the sign-in page, told her session expired, and the dead cookie is dropped
+    assert answer.url.path == "/console/login"
+    assert "Your session expired" in answer.text
+    deleted = answer.history[0].headers["set-cookie"]
+    assert deleted.startswith(f'{COOKIE}=""') and "Max-Age=0" in deleted
+    # And a browser that never signed in is not told so
+    with httpx.Client(base_url=restarted.url, follow_redirects=True) as fresh:
+        assert "Your session expired" not in fresh.get("/console/approvals").text

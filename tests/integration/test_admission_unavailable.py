@@ -162,22 +162,26 @@ def test_enqueue__rule_cannot_reach_its_database__raises_and_records_nothing_the
     assert len(payments.runs) == 1
 
 
-def test_enqueue__earlier_calls_committed_anyway__retry_finds_them_by_call_id(
+def test_enqueue__caller_commits_anyway__nothing_of_the_batch_was_written_and_a_retry_admits_it(
     engine: Engine, directory: Directory, payments: Payments
 ) -> None:
     registry = Registry([read_tool(), pay_tool(directory, payments, where="rule")])
     directory.up = False
-    # Given a caller that catches the error and commits what the batch had written
+    # Given a caller that catches the error and commits its transaction anyway
     with engine.begin() as conn, pytest.raises(AdmissionUnavailable):
         enqueue(conn, [QUOTE, PAY], ALICE, registry)
-    assert [s.call_id for s in results(engine, "acme", "req-1")] == ["c-quote"]
+    # Then nothing of the batch is there: an admission writes once every call is
+    # decided (docs/decisions/0212), so the read decided before the rule failed is
+    # not half of a request either
+    assert results(engine, "acme", "req-1") == []
+    assert rows(engine) == (0, 0, 0)
 
     # When the request is enqueued again with the database back
     directory.up = True
     with engine.begin() as conn:
         handle = enqueue(conn, [QUOTE, PAY], ALICE, registry)
 
-    # Then the read is the one already recorded (one operation), and the payment is admitted
+    # Then both are admitted, one operation each
     assert [c.status.status for c in handle.calls] == ["pending", "pending"]
     assert rows(engine)[1] == 2
 

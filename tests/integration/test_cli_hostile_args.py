@@ -123,7 +123,7 @@ def test_cli_metrics__default_host__listens_on_loopback_only(home: Path) -> None
         PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p),
     )
     process = subprocess.Popen(
-        [sys.executable, "-m", "executor.cli.main", "-v", "metrics"], env=env, cwd=home,
+        [sys.executable, "-m", "executor.cli.main", "-v", "metrics", "--database-only"], env=env, cwd=home,
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
     try:

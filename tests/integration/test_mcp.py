@@ -9,6 +9,7 @@ and large answers, mismatched response ids, crashes).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import multiprocessing
 import multiprocessing.queues
@@ -907,6 +908,21 @@ def test_write__carries_operation_and_fencing_ids_and_returns_receipt(
     assert seen["meta"]["io.toolfence/fencingToken"] == ctx.fencing_token
     # The id the server answered is the id we recorded for this operation.
     assert (seen["jsonrpc_request_id"],) == written.output.correlation.jsonrpc_request_ids
+    # Tracing off: no trace context is sent.
+    assert "traceparent" not in seen["meta"] and "tracestate" not in seen["meta"]
+
+
+def test_write__trace_context__sent_in_meta(fixture_server: tuple[Registry, McpRegistration]) -> None:
+    # Given the W3C trace context of the worker's execute_tool span on the call's ctx
+    registry, _ = fixture_server
+    traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    ctx = dataclasses.replace(run_ctx(), traceparent=traceparent, tracestate="vendor=x")
+    # When the tool runs
+    written = run(registry, "fx.store", {"key": "k-trace", "value": "v"}, ctx)
+    # Then the server received it in `_meta`, under the W3C names
+    assert isinstance(written, Written)
+    meta = written.output.structured["meta"]
+    assert (meta["traceparent"], meta["tracestate"]) == (traceparent, "vendor=x")
 
 
 def test_write__lease_lost__nothing_sent(fixture_server: tuple[Registry, McpRegistration]) -> None:

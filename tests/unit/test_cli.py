@@ -25,7 +25,7 @@ import pytest
 from google.genai import interactions as genai_interactions
 from google.genai import types as genai_types
 from pydantic import TypeAdapter
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from executor.cli.main import build_parser, main
 from executor.core.tools import load_registry
@@ -44,7 +44,8 @@ from tests.netkit import REFUSED_PASSWORD, Directory, refused_database_url
 
 COMMANDS = [
     "migrate", "demo", "worker", "relay", "reconcile", "check", "metrics", "enqueue", "results",
-    "show", "approvals", "approve", "deny", "pending", "resolve", "turn", "serve", "keys", "config",
+    "show", "approvals", "approve", "deny", "pending", "resolve", "turn", "eval", "serve", "keys", "sandbox",
+    "config", "completion",
 ]
 WHO = ["--tenant", "acme", "--principal", "alice"]
 
@@ -268,10 +269,10 @@ MISTAKES = {
         ["deny", "apr_nope", *BOB], ["no approval 'apr_nope'"]
     ),
     "resolve-unknown-operation": Mistake(
-        ["resolve", "op_nope", "failed", "--actor", "ops"], ["no operation 'op_nope'"]
+        ["resolve", "op_nope", "failed", "--tenant", "acme", "--principal", "ops"], ["no operation 'op_nope'"]
     ),
     "resolve-succeeded-without-reference": Mistake(
-        ["resolve", "op_nope", "succeeded", "--actor", "ops"], ["needs --reference"]
+        ["resolve", "op_nope", "succeeded", "--tenant", "acme", "--principal", "ops"], ["needs --reference"]
     ),
     "bad-json-file": Mistake(
         ["enqueue", "calls.json", *WHO], ["calls.json is not JSON", "line 1"], files={"calls.json": b"[{"},
@@ -380,7 +381,7 @@ def test_user_mistake__resolve_operation_not_reconciliation_pending__one_line(
     handle = enqueue_neutral(cli, home, "req-q", [neutral("c1", BALANCE, {"account_id": "acc-1"})])
     operation_id = handle["calls"][0]["operation_id"]
 
-    run = cli("resolve", operation_id, "failed", "--actor", "ops")
+    run = cli("resolve", operation_id, "failed", "--tenant", "acme", "--principal", "ops")
 
     assert_one_line_error(run, operation_id, "is not reconciliation_pending")
     assert cli("show", operation_id, "--tenant", "acme").json()["state"] == "queued"
@@ -403,7 +404,7 @@ def test_user_mistake__argparse_usage_error__exit_2_without_traceback(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     with pytest.raises(SystemExit) as exited:
-        main(["resolve", "op_x", "maybe", "--actor", "ops"])
+        main(["resolve", "op_x", "maybe", "--tenant", "acme", "--principal", "ops"])
     err = capsys.readouterr().err
     assert exited.value.code == 2
     assert "invalid choice: 'maybe'" in err
@@ -568,6 +569,7 @@ def test_approvals__big_transfer__listed_with_impact_then_approved_once_and_anot
         "summary": "move 500.00 from acc-1 to acc-2",
         "source_balance_cents": 100_000,
         "amount_cents": 50_000,
+        "source_balance_after_cents": 50_000,
     }
     assert listed[0]["approval_id"] == big["calls"][0]["approval_id"]
 
@@ -582,6 +584,31 @@ def test_approvals__big_transfer__listed_with_impact_then_approved_once_and_anot
     assert (big_result["status"], big_result["state"]) == ("pending", "queued")
     assert other_result["status"] == "failed_terminal"
     assert other_result["error"]["code"] == "approval_denied"
+
+
+def test_approve__impact_changed_since_listed__refused_then_approved_on_the_new_figures(
+    home: Path, ledger: Ledger, cli: Callable[..., Run]
+) -> None:
+    # Given two big transfers from one account, listed with their impacts as of now
+    enqueue_neutral(cli, home, "req-a", [transfer_of(50_000)])
+    enqueue_neutral(cli, home, "req-b", [transfer_of(60_000)])
+    listed = cli("approvals").json()
+    assert [card["impact_current"] for card in listed] == [True, True]
+    first, second = listed
+    # When the account's balance moves before the second card is decided
+    with ledger.engine.begin() as conn:
+        conn.execute(text("UPDATE ledger_accounts SET balance_cents = 40000 WHERE account_id = 'acc-1'"))
+    # Then approving on the digest that was shown is refused, and nothing is decided
+    stale = cli("approve", second["approval_id"], *BOB, "--impact-digest", second["impact_digest"])
+    assert_one_line_error(stale, "impact_changed", second["approval_id"])
+    again = {card["approval_id"]: card for card in cli("approvals").json()}
+    assert set(again) == {first["approval_id"], second["approval_id"]}
+    fresh = again[second["approval_id"]]
+    assert fresh["impact"]["source_balance_cents"] == 40_000
+    assert fresh["impact_digest"] != second["impact_digest"]
+    # And on the new digest it is approved (the execution-time rule still judges the funds)
+    approved = cli("approve", second["approval_id"], *BOB, "--impact-digest", fresh["impact_digest"])
+    assert approved.code == 0, approved
 
 
 def test_approvals_and_pending__tenant_given__only_that_tenants_and_each_row_names_its_tenant(
@@ -774,7 +801,10 @@ def test_pending_and_resolve__unknown_outcome_of_unsafe_write__listed_then_resol
 
     swept = cli("reconcile")
     listed = cli("pending").json()
-    resolved = cli("resolve", operation_id, "succeeded", "--actor", "ops", "--reference", "ntc_manual")
+    resolved = cli(
+        "resolve", operation_id, "succeeded", "--tenant", "acme", "--principal", "ops",
+        "--reference", "ntc_manual",
+    )
 
     assert swept.code == 0, swept.err
     assert [(p["operation_id"], p["tool"], p["call_id"]) for p in listed] == [(operation_id, NOTICE, "n1")]
@@ -784,7 +814,8 @@ def test_pending_and_resolve__unknown_outcome_of_unsafe_write__listed_then_resol
     assert shown["audit"][-1]["actor"] == "ops"
     assert cli("pending").json() == []
     assert_one_line_error(
-        cli("resolve", operation_id, "failed", "--actor", "ops"), "is not reconciliation_pending"
+        cli("resolve", operation_id, "failed", "--tenant", "acme", "--principal", "ops"),
+        "is not reconciliation_pending",
     )
 
 
@@ -1229,8 +1260,14 @@ def interrupted(args):
         return 130
 
 class Parser:
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def parse_known_args(self, argv):
+        return self.parse_args(argv), []
+
     def parse_args(self, argv):
-        return argparse.Namespace(func=interrupted, verbose=False)
+        return argparse.Namespace(command="interrupted", func=interrupted, verbose=False)
 
 cli.build_parser = Parser
 sys.exit(cli.main([]))

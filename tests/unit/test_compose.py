@@ -127,6 +127,20 @@ def test_compose__migrate_runs_once_before_every_toolfence_process() -> None:
         assert depends_on["migrate"]["condition"] == "service_completed_successfully", name
 
 
+def test_compose__every_toolfence_process_exports_traces_to_the_jaeger_service() -> None:
+    all_services = services()
+    # The OTLP/HTTP endpoint every toolfence process inherits (executor/telemetry/tracing.py
+    # turns traces on when it is set), a service of this file listening on 4318.
+    for name in EXPECTED_COMMANDS:
+        endpoint = all_services[name]["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"]
+        assert endpoint == "http://jaeger:4318", name
+    jaeger = all_services["jaeger"]
+    assert jaeger["image"].startswith("jaegertracing/jaeger:2.")
+    assert jaeger["environment"]["JAEGER_LISTEN_HOST"] == "0.0.0.0"
+    # Its UI on the host's loopback only; OTLP stays inside the compose network.
+    assert jaeger["ports"] == ["127.0.0.1:16686:16686"]
+
+
 def test_compose__redis_keeps_an_append_only_file() -> None:
     command = services()["redis"]["command"]
 

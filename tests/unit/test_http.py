@@ -11,7 +11,7 @@ import pytest
 
 from executor.http.body import strict_json
 from executor.http.keys import KeyRefused, KeyScope, identity_of, parse_scopes, split_key
-from executor.http.models import ProviderName
+from executor.http.models import PROVIDER_NAMES, ProviderName
 from executor.http.problems import ProblemError
 from executor.providers import SURFACES
 from executor.store.api_keys import ApiKeyRecord
@@ -45,7 +45,8 @@ def test_openapi__every_v1_operation__documents_bearer_auth_and_problems() -> No
 
 
 def test_provider_name__literal__is_every_surface() -> None:
-    assert set(typing.get_args(ProviderName)) == set(SURFACES)
+    literal = typing.get_args(ProviderName)[0]
+    assert set(typing.get_args(literal)) == set(PROVIDER_NAMES) == set(SURFACES)
 
 
 @pytest.mark.parametrize(

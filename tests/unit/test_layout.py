@@ -50,6 +50,8 @@ LAYERS: dict[str, set[str]] = {
     "executor.store": {"executor.core", "executor.errors", "executor.settings", "executor.store"},
     "executor.providers": {"executor.core", "executor.errors", "executor.providers"},
     "executor.mcp": {"executor.core", "executor.errors", "executor.mcp"},
+    # Code execution as a tool: declared on the core, bounded by the settings.
+    "executor.sandbox": {"executor.core", "executor.errors", "executor.settings", "executor.sandbox"},
     "executor.telemetry": {
         "executor.core", "executor.errors", "executor.settings", "executor.store", "executor.telemetry",
     },
@@ -75,6 +77,12 @@ LAYERS: dict[str, set[str]] = {
     "executor.http": {
         "executor.core", "executor.errors", "executor.settings", "executor.store", "executor.telemetry",
         "executor.providers", "executor.turns", "executor.http", "outbox",
+    },
+    # `toolfence eval`: turns started and read back through the turn service, tools
+    # declared through the MCP schema path; its fleet is the CLI's (`executor.cli.fleet`).
+    "executor.eval": {
+        "executor.core", "executor.errors", "executor.settings", "executor.store", "executor.turns",
+        "executor.mcp", "executor.eval",
     },
     "executor.cli": {"executor", "outbox", "reconciler", "ledger"},  # the top: anything
 }

@@ -267,15 +267,17 @@ def test_cli__json_format__every_stderr_line_a_record__a_failure_too(tmp_path: P
     assert lines and all(json.loads(line)["level"] for line in lines), migrated.stderr
     assert any(json.loads(line)["logger"].startswith("alembic") for line in lines)
     # When a command fails (an operation that does not exist, in a bad state)
-    failed = _toolfence(tmp_path, "resolve", "op_missing", "succeeded", "--actor", "me",
-                        TOOLFENCE_LOG_FORMAT="json")
+    failed = _toolfence(tmp_path, "resolve", "op_missing", "succeeded", "--tenant", "acme",
+                        "--principal", "me", TOOLFENCE_LOG_FORMAT="json")
     # Then its one line is a JSON record too, with the status the text form has
     assert failed.returncode != 0
     (line,) = failed.stderr.splitlines()
     record = json.loads(line)
     assert record["level"] == "ERROR" and record["message"].startswith("toolfence: ")
     # And in text, the same failure is the plain line it always was
-    plain = _toolfence(tmp_path, "resolve", "op_missing", "succeeded", "--actor", "me")
+    plain = _toolfence(
+        tmp_path, "resolve", "op_missing", "succeeded", "--tenant", "acme", "--principal", "me"
+    )
     assert plain.returncode == failed.returncode
     assert plain.stderr.startswith("toolfence: ") and record["message"] == plain.stderr.strip()
 

@@ -46,6 +46,7 @@ RUN_ORDER = (
     "docs/tools.md",
     "docs/producers.md",
     "docs/turns.md",
+    "docs/eval.md",
     "docs/http.md",
     "docs/errors.md",
     "docs/fleet.md",

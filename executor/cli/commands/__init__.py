@@ -1,6 +1,10 @@
-"""One module per `toolfence` command: `configure_parser(subparsers)` declares its
-parser and arguments, `run(args) -> int` (or `run_<action>` for a command with
-actions) handles it. `COMMANDS` is the order `toolfence --help` lists them in."""
+"""One module per `toolfence` command: `HELP` is its line in `toolfence --help`,
+`configure_parser(subparsers)` declares its parser and arguments, `run(args) -> int`
+(or `run_<action>` for a command with actions) handles it. `COMMANDS` is the order
+`toolfence --help` lists them in.
+
+A command module imports only the standard library and `executor.cli.args` at its
+top: its implementation's imports go inside `run` (executor/cli/args.py)."""
 
 from __future__ import annotations
 
@@ -10,10 +14,12 @@ from executor.cli.commands import (
     approvals,
     approve,
     check,
+    completion,
     config,
     demo,
     deny,
     enqueue,
+    eval,
     keys,
     metrics,
     migrate,
@@ -22,6 +28,7 @@ from executor.cli.commands import (
     relay,
     resolve,
     results,
+    sandbox,
     serve,
     show,
     turn,
@@ -30,5 +37,10 @@ from executor.cli.commands import (
 
 COMMANDS: tuple[ModuleType, ...] = (
     migrate, demo, worker, relay, reconcile, check, metrics, enqueue, serve, keys, results, show,
-    approvals, approve, deny, turn, pending, resolve, config,
+    approvals, approve, deny, turn, eval, pending, resolve, sandbox, config, completion,
 )
+
+
+def command_name(module: ModuleType) -> str:
+    """The command a module declares: its module name (`executor.cli.commands.turn`)."""
+    return module.__name__.rpartition(".")[2]

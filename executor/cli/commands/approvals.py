@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from executor import store
-from executor.cli.common import engine_of, print_json, settings, shown
-
 HELP = "List calls waiting for approval, with their impact."
 
 
@@ -17,12 +14,22 @@ def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
 
 
 def run(args: argparse.Namespace) -> int:
+    from executor import store
+    from executor.cli.common import engine_of, iso, print_json, registry_of, settings, shown
+    from executor.http.cards import card_impact
     from executor.store import operator
 
-    engine = engine_of(settings())
+    chosen = settings()
+    engine = engine_of(chosen)
+    registry = registry_of(chosen)
     with engine.connect() as conn:
         rows = operator.pending_approvals(conn, tenant=args.tenant)
         hosted = store.pending_hosted_approvals(conn, tenant=args.tenant)
+        now = store.read_now(conn)
+    # Each impact recomputed now on current state, with the digest `toolfence approve
+    # --impact-digest` takes (decision 0222); the stored one, and no digest, when it
+    # cannot be (then it cannot be approved).
+    cards = [(r, *card_impact(registry, r)) for r in rows]
     print_json(
         [
             {
@@ -30,11 +37,14 @@ def run(args: argparse.Namespace) -> int:
                 "operation_id": r.operation_id,
                 "tenant": shown(r.tenant),
                 "tool": r.tool_name,
-                "impact": r.impact,
+                "impact": impact,
+                "impact_digest": digest,
+                "impact_as_of": iso(now),
+                "impact_current": digest is not None,
                 "intent_hash": r.intent_hash,
-                "expires_at": r.expires_at,
+                "expires_at": iso(r.expires_at),
             }
-            for r in rows
+            for r, impact, digest in cards
         ]
         # Hosted MCP approvals (`hapr_…`): no operation; the impact is the redacted
         # server, tool and arguments of the provider's mcp_approval_request.
@@ -47,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
                 "tool": store.HOSTED_APPROVAL_TOOL,
                 "impact": h.impact,
                 "intent_hash": h.intent_hash,
-                "expires_at": h.expires_at,
+                "expires_at": iso(h.expires_at),
             }
             for h in hosted
         ]

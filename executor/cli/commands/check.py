@@ -6,23 +6,14 @@ import argparse
 import math
 import re
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
-from sqlalchemy import Connection, select
-from sqlalchemy.exc import SQLAlchemyError
+from executor.cli.args import EXIT_FAILURE, EXIT_USAGE, UserError
 
-from executor.cli.common import (
-    EXIT_FAILURE,
-    EXIT_USAGE,
-    UserError,
-    engine_of,
-    first_line,
-    print_json,
-    settings,
-    shown,
-)
-from executor.store.clock import db_now
-from executor.store.engine import read_only
-from executor.store.invariant_check import CheckReport, check
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
+
+    from executor.store.invariant_check import CheckReport
 
 HELP = "Check invariants I1–I7 on the database (exit 1 when one is violated)."
 DESCRIPTION = """\
@@ -100,6 +91,11 @@ def window_start(value: str, now: float) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from executor.cli.common import engine_of, first_line, print_json, settings
+    from executor.store.engine import read_only
+
     if not 1 <= args.limit <= MAX_EXAMPLES:
         raise UserError(f"--limit must be from 1 to {MAX_EXAMPLES}, not {args.limit}", EXIT_USAGE)
     chosen = settings()
@@ -120,6 +116,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check(conn: Connection, args: argparse.Namespace, stuck_after: float) -> CheckReport:
+    from sqlalchemy import select
+
+    from executor.store.clock import db_now
+    from executor.store.invariant_check import check
+
     if conn.dialect.name == "postgresql":
         # One snapshot for every chunk, and a transaction that cannot write.
         conn = conn.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
@@ -139,7 +140,10 @@ def _check(conn: Connection, args: argparse.Namespace, stuck_after: float) -> Ch
 
 def _shown_report(report: CheckReport) -> dict[str, object]:
     """The report with every id through the operator sanitiser (ids are application text)."""
+    from executor.cli.common import iso, shown
+
     data = report.as_dict()
+    data["now"], data["since"] = iso(data["now"]), iso(data["since"])
     for entry in data["invariants"].values():
         for example in entry["examples"]:
             example["subject"] = shown(example["subject"])
@@ -148,13 +152,11 @@ def _shown_report(report: CheckReport) -> dict[str, object]:
     return data
 
 
-def _when(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch).astimezone().isoformat(timespec="seconds")
-
-
 def render(report: CheckReport) -> str:
     """The report as a plain table (cron mails it as it is)."""
-    window = "all history" if report.since is None else f"since {_when(report.since)}"
+    from executor.cli.common import iso, shown
+
+    window = "all history" if report.since is None else f"since {iso(report.since)}"
     sources = "toolfence's tables" + (f" and the {report.downstream}'s" if report.downstream else "")
     lines = [
         f"toolfence check: {window}; {report.operations} operations and {report.calls} calls "

@@ -7,9 +7,10 @@ Secrets are masked: the HTTP session secret whole, the password inside a URL
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from executor.cli.common import print_json
-from executor.settings import Loaded
+if TYPE_CHECKING:
+    from executor.settings import Loaded
 
 HELP = "List every setting: its value (secrets masked) and its source (default, env or file)."
 
@@ -21,6 +22,8 @@ def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
 
 
 def run(args: argparse.Namespace) -> int:
+    from executor.cli.common import print_json
+
     loaded: Loaded = args.loaded
     if args.json:
         print_json(

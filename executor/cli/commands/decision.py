@@ -1,29 +1,39 @@
-"""What `toolfence approve` and `toolfence deny` share: who decides, and the decision."""
+"""What `toolfence approve` and `toolfence deny` share: who decides, and the decision.
+
+The parser half (`add_approver_arguments`) is light; the decision imports the store
+when it runs (executor/cli/args.py)."""
 
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from executor import store
-from executor.cli.common import UserError, engine_of, hosted_policy_of, registry_of, settings, shown
-from executor.core.approvers import ApprovalDecision
-from executor.core.strictjson import loads_strict
-from executor.core.tools import Registry
-from executor.core.types import ErrorCode, ServerContext
-from executor.settings import Settings
+from executor.cli.args import UserError, add_actor, roles_of
 
 if TYPE_CHECKING:
-    from sqlalchemy import Engine
+    from sqlalchemy import Connection, Engine
+
+    from executor import store
+    from executor.core.approvers import ApprovalDecision
+    from executor.core.tools import Registry
+    from executor.core.types import ServerContext
+    from executor.settings import Settings
 
 
 def add_approver_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("approval_id")
-    parser.add_argument("--approver-principal", help="who decides (recorded as decided_by)")
-    parser.add_argument("--approver-tenant", help="the approver's tenant: must be the operation's")
-    parser.add_argument(
-        "--approver-role", action="append", default=[], metavar="ROLE",
-        help="a role of the approver (repeat for each); the tool's approver policy names them",
+    parser.add_argument("approval_id", help="the approval's id (apr_… or hapr_…, from `toolfence approvals`)")
+    # Who decides, spelt as every command spells who acts; the earlier
+    # --approver-principal, --approver-tenant and --approver-role stay as hidden aliases.
+    add_actor(
+        parser,
+        tenant_help="the approver's tenant: must be the operation's",
+        principal_help="who decides (recorded as decided_by)",
+        role_help="a role of the approver (repeat, or comma-separate); the tool's approver policy names them",
+        required=False,
+        aliases={
+            "tenant": ["--approver-tenant"], "principal": ["--approver-principal"],
+            "role": ["--approver-role"],
+        },
     )
     parser.add_argument(
         "--approver-context", default=None, metavar="JSON",
@@ -34,6 +44,9 @@ def add_approver_arguments(parser: argparse.ArgumentParser) -> None:
 def approver(args: argparse.Namespace) -> ServerContext:
     """The approver's identity: who decides, of which tenant, with which roles. Never
     a free string: the tool's approver policy is checked against it."""
+    from executor.core.strictjson import loads_strict
+    from executor.core.types import ServerContext
+
     if args.approver_context is not None:
         try:
             data = loads_strict(args.approver_context, max_bytes=65_536, max_depth=8)
@@ -43,15 +56,15 @@ def approver(args: argparse.Namespace) -> ServerContext:
                 "--approver-context must be a JSON object with principal, tenant and roles: "
                 f"{type(exc).__name__}"
             ) from None
-    if not args.approver_principal or not args.approver_tenant:
+    if not args.principal or not args.tenant:
         raise UserError(
-            "say who decides: --approver-principal and --approver-tenant "
-            "(and --approver-role for each role), or --approver-context JSON"
+            "say who decides: --principal and --tenant (and --role for each role), "
+            "or --approver-context JSON"
         )
     return ServerContext(
-        principal=args.approver_principal,
-        tenant=args.approver_tenant,
-        roles=frozenset(args.approver_role or ()),
+        principal=args.principal,
+        tenant=args.tenant,
+        roles=roles_of(args),
         request_id="cli-approval",
     )
 
@@ -59,6 +72,9 @@ def approver(args: argparse.Namespace) -> ServerContext:
 def decide(args: argparse.Namespace, verb: ApprovalDecision) -> store.Decision:
     """approve or deny through the store, which checks the approver; a refusal is
     committed (it is audited) before it is reported."""
+    from executor import store
+    from executor.cli.common import engine_of, registry_of, settings, shown
+    from executor.core.types import ErrorCode
     from executor.telemetry import metrics
 
     chosen = settings()
@@ -94,14 +110,51 @@ def _decide_operation(
     registry: Registry,
     who: ServerContext,
 ) -> store.Decision:
+    from executor import store
+    from executor.core.approvers import ApprovalDecision
+
     with engine.begin() as conn:
         if store.get_approval(conn, args.approval_id) is None:
             raise UserError(f"no approval {args.approval_id!r}")
         if verb is ApprovalDecision.APPROVE:
-            return store.approve(conn, args.approval_id, approver=who, registry=registry)
+            impact = _decided_impact(conn, args, registry, who)
+            decision = store.approve(conn, args.approval_id, approver=who, registry=registry)
+            if impact is not None and decision.outcome is store.DecisionOutcome.DECIDED:
+                from executor.http.cards import record_decided_impact
+
+                record_decided_impact(conn, args.approval_id, impact)
+            return decision
         return store.deny(
             conn, args.approval_id, approver=who, registry=registry, reason=args.reason
         )
+
+
+def _decided_impact(
+    conn: Connection, args: argparse.Namespace, registry: Registry, who: ServerContext
+) -> dict[str, Any] | None:
+    """The impact this approval is decided on, recomputed now in the deciding transaction,
+    as the console and the API decide (decision 0222): refused `impact_changed` when
+    `--impact-digest` names another, or when it cannot be computed (a deny still can).
+    None when the approval is not pending for this tenant (the store answers that)."""
+    from executor.http.cards import card_impact
+    from executor.store import operator
+
+    found = operator.pending_approvals(conn, who.tenant, args.approval_id)
+    if not found:
+        return None
+    impact, digest = card_impact(registry, found[0])
+    if digest is None:
+        raise UserError(
+            f"impact_changed: the impact of {args.approval_id} cannot be computed now, so it "
+            "cannot be approved; it stays pending"
+        )
+    shown_digest = getattr(args, "impact_digest", None)
+    if shown_digest is not None and shown_digest != digest:
+        raise UserError(
+            f"impact_changed: the impact of {args.approval_id} has changed since it was shown "
+            f"(now {digest}); read it again with `toolfence approvals` and decide on the new figures"
+        )
+    return impact
 
 
 def _decide_hosted(
@@ -114,6 +167,10 @@ def _decide_hosted(
 ) -> store.Decision:
     """A hosted MCP approval (`hapr_…`): decided against the server's ApproverPolicy in
     TOOLFENCE_HOSTED_POLICY, by the same approver check as a tool's."""
+    from executor import store
+    from executor.cli.common import hosted_policy_of
+    from executor.core.approvers import ApprovalDecision
+
     approvers_for = hosted_policy_of(chosen).approvers_for
     with engine.begin() as conn:
         if store.get_hosted_approval(conn, args.approval_id) is None:

@@ -16,7 +16,7 @@ def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     parser.set_defaults(func=run)
     parser.add_argument("--calls", type=int, default=300, help="proposed calls in the workload")
     parser.add_argument("--workers", type=int, default=2, help="worker processes")
-    parser.add_argument("--lease", type=float, default=3.0, help="lease seconds")
+    parser.add_argument("--lease", type=float, default=3.0, metavar="SECONDS", help="lease seconds")
     parser.add_argument(
         "--serve", action="store_true", help="also run the operator console, kept up after the report"
     )

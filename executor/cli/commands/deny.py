@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from executor.cli.commands.decision import add_approver_arguments, decide
-from executor.core.approvers import ApprovalDecision
+from executor.cli.commands.decision import add_approver_arguments
 
 HELP = "Deny a pending call."
 
@@ -14,10 +13,15 @@ def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     parser = subparsers.add_parser("deny", help=HELP, description=HELP)
     parser.set_defaults(func=run)
     add_approver_arguments(parser)
-    parser.add_argument("--reason", default="denied")
+    parser.add_argument(
+        "--reason", default="denied", help="why, recorded with the decision (default: denied)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    from executor.cli.commands.decision import decide
+    from executor.core.approvers import ApprovalDecision
+
     decide(args, ApprovalDecision.DENY)
     print(f"denied {args.approval_id}")
     return 0

@@ -4,21 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from executor.cli.common import (
-    UserError,
-    engine_of,
-    hosted_policy_of,
-    print_json,
-    read_json_file,
-    registry_of,
-    settings,
-    surface_of,
-)
-from executor.core.identifiers import InvalidIdentifier
-from executor.core.types import ErrorCode, ProposedCall, ServerContext
+from executor.cli.args import UserError, add_actor, add_option, roles_of
+
+if TYPE_CHECKING:
+    from executor.core.types import ProposedCall
 
 HELP = "Admit and enqueue calls from a JSON file (or - for stdin)."
 
@@ -27,20 +18,40 @@ def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     parser = subparsers.add_parser("enqueue", help=HELP, description=HELP)
     parser.set_defaults(func=run)
     parser.add_argument("file", help='neutral format: [{"call_id","tool_name","arguments"}, ...]')
-    parser.add_argument("--tenant", required=True, help="server context: tenant")
-    parser.add_argument("--principal", required=True, help="server context: principal")
-    parser.add_argument("--roles", default="member", help="comma-separated roles")
+    add_actor(
+        parser, tenant_help="server context: tenant", principal_help="server context: principal",
+        role_help="server context: a role (repeat, or comma-separate)", default_roles=["member"],
+    )
     parser.add_argument(
         "--request-id", default=None, help="scoped by tenant; enqueueing it again is idempotent"
     )
-    parser.add_argument(
-        "--conversation-id", default=None, help="server context: conversation (budgets, repeats)"
+    add_option(
+        parser, "--conversation-id", aliases=["--conversation"], default=None,
+        help="server context: conversation (budgets, repeats)",
     )
     parser.add_argument("--turn-id", default=None, help="server context: the conversation turn")
-    parser.add_argument("--provider", default=None, help="read the file as a provider response envelope")
+    parser.add_argument(
+        "--provider", default=None, metavar="SURFACE",
+        help="read the file as this provider surface's response envelope (openai-chat, anthropic, …)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    import secrets
+
+    from executor.cli.common import (
+        engine_of,
+        hosted_policy_of,
+        print_json,
+        read_json_file,
+        registry_of,
+        settings,
+        status_json,
+        surface_of,
+    )
+    from executor.core.identifiers import InvalidIdentifier
+    from executor.core.types import ErrorCode, ServerContext
+
     chosen = settings()
     surface = surface_of(args.provider) if args.provider else None
     engine = engine_of(chosen)
@@ -70,8 +81,8 @@ def run(args: argparse.Namespace) -> int:
     context = ServerContext(
         principal=args.principal,
         tenant=args.tenant,
-        roles=frozenset(r for r in args.roles.split(",") if r),
-        request_id=args.request_id or f"req_{uuid.uuid4().hex[:16]}",
+        roles=roles_of(args),
+        request_id=args.request_id or f"req_{secrets.token_hex(8)}",
         conversation_id=args.conversation_id,
         turn_id=args.turn_id,
     )
@@ -90,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         {
             "request_id": handle.request_id,
             "calls": [
-                {"call_id": c.call_id, "operation_id": c.operation_id, **c.status.model_dump(mode="json")}
+                {"call_id": c.call_id, "operation_id": c.operation_id, **status_json(c.status)}
                 for c in handle.calls
             ],
         }
@@ -99,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def neutral_calls(payload: Any) -> list[ProposedCall]:
+    from executor.core.types import ProposedCall
+
     items = payload.get("calls") if isinstance(payload, dict) else payload
     if not isinstance(items, list):
         raise UserError('the file must hold a list of calls or {"calls": [...]}')

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
-from executor.cli.common import UserError, engine_of, print_json, registry_of, settings, shown, usage_error
-from executor.core.identifiers import InvalidIdentifier
-from executor.core.tools import Registry
+from executor.cli.args import UserError, alias, usage_error
+
+if TYPE_CHECKING:
+    from executor.core.tools import Registry
 
 HELP = "API keys of `toolfence serve`."
 
@@ -21,9 +23,10 @@ def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     parser.set_defaults(func=run_create)
     parser.add_argument("--tenant", required=True, help="the tenant the key acts for")
     parser.add_argument("--principal", required=True, help="who the key is (audited as the actor)")
-    parser.add_argument(
+    role = parser.add_argument(
         "--role", action="append", default=[], metavar="ROLE", help="a role (repeat, or comma-separate)"
     )
+    alias(parser, "--roles", role)  # the comma-separated spelling of enqueue and turn start
     parser.add_argument(
         "--scope", action="append", required=True, metavar="SCOPE",
         help="produce, approve, operate or read (repeat, or comma-separate)",
@@ -37,7 +40,7 @@ def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     )
     parser = actions.add_parser("list", help="List keys (never their secrets).", description="List keys.")
     parser.set_defaults(func=run_list)
-    parser.add_argument("--tenant", default=None)
+    parser.add_argument("--tenant", default=None, help="only this tenant's keys (default: every tenant's)")
     parser = actions.add_parser(
         "revoke", help="Revoke a key (at once, sessions included).", description="Revoke a key."
     )
@@ -46,6 +49,8 @@ def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
 
 
 def run_create(args: argparse.Namespace) -> int:
+    from executor.cli.common import engine_of, registry_of, settings
+    from executor.core.identifiers import InvalidIdentifier
     from executor.http.keys import create_key, parse_scopes
 
     roles = [r for item in args.role for r in item.split(",") if r]
@@ -95,6 +100,7 @@ def undeclared_surface(registry: Registry, what: str = "--surface") -> UserError
 
 
 def run_list(args: argparse.Namespace) -> int:
+    from executor.cli.common import engine_of, iso, print_json, settings, shown
     from executor.store.api_keys import api_keys_of
 
     engine = engine_of(settings())
@@ -108,7 +114,7 @@ def run_list(args: argparse.Namespace) -> int:
                 "key_id": r.key_id, "tenant": shown(r.tenant), "principal": shown(r.principal),
                 "roles": sorted(shown(role) for role in r.roles), "scopes": sorted(r.scopes),
                 "label": shown(r.label), "surface": shown(r.surface),
-                "created_at": r.created_at, "revoked_at": r.revoked_at,
+                "created_at": iso(r.created_at), "revoked_at": iso(r.revoked_at),
             }
             for r in records
         ]
@@ -117,6 +123,7 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_revoke(args: argparse.Namespace) -> int:
+    from executor.cli.common import engine_of, settings
     from executor.http.keys import KeyRefused, split_key
     from executor.store.api_keys import revoke_api_key
 

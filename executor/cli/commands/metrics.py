@@ -1,10 +1,17 @@
-"""`toolfence metrics`: the Prometheus exporter."""
+"""`toolfence metrics`: the Prometheus exporter.
+
+Workers, relays and reconcilers count in their own processes; the exporter reads
+their counters from PROMETHEUS_MULTIPROC_DIR, the directory every process of the
+fleet writes to. Unset, it would serve the database's gauges alone while looking
+complete, so it refuses to start (one line, exit 2) unless `--database-only` says
+that is what is wanted.
+"""
 
 from __future__ import annotations
 
 import argparse
 
-from executor.cli.common import add_argument, port, settings, usage_error
+from executor.cli.args import add_argument, port, usage_error
 
 HELP = "Serve Prometheus metrics on /metrics."
 
@@ -17,6 +24,10 @@ def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     # exporter has no authentication. Expose it on purpose (`--host 0.0.0.0` in a
     # container that Prometheus scrapes over a private network).
     add_argument(parser, "--host", envvar="TOOLFENCE_METRICS_HOST")
+    parser.add_argument(
+        "--database-only", action="store_true",
+        help="serve the database's gauges alone, without PROMETHEUS_MULTIPROC_DIR (the fleet's counters)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,7 +39,14 @@ def run(args: argparse.Namespace) -> int:
     host = args.host if args.host is not None else loaded["TOOLFENCE_METRICS_HOST"].value
     if not host:
         raise usage_error("--host must name an address to listen on (127.0.0.1, 0.0.0.0, ::1, …)")
+    from executor.cli.common import settings
+
     chosen = settings()
+    if not chosen.metrics_dir and not args.database_only:
+        raise usage_error(
+            "PROMETHEUS_MULTIPROC_DIR is not set: the workers' and relays' counters would be missing; "
+            "set it to the directory every process of the fleet writes to (or --database-only)"
+        )
     # No schema check here: the exporter must start (and report the outage through
     # toolfence_exporter_database_up) exactly when the database is unreachable.
     from executor.telemetry.exporter import serve

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from executor.cli.common import safe_url, settings
-from executor.store.migrate import migrate
-
 HELP = "Create or upgrade the database schema (alembic)."
 
 
@@ -16,6 +13,9 @@ def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
 
 
 def run(args: argparse.Namespace) -> int:
+    from executor.cli.common import safe_url, settings
+    from executor.store.migrate import migrate
+
     database_url = settings().database_url
     revision = migrate(database_url)
     print(f"schema at revision {revision} ({safe_url(database_url)})")

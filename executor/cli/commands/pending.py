@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from executor.cli.common import engine_of, positive_count, print_json, settings, shown
+from executor.cli.args import positive_count
 
 HELP = "List operations waiting for a person (reconciliation_pending)."
 
@@ -12,11 +12,14 @@ HELP = "List operations waiting for a person (reconciliation_pending)."
 def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("pending", help=HELP, description=HELP)
     parser.set_defaults(func=run)
-    parser.add_argument("--limit", type=int, default=100)
+    parser.add_argument(
+        "--limit", type=int, default=100, metavar="N", help="at most N operations (default: 100)"
+    )
     parser.add_argument("--tenant", default=None, help="only this tenant's (default: every tenant's)")
 
 
 def run(args: argparse.Namespace) -> int:
+    from executor.cli.common import engine_of, iso, print_json, settings, shown
     from executor.store import operator
 
     limit = positive_count(args.limit, "--limit")
@@ -32,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
                 "request_id": shown(r.request_id),
                 "call_id": shown(r.call_id),
                 "generation": r.generation,
-                "since": r.updated_at,
+                "since": iso(r.updated_at),
                 "reason": operator.operation_reason(r),
                 "cause": operator.operation_cause(r),
             }

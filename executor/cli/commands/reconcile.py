@@ -6,10 +6,7 @@ import argparse
 import logging
 import threading
 
-from sqlalchemy.exc import SQLAlchemyError
-
-from executor.cli.common import engine_of, print_json, registry_of, seconds, settings, stop_on_signals
-from executor.core.sanitize import exception_summary
+from executor.cli.args import seconds
 
 HELP = "Resolve crashed or stuck operations: one sweep (for cron)."
 
@@ -23,6 +20,11 @@ def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
 
 
 def run(args: argparse.Namespace) -> int:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from executor.cli.common import engine_of, print_json, registry_of, settings, stop_on_signals
+    from executor.core.sanitize import exception_summary
+
     every = seconds(args.every, "--every")
     chosen = settings()
     engine = engine_of(chosen)

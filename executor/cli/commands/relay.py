@@ -7,7 +7,7 @@ import logging
 import os
 import threading
 
-from executor.cli.common import UserError, check_broker, engine_of, first_line, settings, stop_on_signals
+from executor.cli.args import UserError
 
 HELP = "Publish outbox rows to the broker (runs until SIGTERM)."
 # How long `toolfence relay` tries to reach the broker before its first pass.
@@ -21,6 +21,8 @@ def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
 
 
 def run(args: argparse.Namespace) -> int:
+    from executor.cli.common import check_broker, engine_of, first_line, settings, stop_on_signals
+
     chosen = settings()
     engine = engine_of(chosen)
     from executor.broker.publish import celery_publishers

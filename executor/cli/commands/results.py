@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from executor.cli.common import UserError, engine_of, print_json, seconds, settings, surface_of
-from executor.core.types import ProposedCall
+from executor.cli.args import UserError, seconds
 
 HELP = "Show one result per call of a request, in proposal order."
 
@@ -13,13 +12,19 @@ HELP = "Show one result per call of a request, in proposal order."
 def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("results", help=HELP, description=HELP)
     parser.set_defaults(func=run)
-    parser.add_argument("request_id")
+    parser.add_argument("request_id", help="the request's id (as enqueue printed it)")
     parser.add_argument("--tenant", required=True, help="the request's tenant (request ids are per tenant)")
     parser.add_argument("--wait", type=float, default=0.0, metavar="SECONDS", help="wait until settled")
-    parser.add_argument("--provider", default=None, help="write results in a provider's envelope")
+    parser.add_argument(
+        "--provider", default=None, metavar="SURFACE",
+        help="write the results in this provider surface's envelope (openai-chat, anthropic, …)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    from executor.cli.common import engine_of, print_json, settings, status_json, surface_of
+    from executor.core.types import ProposedCall
+
     wait = seconds(args.wait, "--wait")
     chosen = settings()
     surface = surface_of(args.provider) if args.provider else None
@@ -49,5 +54,5 @@ def run(args: argparse.Namespace) -> int:
             ) from None
         print_json(written)
         return 0
-    print_json([s.model_dump(mode="json") for s in statuses])
+    print_json([status_json(s) for s in statuses])
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from executor.cli.common import add_argument, engine_of, hosted_policy_of, port, registry_of, settings
+from executor.cli.args import add_argument, port
 from executor.telemetry import logs
 
 HELP = "Serve the HTTP API and the operator console (runs until SIGTERM)."
@@ -14,12 +14,14 @@ HELP = "Serve the HTTP API and the operator console (runs until SIGTERM)."
 def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("serve", help=HELP, description=HELP)
     parser.set_defaults(func=run)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8080, help="the port to listen on (default: 8080)")
     add_argument(parser, "--log-level", envvar="TOOLFENCE_LOG_LEVEL", help="uvicorn's log level")
 
 
 def run(args: argparse.Namespace) -> int:
+    from executor.cli.common import engine_of, hosted_policy_of, registry_of, settings
+
     port(args.port)
     chosen = settings()
     engine = engine_of(chosen)

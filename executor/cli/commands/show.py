@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from executor.cli.common import UserError, engine_of, print_json, settings, shown
+from executor.cli.args import UserError
 
 HELP = "Show an operation: state, generations, receipts, audit trail."
 
@@ -13,11 +13,15 @@ HELP = "Show an operation: state, generations, receipts, audit trail."
 def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("show", help=HELP, description=HELP)
     parser.set_defaults(func=run)
-    parser.add_argument("operation_id")
-    parser.add_argument("--tenant", required=True, help="the operation's tenant")
+    parser.add_argument("operation_id", help="the operation's id")
+    parser.add_argument(
+        "--tenant", required=True,
+        help="the operation's tenant (another tenant's operation is answered as unknown)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    from executor.cli.common import engine_of, iso, print_json, settings, shown
     from executor.store import operator
 
     engine = engine_of(settings())
@@ -48,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
             ],
             "audit": [
                 {
-                    "at": e.at,
+                    "at": iso(e.at),
                     "from": e.from_state,
                     "to": e.to_state,
                     "decision": e.decision_code,

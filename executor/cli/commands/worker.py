@@ -8,9 +8,6 @@ import os
 import threading
 from typing import Any
 
-from executor.cli.common import engine_of, hosted_policy_of, registry_of, settings
-from executor.settings import using
-from executor.settings.sources import DEFAULT
 from executor.telemetry import logs
 
 HELP = "Start a Celery worker that executes operations."
@@ -19,8 +16,13 @@ HELP = "Start a Celery worker that executes operations."
 def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("worker", help=HELP, description=HELP)
     parser.set_defaults(func=run)
-    parser.add_argument("--concurrency", type=int, default=2)
-    parser.add_argument("--pool", default="prefork", choices=["prefork", "threads", "solo"])
+    parser.add_argument(
+        "--concurrency", type=int, default=2, metavar="N", help="operations run at once (default: 2)"
+    )
+    parser.add_argument(
+        "--pool", default="prefork", choices=["prefork", "threads", "solo"],
+        help="Celery's execution pool (default: prefork)",
+    )
     parser.add_argument(
         "--loglevel", default=None,
         help="Celery's log level (default: TOOLFENCE_LOG_LEVEL, else WARNING; -v: INFO)",
@@ -29,6 +31,10 @@ def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
 
 
 def run(args: argparse.Namespace) -> int:
+    from executor.cli.common import settings
+    from executor.settings import using
+    from executor.settings.sources import DEFAULT
+
     chosen = settings()
     if args.pool == "threads" and args.loaded["TOOLFENCE_DB_POOL_SIZE"].source == DEFAULT:
         # One engine for all the threads of the process: a connection per thread at most.
@@ -38,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _work(args: argparse.Namespace) -> int:
+    from executor.cli.common import engine_of, hosted_policy_of, registry_of, settings
+
     chosen = settings()
     engine_of(chosen)
     registry_of(chosen)  # fail here, not in the first task, when the tools do not load

@@ -5,12 +5,18 @@ Once the demo's schema exists, `toolfence serve` starts on the demo's database
 `approve`, `operate` and `read` scopes is created for an approver, and the
 console's URL and that key are printed. The server stays up while the demo runs
 (its approvals and the `reconciliation_pending` queue show up as they happen)
-and after the report, until Ctrl-C or SIGTERM, so a person can resolve the
-notice the killed worker left for a person. Without `--serve` nothing here runs.
+and after the report, until Ctrl-C or SIGTERM. The demo decides its own
+approvals, so after the report it leaves work for the person at the console
+(`leave_for_a_person`): two transfers from one account waiting for approval
+(approve one and, once it has run, the other card's impact follows: decision
+0218), and an unsafe notice whose outcome toolfence does not know, for "Needs a
+person". The fleet keeps running while the console is up, so what the person
+approves runs. Without `--serve` nothing here runs.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -27,6 +33,11 @@ from executor.cli.demo.place import Place
 from executor.store.engine import make_engine
 
 APPROVER = "demo-approver"
+# What the demo leaves for the person at the console: two transfers from one account
+# (both above the ledger's approval threshold), and one notice of unknown outcome.
+LEFT_ACCOUNT = "acme-operating"
+LEFT_TRANSFERS = (("acme-reserve", 7_500_000), ("acme-vendors", 6_000_000))
+LEFT_OWNER = "demo-console"
 
 
 @dataclass
@@ -79,6 +90,57 @@ class DemoConsole:
             except OSError:
                 time.sleep(0.1)
         raise RuntimeError(f"toolfence serve did not answer on port {self.port} (see logs/serve-0.log)")
+
+    def leave_for_a_person(self) -> None:
+        """Two approvals and one notice of unknown outcome for the person at the console
+        (the demo decides its own approvals, so the console would otherwise be empty)."""
+        if self.process is None:
+            return
+        from executor import store
+        from executor.core.types import ProposedCall, ServerContext
+        from ledger.tools import registry
+        from outbox.producer import enqueue
+
+        def requester(request_id: str) -> ServerContext:
+            return ServerContext(
+                principal="alice@acme", tenant="acme", roles=frozenset({"member"}), request_id=request_id
+            )
+
+        engine = make_engine(self.place.database_url)
+        try:
+            for index, (target, cents) in enumerate(LEFT_TRANSFERS, start=1):
+                call = ProposedCall(
+                    call_id=f"left-transfer-{index}", tool_name="ledger.transfer",
+                    arguments=json.dumps(
+                        {"source_account": LEFT_ACCOUNT, "target_account": target, "amount_cents": cents}
+                    ),
+                )
+                with engine.begin() as conn:
+                    enqueue(conn, [call], requester(f"demo-left-transfer-{index}"), registry)
+            notice = ProposedCall(
+                call_id="left-notice", tool_name="ledger.send_notice",
+                arguments=json.dumps({"account_id": LEFT_ACCOUNT, "text": "Your statement is ready"}),
+            )
+            # One transaction: the notice is admitted, reserved and its outcome recorded
+            # as unknown before its message can reach a worker (which then finds nothing
+            # to run), as when a worker dies inside the downstream call.
+            with engine.begin() as conn:
+                handle = enqueue(conn, [notice], requester("demo-left-notice"), registry)
+                operation_id = handle.calls[0].operation_id
+                assert operation_id is not None
+                reservation = store.reserve(conn, operation_id, LEFT_OWNER, 30.0)
+                assert reservation is not None
+                store.mark_unknown(
+                    conn, operation_id, reservation.generation, owner_token=LEFT_OWNER,
+                    reason="left for you by the demo: did the notice go out? check, then say so",
+                )
+        finally:
+            engine.dispose()
+        self.console.print(
+            f"Left for you at {self.url}: {len(LEFT_TRANSFERS)} transfers from {LEFT_ACCOUNT} waiting for "
+            "approval (approve one; once it has run, the other's impact shows the new balance) and "
+            "1 notice whose outcome is unknown, under Needs a person."
+        )
 
     def hold(self) -> None:
         """Keep the console up after the report until Ctrl-C or SIGTERM."""

@@ -207,7 +207,10 @@ def _run(run: DemoRun, requests: Sequence[DemoRequest], served: DemoConsole) -> 
     # The workload's figures and invariants first, so the turn's calls stay out of them.
     figures = gather(run.engine, requests, place.run_dir / "metrics")
     turn = run_turn(run)
-    run.fleet.stop()
+    if served.process is None:
+        run.fleet.stop()
+    # With --serve the fleet keeps running while the console is up (what the person
+    # approves there runs); it stops with the demo, in its cleanup.
     console.print()
     mistakes = next((r for r in requests if r.kind == "mistakes"), None)
     if mistakes is not None:
@@ -232,10 +235,14 @@ def _run(run: DemoRun, requests: Sequence[DemoRequest], served: DemoConsole) -> 
     else:
         console.print(f"[bold red]Invariant violated[/]: see the FAIL rows; logs in {place.run_dir / 'logs'}")
     if place.on_sqlite:
-        console.print(f"Look around: TOOLFENCE_HOME={place.run_dir} toolfence pending")
-        console.print(
-            f"  and the turn: TOOLFENCE_HOME={place.run_dir} toolfence turn show {turn.turn_id} --tenant acme"
+        from executor.cli.demo.hints import look_around
+
+        pending, shown = look_around(
+            place.run_dir, place.database_url, ["pending"], ["turn", "show", turn.turn_id, "--tenant", "acme"]
         )
+        console.print(f"Look around: {pending}", markup=False, highlight=False, soft_wrap=True)
+        console.print(f"  and the turn: {shown}", markup=False, highlight=False, soft_wrap=True)
+    served.leave_for_a_person()
     served.hold()
     STOP.check()  # a Ctrl-C while the report was printed still ends as an interrupt
     return EXIT_OK if passed else EXIT_INVARIANT_FAILED

@@ -10,7 +10,8 @@ reconciler gives the turn back, another worker takes it over with a new
 generation, enqueues step 2's call (the model is not asked again: the step is
 recorded) and finishes. The demo then shows the turn's steps and checks that
 every scripted step was asked once and every operation of the turn took effect
-at most once.
+at most once. Step 1 also works out the credit's amount in the sandbox
+(`sandbox.run_python`): one sandboxed calculation, checked for its answer.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import select
 
@@ -35,9 +37,15 @@ from executor.turns.service import get_turn, start_turn, turn_summary
 REQUESTER = ServerContext(
     principal="alice@acme", tenant="acme", roles=frozenset({"member"}), request_id="demo-turn"
 )
+# The reserve's top-up is the sum of three invoices, worked out in the sandbox
+# (sandbox.run_python) beside the balance read: one step, two reads.
+CALCULATION = "invoices = [4_000, 3_500, 5_000]\nprint(sum(invoices))\n"
+CALCULATED = "12500"
 SCRIPT = [
     {"tool_calls": [{"id": "read-1", "name": "ledger.get_balance",
-                     "arguments": {"account_id": "acme-payroll"}}]},
+                     "arguments": {"account_id": "acme-payroll"}},
+                    {"id": "calc-1", "name": "sandbox.run_python",
+                     "arguments": {"code": CALCULATION, "timeout_seconds": 5}}]},
     {"tool_calls": [{"id": "credit-1", "name": "ledger.credit",
                      "arguments": {"account_id": "acme-reserve", "amount_cents": 12_500}}]},
     {"final": "Done: acme-reserve was credited 125.00 after checking acme-payroll."},
@@ -74,6 +82,24 @@ def _steps(run: DemoRun, turn_id: str) -> dict[int, int]:
         ).all())
 
 
+def _calculation(view: dict[str, Any]) -> tuple[bool, str]:
+    """Did the sandboxed calculation answer? On a machine that cannot build the sandbox
+    the tool refuses (`sandbox_unavailable`) and never runs the program unsandboxed:
+    that refusal is the right answer there, and the line says so."""
+    calls = [c for s in view["steps"] for c in s["calls"] if c["call_id"] == "calc-1"]
+    if not calls:
+        return False, "the turn proposed no calculation"
+    call = calls[0]
+    if call["status"] == "succeeded":
+        output = call.get("output") or {}
+        answered = output.get("outcome") == "ok" and output.get("stdout", "").strip() == CALCULATED
+        return answered, f"sandbox.run_python printed {output.get('stdout', '').strip()[:40]!r}"
+    code = call.get("error", {}).get("code", call["status"])
+    if code == "sandbox_unavailable":
+        return True, "refused here: this machine cannot build the sandbox (toolfence sandbox check)"
+    return False, f"sandbox.run_python ended {code}"
+
+
 def run_turn(run: DemoRun) -> TurnOutcome:
     """Start the turn, kill its holder after step 2's checkpoint, wait for its end, check it."""
     from ledger.service import effects
@@ -85,7 +111,10 @@ def run_turn(run: DemoRun) -> TurnOutcome:
             conn, REQUESTER, "demo-conversation", "Check payroll, then credit the reserve with 125.00.",
             driver=f"scripted:{Path(script).resolve()}",
         ).turn_id
-    run.say(f"turn {turn_id}: started for {REQUESTER.principal} (scripted model: read, write, answer)")
+    run.say(
+        f"turn {turn_id}: started for {REQUESTER.principal} "
+        "(scripted model: read and calculate, write, answer)"
+    )
     started = time.monotonic()
     deadline = started + TURN_TIMEOUT_SECONDS
     killed: int | None = None
@@ -117,6 +146,7 @@ def run_turn(run: DemoRun) -> TurnOutcome:
         ).scalars().all()
     per_operation = {op: effect_rows.count(op) for op in operation_ids}
     generations = _steps(run, turn_id)
+    calculation = _calculation(view)
     outcome = TurnOutcome(turn_id, view["state"], turn_summary(view), time.monotonic() - started)
     outcome.checks = [
         ("a worker was killed mid-turn", killed is not None,
@@ -127,5 +157,6 @@ def run_turn(run: DemoRun) -> TurnOutcome:
          f"{sum(per_operation.values())} effect(s) over {len(per_operation)} operation(s)"),
         ("resumed by a new generation", len(set(generations.values())) > 1,
          ", ".join(f"step {k}: generation {g}" for k, g in sorted(generations.items()))),
+        ("one calculation ran sandboxed", *calculation),
     ]
     return outcome

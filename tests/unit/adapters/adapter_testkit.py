@@ -33,6 +33,7 @@ from executor.core.types import (
     Succeeded,
     ToolError,
 )
+from executor.sandbox import run_python_tool
 
 # ---------------------------------------------------------------- tools
 
@@ -104,6 +105,9 @@ def make_registry() -> Registry:
                 input_model=RefundArgs, output_model=RefundOut, run=_unused,
                 access=public, approval=never, effect=[Effect.IDEMPOTENT],
             ),
+            # The built-in sandboxed code tool (executor/sandbox): its declaration
+            # exports to every surface like any other tool's.
+            run_python_tool(access=public),
             Tool(
                 name=LONG_TOOL_NAME, description="A tool whose name no provider accepts as is.",
                 mode=Mode.READ, input_model=EmptyArgs, output_model=TimeOut, run=_unused,

@@ -214,7 +214,7 @@ def test_export__all_tools__one_sdk_tool_with_every_declaration() -> None:
     validated = genai_types.Tool.model_validate(tool)
 
     declarations = validated.function_declarations or []
-    assert len(declarations) == 4
+    assert len(declarations) == 5
     for declaration in declarations:
         assert declaration.name and gemini_generate.NAME_RULE.accepts(declaration.name)
         schema = declaration.parameters_json_schema

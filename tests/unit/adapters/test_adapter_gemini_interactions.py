@@ -155,4 +155,4 @@ def test_export__every_tool__valid_function_tool() -> None:
         assert isinstance(parsed, genai_interactions.Function)
         validate_typed(genai_interactions.ToolParam, tool)
         assert gemini_interactions.NAME_RULE.accepts(tool["name"])
-    assert len(tools) == 4
+    assert len(tools) == 5
