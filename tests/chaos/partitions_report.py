@@ -318,6 +318,6 @@ FINDINGS = """
   timeout. No outcome depends on either: leases and audit times are on the
   database clock (`tests/fleet/test_fleet_clock_skew.py`).
 - The broker is one Redis; a three-node RabbitMQ cluster across namespaces was
-  not run (decision 0224). The quorum-queue setting is tested on one RabbitMQ
+  not run (decision 0226). The quorum-queue setting is tested on one RabbitMQ
   node in `make test` (`tests/fleet/test_fleet_quorum.py`).
 """
