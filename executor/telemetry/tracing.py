@@ -96,7 +96,12 @@ def wanted(environ: Mapping[str, str] = os.environ) -> bool:
         # Named exporters decide: `none` is off, and so is a list of only exporters
         # toolfence does not set up (`zipkin`): spans nobody exports cost for nothing.
         return "none" not in exporters and any(name in EXPORTERS for name in exporters)
-    return any(environ.get(name, "").strip() for name in ENDPOINT_VARIABLES)
+    # Spelt out (not a loop over ENDPOINT_VARIABLES): standard OTel variables, read by
+    # name, which the settings package's check tells from a TOOLFENCE_* setting.
+    return bool(
+        environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+        or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+    )
 
 
 def _exporters(environ: Mapping[str, str]) -> list[str]:
