@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from executor.core.canonical import NotCanonicalizable, canonical_json
+from executor.errors import AdmissionError
 
 if TYPE_CHECKING:
     from executor.core.tools import Tool
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 DIGEST_CHARS = 32
 
 
-class ImpactUnavailable(Exception):
+class ImpactUnavailable(AdmissionError):
     """The impact could not be recomputed (the tool is gone or changed, its arguments
     no longer validate, its hook raised): nobody may approve on a figure that cannot
     be shown. Carries a fixed reason, never the exception's text."""

@@ -79,7 +79,11 @@ def test_key_ids__unknown_and_known_with_a_wrong_secret__answer_alike_within_a_q
                     seconds, answer = timed(client, text)
                     (unknown if kind == "unknown" else known).append(seconds)
                     answers.append(answer)
-            good_seconds, good = timed(client, key)
+            # The verified key: its hash is paid once, then remembered (the median of
+            # several, as for the others: one request is one sample of the machine's noise)
+            goods = [timed(client, key) for _ in range(9)]
+            good_seconds = statistics.median(seconds for seconds, _ in goods)
+            good = goods[-1][1]
     finally:
         server.terminate()
         server.wait(timeout=30)
