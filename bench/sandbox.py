@@ -98,10 +98,12 @@ def render(figures: dict[str, float], runtime: Runtime) -> str:
         "",
         f"Written by `python -m bench.sandbox --runs {figures['runs']:.0f} --write`, {stamp}, on the",
         f"shared 2-core development machine: load average {figures['load_before']:.1f} at the start and "
-        f"{figures['load_after']:.1f} at the end",
-        f"(other sessions were running; this one ran at niceness {figures['niceness']:.0f}), so the "
-        "wall-clock rows",
-        "include waiting for a core; the CPU row is what a run costs the machine, whatever else runs. "
+        f"{figures['load_after']:.1f} at the end, niceness {figures['niceness']:.0f}"
+        + (
+            " (other work was running, so the wall-clock rows include waiting for a core; the CPU row "
+            "is what a run costs the machine, whatever else runs)."
+            if max(figures["load_before"], figures["load_after"]) >= 2 else " (a quiet machine)."
+        ),
         f"{runtime.bwrap}, {runtime.python} inside;",
         "each sandboxed run is the empty program through the tool's runner, from spawning bwrap to",
         "the namespace being gone. Bare and sandboxed runs alternate.",
