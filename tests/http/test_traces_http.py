@@ -8,10 +8,11 @@ A real uvicorn server in this process, tracing into the SDK's in-memory exporter
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
@@ -38,6 +39,15 @@ def spans() -> Iterator[InMemorySpanExporter]:
     provider.shutdown()
 
 
+def _finished_with(spans: InMemorySpanExporter, name: str, timeout: float = 10.0) -> tuple[ReadableSpan, ...]:
+    deadline = time.monotonic() + timeout
+    while True:
+        finished = spans.get_finished_spans()
+        if any(span.name == name for span in finished) or time.monotonic() > deadline:
+            return tuple(finished)
+        time.sleep(0.02)
+
+
 def test_post_requests__server_span_under_the_clients__operations_store_its_trace(
     spans: InMemorySpanExporter, served_with: Callable[..., Served]
 ) -> None:
@@ -52,7 +62,8 @@ def test_post_requests__server_span_under_the_clients__operations_store_its_trac
         )
     assert response.status_code == 202, response.text
     # Then the request is FastAPI's SERVER span named by its route, a child of the client's
-    finished = spans.get_finished_spans()
+    # (it ends once the response is sent, which the client may see first: wait for it)
+    finished = _finished_with(spans, "POST /v1/requests")
     by_name = {span.name: span for span in finished}
     by_id = {span.context.span_id: span for span in finished}
     server = by_name["POST /v1/requests"]
