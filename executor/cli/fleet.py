@@ -241,3 +241,19 @@ class Fleet:
             if m.log_path.exists()
         )
 
+
+@contextmanager
+def fleet_environment(values: Mapping[str, str]) -> Iterator[None]:
+    """This process reads the same settings as the fleet it starts (the demo's and an
+    eval run's producer side): `values` over the environment, restored afterwards."""
+    from executor.settings import Settings, using
+
+    saved = os.environ.copy()
+    os.environ.update(values)
+    try:
+        with using(Settings.from_env()):
+            yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+

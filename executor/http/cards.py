@@ -10,25 +10,28 @@ the impact the decision is checked against is the one computed just before it.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, update
+from sqlalchemy import Connection
 
-from executor.core.impact import ImpactUnavailable, current_impact, impact_digest
 from executor.core.tools import Registry
 from executor.core.types import ErrorCode, ServerContext
 from executor.http.models import AmountOut, RelatedOut
 from executor.http.problems import ProblemDetail, ProblemError
-from executor.store.audit import dumps
+from executor.store.approval_impacts import card_impact, record_decided_impact
 from executor.store.console_reads import active_operations
 from executor.store.operator import PendingApproval
-from executor.store.schema import approvals
 
 IMPACT_UNAVAILABLE = "impact_unavailable"
 # The related operations a card lists at most (newest first; `related_count` has them all).
 RELATED_SHOWN = 10
+
+__all__ = [
+    "IMPACT_UNAVAILABLE", "RELATED_SHOWN", "amounts_of", "card_impact", "check_decided_impact", "iso",
+    "record_decided_impact", "related_operations",
+]
 
 
 def iso(moment: float | datetime | None) -> str | None:
@@ -39,21 +42,6 @@ def iso(moment: float | datetime | None) -> str | None:
     if isinstance(moment, datetime):
         return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return datetime.fromtimestamp(moment, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def card_impact(registry: Registry, approval: PendingApproval) -> tuple[dict[str, Any], str | None]:
-    """(impact, digest): recomputed now; the stored impact and no digest when it cannot
-    be (the tool is gone or changed, its hook failed): nobody approves on that card."""
-    tool = registry.get(approval.tool_name)
-    if tool is None:
-        return approval.impact, None
-    try:
-        impact = current_impact(
-            tool, approval.arguments, ServerContext.from_json(approval.context), approval.resources
-        )
-    except ImpactUnavailable:
-        return approval.impact, None
-    return impact, impact_digest(impact)
 
 
 def amounts_of(registry: Registry, tool_name: str) -> dict[str, AmountOut]:
@@ -124,10 +112,3 @@ def check_decided_impact(
             errors=[ProblemDetail(path="/impact_digest", code="stale", expected=digest)],
         )
     return impact, digest
-
-
-def record_decided_impact(conn: Connection, approval_id: str, impact: Mapping[str, Any]) -> None:
-    """The approval row keeps the impact it was approved on (admission's is replaced)."""
-    conn.execute(
-        update(approvals).where(approvals.c.approval_id == approval_id).values(impact=dumps(dict(impact)))
-    )

@@ -101,33 +101,17 @@ def record_call(
 
 
 def call_row_parameters(
-    *,
-    tenant: str,
-    request_id: str,
-    call_id: str,
-    position: int,
-    tool_name: str,
-    operation_id: str | None,
-    gate: Gate | None,
-    result: dict[str, Any] | None,
-    conversation_id: str | None = None,
-    proposal_hash: str | None = None,
-    reused_from_call_id: str | None = None,
+    *, gate: Gate | None, result: dict[str, Any] | None, **columns: Any
 ) -> dict[str, Any]:
-    """`_insert_call`'s parameters for one call row (`record_call`'s arguments)."""
-    return {
-        "tenant": tenant,
-        "request_id": request_id,
-        "conversation_id": conversation_id,
-        "proposal_hash": proposal_hash,
-        "reused_from_call_id": reused_from_call_id,
-        "call_id": call_id,
-        "position": position,
-        "tool_name": tool_name,
-        "operation_id": operation_id,
-        "gate": None if gate is None else gate.value,
-        "result": dumps(result) if result is not None else None,
-    }
+    """`_insert_call`'s parameters for one call row, from `record_call`'s arguments: the
+    gate by its value, the result as JSON, absent optional columns as NULL."""
+    unknown = columns.keys() - set(_CALL_COLUMNS)
+    if unknown:
+        raise TypeError(f"not a column of a call row: {', '.join(sorted(unknown))}")
+    values = {column: columns.get(column) for column in _CALL_COLUMNS}
+    values["gate"] = None if gate is None else gate.value
+    values["result"] = dumps(result) if result is not None else None
+    return values
 
 
 _CALL_COLUMNS = (

@@ -16,8 +16,8 @@ def configure_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
 def run(args: argparse.Namespace) -> int:
     from executor import store
     from executor.cli.common import engine_of, iso, print_json, registry_of, settings, shown
-    from executor.http.cards import card_impact
     from executor.store import operator
+    from executor.store.approval_impacts import card_impact
 
     chosen = settings()
     engine = engine_of(chosen)

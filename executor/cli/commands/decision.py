@@ -120,7 +120,7 @@ def _decide_operation(
             impact = _decided_impact(conn, args, registry, who)
             decision = store.approve(conn, args.approval_id, approver=who, registry=registry)
             if impact is not None and decision.outcome is store.DecisionOutcome.DECIDED:
-                from executor.http.cards import record_decided_impact
+                from executor.store.approval_impacts import record_decided_impact
 
                 record_decided_impact(conn, args.approval_id, impact)
             return decision
@@ -136,8 +136,8 @@ def _decided_impact(
     as the console and the API decide (decision 0222): refused `impact_changed` when
     `--impact-digest` names another, or when it cannot be computed (a deny still can).
     None when the approval is not pending for this tenant (the store answers that)."""
-    from executor.http.cards import card_impact
     from executor.store import operator
+    from executor.store.approval_impacts import card_impact
 
     found = operator.pending_approvals(conn, who.tenant, args.approval_id)
     if not found:

@@ -11,8 +11,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -141,21 +140,6 @@ def _version_beside(data_dir: Path) -> str:
     return ""
 
 
-@contextmanager
-def _environment(values: Mapping[str, str]) -> Iterator[None]:
-    """This process reads the same settings as the fleet it starts (as the demo does)."""
-    from executor.settings import Settings, using
-
-    saved = os.environ.copy()
-    os.environ.update(values)
-    try:
-        with using(Settings.from_env()):
-            yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-
-
 def _embedded_env(run_dir: Path, token: str, fixtures: Fixtures) -> dict[str, str]:
     return {
         "TOOLFENCE_HOME": str(run_dir),
@@ -240,7 +224,9 @@ def _run_eval(args: argparse.Namespace) -> int:
         if chosen.tools_module != fixtures.header.tools:
             print(f"warning: TOOLFENCE_TOOLS is {chosen.tools_module or 'unset'}, the fixtures name "
                   f"{fixtures.header.tools}: your workers must load the latter", file=sys.stderr)
-    with _environment(env):
+    from executor.cli.fleet import fleet_environment
+
+    with fleet_environment(env):
         report = _execute(args, fixtures, driver, run_dir, manifest)
     text = json.dumps(report, indent=1, sort_keys=True) + "\n"
     (run_dir / "report.json").write_text(text, encoding="utf-8")

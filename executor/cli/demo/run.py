@@ -35,11 +35,10 @@ Every process it started is stopped on the way out, also on Ctrl-C and SIGTERM.
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 import traceback
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType
 
@@ -64,7 +63,8 @@ from executor.cli.demo.place import Place, prepare_place, teardown_place
 from executor.cli.demo.report import _n, gather, model_view, render
 from executor.cli.demo.turn import run_turn
 from executor.cli.demo.workload import DemoRequest, build_workload, split_waves
-from executor.settings import Settings, current, using
+from executor.cli.fleet import fleet_environment
+from executor.settings import current
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -108,19 +108,6 @@ def _signals_ignored() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-@contextmanager
-def _environment(values: Mapping[str, str]) -> Iterator[None]:
-    """The producer side (this process) reads the same settings as the fleet."""
-    saved = os.environ.copy()
-    os.environ.update(values)
-    try:
-        with using(Settings.from_env()):
-            yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-
-
 def _error_console() -> Console:
     return Console(stderr=True, soft_wrap=True)
 
@@ -144,7 +131,7 @@ def run_demo(
     with _signals_raise():
         try:
             place = prepare_place(current())
-            with _environment(place.fleet_env(lease_seconds)):
+            with fleet_environment(place.fleet_env(lease_seconds)):
                 run = DemoRun(console, place, requests, workers, lease_seconds)
                 with demo_console(place, console, serve_port) as served:
                     outcome = _run(run, requests, served)
