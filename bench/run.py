@@ -529,11 +529,11 @@ def bench_in_flight(
 ) -> dict[str, float]:
     """`total` long operations in flight at once: lease-renewal statements per second per worker."""
     from prometheus_client import CollectorRegistry
-    from prometheus_client import multiprocess as prometheus_multiprocess
 
     from executor.broker.app import TASK_NAME, make_celery
     from executor.settings import Settings
     from executor.store.schema import operations
+    from executor.telemetry.exporter import MultiprocessTreeCollector
 
     metrics_dir = log_dir / "inflight-metrics"
     metrics_dir.mkdir(parents=True, exist_ok=True)
@@ -546,7 +546,7 @@ def bench_in_flight(
 
     def renewals() -> float:
         registry = CollectorRegistry()
-        prometheus_multiprocess.MultiProcessCollector(registry, str(metrics_dir))  # type: ignore[no-untyped-call]
+        registry.register(MultiprocessTreeCollector(str(metrics_dir)))
         value = registry.get_sample_value("toolfence_lease_renewal_statements_total")
         return float(value or 0.0)
 

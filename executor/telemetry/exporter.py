@@ -557,13 +557,25 @@ class MultiprocessTreeCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         files = sorted(
-            glob.glob(os.path.join(glob.escape(self._root), "*.db"))
+            path
+            for path in glob.glob(os.path.join(glob.escape(self._root), "*.db"))
             + glob.glob(os.path.join(glob.escape(self._root), "*", "*.db"))
+            if _holds_values(path)
         )
         merged = prometheus_multiprocess.MultiProcessCollector.merge(  # type: ignore[no-untyped-call]
             files, accumulate=True
         )
         return list(merged)
+
+
+def _holds_values(path: str) -> bool:
+    """False for a file a process has created but not yet sized (prometheus-client
+    opens it, then truncates it to its first page): it holds no values yet, and
+    reading it would fail the whole scrape with a struct error."""
+    try:
+        return os.path.getsize(path) > 0
+    except OSError:
+        return False
 
 
 class _ProcessRegistryCollector(Collector):

@@ -18,13 +18,13 @@ from typing import Any, TypeVar
 import pytest
 from fleet_tools import invocations, registry
 from prometheus_client import CollectorRegistry
-from prometheus_client.multiprocess import MultiProcessCollector
 from sqlalchemy import Engine, Row, func, select
 
 from executor import store
 from executor.cli.fleet import Fleet, Member, children_of
 from executor.core.types import CallStatus, ProposedCall, ServerContext
 from executor.store.schema import audit_events, receipts
+from executor.telemetry.exporter import MultiprocessTreeCollector
 from outbox.producer import EnqueueHandle, enqueue
 
 T = TypeVar("T")
@@ -163,7 +163,7 @@ def worker_of(fleet: Fleet, pid: int) -> Member:
 def metric(metrics_dir: str | Path, name: str, **labels: str) -> float:
     """Sum of a counter's samples over every process (dead ones included) matching `labels`."""
     collector = CollectorRegistry()
-    MultiProcessCollector(collector, path=str(metrics_dir))
+    collector.register(MultiprocessTreeCollector(str(metrics_dir)))
     total = 0.0
     for family in collector.collect():
         for sample in family.samples:
@@ -184,7 +184,7 @@ def metric_of_process(metrics_dir: str | Path, pid: int, name: str, **labels: st
 
 def metric_by_label(metrics_dir: str | Path, name: str, label: str) -> dict[str, float]:
     collector = CollectorRegistry()
-    MultiProcessCollector(collector, path=str(metrics_dir))
+    collector.register(MultiprocessTreeCollector(str(metrics_dir)))
     found: dict[str, float] = {}
     for family in collector.collect():
         for sample in family.samples:

@@ -22,7 +22,6 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, Row, func, select
 
@@ -30,6 +29,7 @@ from executor import store
 from executor.cli.fleet import Fleet, children_of, process_alive
 from executor.core.types import ProposedCall, ServerContext
 from executor.store.schema import audit_events, operations, receipts
+from executor.telemetry.exporter import MultiprocessTreeCollector
 from ledger import service as ledger_service
 from ledger.tools import registry
 from outbox.producer import enqueue
@@ -225,7 +225,7 @@ def start_toolfence(env: Mapping[str, str], *args: str) -> subprocess.Popen[str]
 def counter(metrics_dir: str, name: str, **labels: str) -> float:
     """A counter summed over every process that wrote to the multiprocess directory."""
     collector = CollectorRegistry()
-    MultiProcessCollector(collector, path=metrics_dir)  # type: ignore[no-untyped-call]
+    collector.register(MultiprocessTreeCollector(metrics_dir))
     return sum(
         sample.value
         for family in collector.collect()

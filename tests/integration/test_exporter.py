@@ -619,6 +619,33 @@ def test_metrics__two_worker_processes__exporter_serves_the_sum(
     assert value(samples, "toolfence_exporter_database_up") == 1.0
 
 
+def test_metrics__a_process_creating_its_file_during_a_scrape__scrape_serves_the_rest(
+    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exporter_for: Any,
+) -> None:
+    # Given a directory where a finished process counted 3 invocations
+    root = prepare_multiprocess_dir(tmp_path / "metrics")
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(root))
+    child = multiprocessing.get_context("spawn").Process(
+        target=count_invocations, args=(str(root), "ledger.refund", 3)
+    )
+    child.start()
+    child.join(timeout=120)
+    assert child.exitcode == 0
+    # ... and a process that has just created its file but not yet sized it (prometheus
+    # -client opens, then truncates: a pool child forked while a scrape reads the folder)
+    (root / "counter_424242.db").write_bytes(b"")
+    (root / "histogram_424242.db").write_bytes(b"")
+
+    # When the exporter is scraped over HTTP
+    running = exporter_for(
+        Settings(database_url=sqlite_url, broker_url="memory://", metrics_dir=str(root))
+    )
+    samples = scrape_http(running.port)
+
+    # Then the scrape succeeds with the finished process's counts
+    assert value(samples, "toolfence_handler_invocations_total", tool="ledger.refund") == 3.0
+
+
 def test_mark_process_dead__removes_only_live_gauge_files(tmp_path: Path) -> None:
     for name in ("gauge_livesum_4242.db", "gauge_liveall_4242.db", "counter_4242.db",
                  "gauge_livesum_7.db"):

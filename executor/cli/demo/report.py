@@ -271,10 +271,11 @@ def _stale_counters(metrics_dir: Path | None) -> dict[str, float]:
         return {}
     try:
         from prometheus_client import CollectorRegistry
-        from prometheus_client.multiprocess import MultiProcessCollector
+
+        from executor.telemetry.exporter import MultiprocessTreeCollector
 
         registry = CollectorRegistry()
-        MultiProcessCollector(registry, path=str(metrics_dir))  # type: ignore[no-untyped-call]
+        registry.register(MultiprocessTreeCollector(str(metrics_dir)))
         totals: dict[str, float] = {}
         for family in registry.collect():
             if family.name != "toolfence_stale_writes_fenced":
