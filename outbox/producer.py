@@ -12,8 +12,6 @@ through `outbox.results` (`results`, `final`, `settled`, `wait_for_results`).
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,9 +25,10 @@ from executor.core.admission import (
     Admitted,
     Gate,
     Limits,
+    Prepared,
     Rejected,
     admit,
-    proposal_fingerprint,
+    prepare_proposal,
 )
 from executor.core.budgets import Budgets, Exceeded, Scope
 from executor.core.budgets import exceeded as budget_exceeded
@@ -42,7 +41,7 @@ from executor.core.identifiers import (
     identifier_problem,
     storable_key,
 )
-from executor.core.sanitize import sanitize_error_text, sanitize_json
+from executor.core.sanitize import sanitize_error_text
 from executor.core.states import TERMINAL, ApprovalState, State
 from executor.core.tools import Mode, Registry
 from executor.core.types import (
@@ -58,18 +57,12 @@ from executor.core.types import (
     ToolError,
 )
 from executor.errors import AdmissionError, ProviderError
-from executor.providers.hosted import (
-    GrantedApprovals,
-    HostedCall,
-    HostedPolicy,
-    hosted_arguments,
-    hosted_intent_hash,
-    hosted_violations,
-)
 from executor.settings import current as current_settings
 from executor.store.errors import CONNECTION_ERRORS, bad_data_refusal, store_errors
 from executor.telemetry import metrics, tracing
-from outbox.results import call_statuses, operation_status, parse_status, repeated_failure
+from outbox.handles import CallHandle, EnqueueHandle, HostedCalls
+from outbox.hosted_intake import record_hosted
+from outbox.results import call_statuses, operation_status, repeated_failure
 from outbox.results import connection_of as _connection
 
 NOTIFY_CHANNEL = "toolfence_outbox"
@@ -81,40 +74,7 @@ class InvalidBatch(AdmissionError, ValueError):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
-
-
-@dataclass(frozen=True)
-class HostedCalls:
-    """The provider-run calls of the response whose proposals are being enqueued
-    (`surface.read_hosted_calls(response)`), and the hosted-tool policy the request
-    declared (the one `export_mcp_tools` / `export_mcp_servers` put into it).
-
-    `approval_ttl_seconds`: how long an `mcp_approval_request` recorded from these
-    calls waits for a decision before the reconciler expires it (answered: denied).
-    """
-
-    calls: Sequence[HostedCall]
-    policy: HostedPolicy
-    approval_ttl_seconds: float = 24 * 3600.0
-
-
-@dataclass(frozen=True)
-class CallHandle:
-    call_id: str
-    tool_name: str
-    operation_id: str | None
-    status: CallStatus
-
-
-@dataclass(frozen=True)
-class EnqueueHandle:
-    request_id: str
-    calls: tuple[CallHandle, ...]
-
-    @property
-    def operation_ids(self) -> dict[str, str]:
-        """call id → operation id: keep these to retry the same logical operations."""
-        return {c.call_id: c.operation_id for c in self.calls if c.operation_id}
+        self.request_index: int | None = None  # which request of an `enqueue_many`
 
 
 def _check_batch(calls: Sequence[ProposedCall]) -> None:
@@ -204,6 +164,46 @@ def enqueue(
         )
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """What a request's reads need to know, computed purely before the database is
+    asked anything: the intent of each write that may repeat an earlier one, each
+    call's operation id."""
+
+    calls: Sequence[ProposedCall]
+    context: ServerContext
+    fingerprints: list[str]
+    prepared: list[Prepared | None]
+    chosen_ids: Mapping[str, str]
+    hashes: frozenset[str]
+    candidate_ids: frozenset[str]
+
+
+def _plan(
+    calls: Sequence[ProposedCall], context: ServerContext, registry: Registry,
+    operation_ids: Mapping[str, str] | None, limits: Limits,
+) -> _Plan:
+    fingerprints: list[str] = []
+    prepared: list[Prepared | None] = []
+    for call in calls:
+        fingerprint, ready = prepare_proposal(call, registry, context, limits)
+        fingerprints.append(fingerprint)
+        prepared.append(ready)
+    chosen_ids = operation_ids or {}
+    candidate_ids = frozenset(
+        chosen_ids.get(call.call_id) or default_operation_id(context.tenant, context.request_id, call.call_id)
+        for call in calls if _invalid_identifier(call, chosen_ids.get(call.call_id)) is None
+    )
+    hashes = frozenset(
+        fp for call, fp in zip(calls, fingerprints, strict=True) if _may_repeat(registry, call)
+    )
+    return _Plan(calls, context, fingerprints, prepared, chosen_ids, hashes, candidate_ids)
+
+
+def _write_tools(registry: Registry) -> list[str]:
+    return [t.name for t in registry if t.mode is Mode.WRITE]
+
+
 def _enqueue(
     session: Session | Connection,
     calls: Sequence[ProposedCall],
@@ -218,29 +218,38 @@ def _enqueue(
     """`enqueue` once its input is checked, inside the store boundary."""
     conn = _connection(session)
     limits = limits or current_settings().limits
-    # The TOOLFENCE_BUDGET_* settings (read once per process) unless the caller passes its own.
-    budgets = (budgets or current_settings().budgets).for_tenant(context.tenant)
-    # Pure, before the database is asked anything: what the reads need to know (the
-    # intent of each write that may repeat an earlier one, each call's operation id).
-    fingerprints = [proposal_fingerprint(call, registry, context, limits) for call in calls]
-    chosen_ids = operation_ids or {}
-    candidate_ids = {
-        chosen_ids.get(call.call_id) or default_operation_id(context.tenant, context.request_id, call.call_id)
-        for call in calls if _invalid_identifier(call, chosen_ids.get(call.call_id)) is None
-    }
+    plan = _plan(calls, context, registry, operation_ids, limits)
     reads = store.read_for_admission(
         conn, context.tenant, context.request_id, context.conversation_id,
-        hashes={fp for call, fp in zip(calls, fingerprints, strict=True) if _may_repeat(registry, call)},
-        operation_ids=candidate_ids,
+        hashes=plan.hashes, operation_ids=plan.candidate_ids,
     )
-    write_tools = [t.name for t in registry if t.mode is Mode.WRITE]
-    intake = store.Intake(conn, reads, store.Writes(now=reads.now), write_tools)
-    existing = reads.calls
+    intake = store.Intake(conn, reads, store.Writes(now=reads.now), _write_tools(registry))
+    handles, next_position = _admit_request(intake, plan, registry, limits, budgets)
+    if hosted is not None:
+        intake.writes.flush(conn)
+        handles.extend(record_hosted(conn, context, hosted, next_position, limits))
+    if conn.dialect.name == "postgresql":
+        # Delivered at commit, and only if the caller commits: wakes the relay early.
+        intake.writes.notify()
+    intake.writes.flush(conn)
+    return EnqueueHandle(context.request_id, tuple(handles))
+
+
+def _admit_request(
+    intake: store.Intake, plan: _Plan, registry: Registry, limits: Limits, budgets: Budgets | None,
+) -> tuple[list[CallHandle], int]:
+    """Decide each call of one request from its reads (writing nothing yet unless
+    the reads cannot answer): its handles, and the position after its last call."""
+    conn, context = intake.conn, plan.context
+    # The TOOLFENCE_BUDGET_* settings (read once per process) unless the caller passes its own.
+    budgets = (budgets or current_settings().budgets).for_tenant(context.tenant)
+    chosen_ids = plan.chosen_ids
+    existing = intake.reads.calls
     next_position = max((row.position for row in existing.values()), default=-1) + 1
     order = _Order()
     handles: list[CallHandle] = []
 
-    for call, fingerprint in zip(calls, fingerprints, strict=True):
+    for call, fingerprint, prepared in zip(plan.calls, plan.fingerprints, plan.prepared, strict=True):
         tool = registry.get(call.tool_name)
         is_write = tool is not None and tool.mode is Mode.WRITE
         row = existing.get(storable_key(call.call_id))
@@ -277,7 +286,7 @@ def _enqueue(
         try:
             decision = admit(
                 call, registry, context, limits,
-                reraise=CONNECTION_ERRORS, refusal_for=bad_data_refusal,
+                reraise=CONNECTION_ERRORS, refusal_for=bad_data_refusal, prepared=prepared,
             )
         except AdmissionUnavailable as unavailable:
             metrics.PROPOSALS.labels(_tool_label(call, registry), unavailable.gate, "unavailable").inc()
@@ -319,164 +328,13 @@ def _enqueue(
         if is_write and not ok:
             order.write_blocked = True
 
-    if hosted is not None:
-        intake.writes.flush(conn)
-        handles.extend(_record_hosted(conn, context, hosted, next_position, limits))
-
-    if conn.dialect.name == "postgresql":
-        # Delivered at commit, and only if the caller commits: wakes the relay early.
-        intake.writes.notify()
-    intake.writes.flush(conn)
-    return EnqueueHandle(context.request_id, tuple(handles))
+    return handles, next_position
 
 
 def _may_repeat(registry: Registry, call: ProposedCall) -> bool:
     """Is the call a write whose intent may repeat an earlier write's?"""
     tool = registry.get(call.tool_name)
     return tool is not None and tool.mode is Mode.WRITE and not tool.repeatable
-
-
-# ------------------------------------------------------------------ hosted calls
-
-HOSTED_TOOL_PREFIX = "hosted."
-"""A reported hosted call's tool name is this and its item kind (`hosted.mcp_call`):
-bounded, and never the provider's own label or tool name (those stay in the table)."""
-_MAX_KEY_CHARS = 160
-
-
-def _hosted_keys(calls: Sequence[HostedCall]) -> list[str]:
-    """Each hosted call's key in its request, the same every time one response is read:
-    the provider's item id (a result item's with `/result`: it names the call it
-    answers), `<surface>:<kind>:<index>` without one, a digest of an overlong or
-    unstorable one, and `#n` on the nth repeat of a key within the response. Every
-    key is an identifier of at most 200 characters, so is every call id made of one."""
-    keys: list[str] = []
-    seen: set[str] = set()
-    for index, call in enumerate(calls):
-        # Overlong, or text a database cannot hold (NUL, a lone surrogate, control
-        # characters): a digest stands for it, so the producer's transaction holds.
-        key = storable_key(call.item_id or f"{call.surface}:{call.kind}:{index}", _MAX_KEY_CHARS)
-        if call.is_result:
-            key += "/result"
-        candidate, n = key, 1
-        while candidate in seen:
-            n += 1
-            candidate = f"{key}#{n}"
-        seen.add(candidate)
-        keys.append(candidate)
-    return keys
-
-
-def _free_call_id(key: str, taken: set[str]) -> str:
-    """The item's key as call id, unless a call of the request already has it (a
-    proposal the model named alike): then `hosted:<key>`, never overwriting it."""
-    if key not in taken:
-        return key
-    candidate, n = f"hosted:{key}", 1
-    while candidate in taken:
-        n += 1
-        candidate = f"hosted:{key}#{n}"
-    return candidate
-
-
-def _record_hosted(
-    conn: Connection, context: ServerContext, hosted: HostedCalls, next_position: int, limits: Limits
-) -> list[CallHandle]:
-    """Record each hosted call (once per request); report each one outside the policy
-    as a `failed_terminal` call row of the request. Returns those rows' handles."""
-    recorded = store.hosted_calls_of_request(conn, context.tenant, context.request_id)
-    call_rows = store.calls_of_request(conn, context.tenant, context.request_id)
-    taken = set(call_rows)
-    # An mcp_call citing an approval passes only if toolfence granted it, for its intent.
-    granted = GrantedApprovals(
-        context.tenant,
-        store.granted_hosted_intents(
-            conn, context.tenant,
-            (c.approval_request_id for c in hosted.calls if c.approval_request_id and not c.is_result),
-        ),
-    )
-    handles: list[CallHandle] = []
-    for key, call in zip(_hosted_keys(hosted.calls), hosted.calls, strict=True):
-        known = recorded.get(key)
-        if known is not None:
-            # The same response recorded again: its answer stands, nothing is written.
-            if known.call_id is not None and known.call_id in call_rows:
-                row = call_rows[known.call_id]
-                handles.append(
-                    CallHandle(row.call_id, row.tool_name, None, parse_status(json.loads(row.result)))
-                )
-            continue
-        violations = [] if call.is_result else hosted_violations([call], hosted.policy, granted, limits)
-        if call.requests_approval and not violations:
-            _request_hosted_approval(conn, context, call, hosted.approval_ttl_seconds, limits)
-        call_id: str | None = None
-        if violations:
-            [violation] = violations
-            call_id = _free_call_id(key, taken)
-            taken.add(call_id)
-            tool_name = HOSTED_TOOL_PREFIX + storable_key(call.kind, 64)
-            result = FailedTerminal(call_id=call_id, tool_name=tool_name, error=violation.error)
-            store.record_call(
-                conn, tenant=context.tenant, request_id=context.request_id,
-                conversation_id=context.conversation_id, call_id=call_id, position=next_position,
-                tool_name=tool_name, operation_id=None, gate=Gate.HOSTED,
-                result=result.model_dump(mode="json"),
-                # Never equal to a proposal's fingerprint: a later proposal reusing
-                # this call id is an idempotency_conflict, not this answer.
-                proposal_hash=hashlib.sha256(f"hosted\0{key}".encode()).hexdigest(),
-            )
-            next_position += 1
-            handles.append(CallHandle(call_id, tool_name, None, result))
-        store.record_hosted_call(
-            conn, tenant=context.tenant, request_id=context.request_id, hosted_call_id=key,
-            surface=call.surface, kind=call.kind, server_label=call.server_label,
-            tool_name=call.tool_name, item_id=call.item_id, status=call.status,
-            output_digest=call.output_digest, allowed=None if call.is_result else not violations,
-            code=ErrorCode.HOSTED_CALL_NOT_ALLOWED.value if violations else None, call_id=call_id,
-        )
-        if not call.is_result:
-            outcome = "not_allowed" if violations else "allowed"
-            metrics.HOSTED_CALLS.labels(call.surface, call.kind, outcome).inc()
-    return handles
-
-
-_IMPACT_MAX_CHARS = 2_000
-
-
-def _hosted_impact(call: HostedCall, limits: Limits) -> dict[str, Any]:
-    """What an approver of a hosted call is shown: server, tool, and the arguments
-    (parsed as a proposal's, `hosted_arguments`) redacted (secrets, controls) and
-    capped. The provider's text is never stored."""
-    arguments: Any = None
-    if call.arguments is not None:
-        try:
-            arguments = sanitize_json(hosted_arguments(call.arguments, limits), _IMPACT_MAX_CHARS)
-        except ValueError:
-            arguments = {"unparsed": sanitize_error_text(call.arguments, _IMPACT_MAX_CHARS)}
-    return {
-        "server_label": sanitize_error_text(call.server_label or "", 200),
-        "tool": sanitize_error_text(call.tool_name or "", 200),
-        "arguments": arguments,
-    }
-
-
-def _request_hosted_approval(
-    conn: Connection, context: ServerContext, call: HostedCall, ttl_seconds: float, limits: Limits
-) -> None:
-    """A pending hosted approval for an `mcp_approval_request` within the policy (whose
-    id, server, tool and arguments `hosted_violations` checked: one it refused never
-    gets here)."""
-    if not call.item_id or not call.server_label or not call.tool_name:
-        return
-    store.record_hosted_approval(
-        conn, tenant=context.tenant, request_id=context.request_id,
-        approval_request_id=call.item_id, surface=call.surface, server_label=call.server_label,
-        tool_name=call.tool_name,
-        intent_hash=hosted_intent_hash(
-            context.tenant, call.server_label, call.tool_name, call.arguments, limits
-        ),
-        impact=_hosted_impact(call, limits), requester=context, ttl_seconds=ttl_seconds,
-    )
 
 
 class NoApprovalResponse(ProviderError, ValueError):
@@ -774,7 +632,7 @@ def _registered(intake: store.Intake, new: store.NewOperation) -> store.Register
         else:
             outcome = store.InProgress(new.operation_id, State(found.state))
     if isinstance(outcome, store.Created):
-        intake.registered[new.operation_id] = new.intent_hash
+        intake.note_registered(new)
     return outcome
 
 

@@ -587,6 +587,8 @@ def compute_intent_hash(
     args: BaseModel,
     ctx: ServerContext,
     approved_resources: frozenset[str] | None = None,
+    *,
+    arguments_json: dict[str, Any] | None = None,
 ) -> str:
     """The intent hash; for a tool declaring `resources`, over that set too (computed
     here unless given), so an approval binds the set the approver saw."""
@@ -598,10 +600,42 @@ def compute_intent_hash(
         principal=ctx.principal,
         tool_name=tool.name,
         schema_version=tool.schema_version,
-        arguments=args.model_dump(mode="json"),
+        arguments=args.model_dump(mode="json") if arguments_json is None else arguments_json,
         resource_ids=resource_ids,
         approved_resources=approved_resources if tool.resources is not None else None,
     )
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What `proposal_fingerprint` computed of a call that `admit` would compute
+    again: the tool it named, its arguments parsed and validated (the parse and
+    schema gates are pure: the same call, limits and tool give the same value), and
+    the intent hash when it depends on nothing else (the tool declares no
+    `resources` or `resource_ids` hook, so it is a function of the context, the tool
+    and the arguments alone). Decision 0229."""
+
+    tool: Tool[Any]
+    args: BaseModel
+    arguments_json: dict[str, Any]
+    intent_hash: str | None
+
+
+def prepare_proposal(
+    call: ProposedCall, registry: Registry, ctx: ServerContext, limits: Limits = Limits()
+) -> tuple[str, Prepared | None]:
+    """`proposal_fingerprint`, and what `admit(prepared=...)` may reuse of it."""
+    tool = registry.get(call.tool_name)
+    if tool is not None:
+        try:
+            args = gate_schema(call, tool, gate_parse(call, limits))
+            arguments_json = args.model_dump(mode="json")
+            pure = tool.resources is None and tool.resource_ids is None
+            digest = compute_intent_hash(tool, args, ctx, arguments_json=arguments_json)
+            return digest, Prepared(tool, args, arguments_json, digest if pure else None)
+        except Exception:
+            pass  # refused by parse or schema, or a resource_ids hook raised: use the text
+    return _written_fingerprint(call, ctx), None
 
 
 def proposal_fingerprint(
@@ -614,13 +648,11 @@ def proposal_fingerprint(
     rule, check or approval hook runs, so re-enqueueing a request that already ran
     gets the stored answers even where a business rule would now refuse the call.
     """
-    tool = registry.get(call.tool_name)
-    if tool is not None:
-        try:
-            args = gate_schema(call, tool, gate_parse(call, limits))
-            return compute_intent_hash(tool, args, ctx)
-        except Exception:
-            pass  # refused by parse or schema, or a resource_ids hook raised: use the text
+    return prepare_proposal(call, registry, ctx, limits)[0]
+
+
+def _written_fingerprint(call: ProposedCall, ctx: ServerContext) -> str:
+    """The fingerprint of a call that does not parse or fit: a hash of it as written."""
     raw = call.arguments
     if isinstance(raw, bytes):
         written = raw.decode("utf-8", "surrogateescape")
@@ -647,6 +679,7 @@ def admit(
     *,
     reraise: tuple[type[BaseException], ...] = (),
     refusal_for: RefusalFor | None = None,
+    prepared: Prepared | None = None,
 ) -> Admitted | Rejected:
     """Run every gate but registration. Returns `Rejected` (with its gate) or `Admitted`.
 
@@ -658,11 +691,17 @@ def admit(
     of a hook still refuses (fails closed). `refusal_for` turns one of `reraise` that
     is an answer into this call's refusal instead (the producer's: a value the
     database refused, `invalid_arguments` with detail `refused_by_database`), so the
-    other calls of the batch are admitted."""
+    other calls of the batch are admitted. `prepared`: this call's
+    `prepare_proposal` with the same registry, context and limits (its parse,
+    schema and, when pure, intent hash are not computed again)."""
     try:
         tool = gate_allowlist(call, registry, ctx)
-        value = gate_parse(call, limits)
-        args = gate_schema(call, tool, value)
+        if prepared is not None and prepared.tool is tool:
+            args, arguments_json = prepared.args, prepared.arguments_json
+        else:
+            prepared = None
+            args = gate_schema(call, tool, gate_parse(call, limits))
+            arguments_json = args.model_dump(mode="json")
         gate_targets(call, tool, args, ctx)
         gate_authorization(call, tool, args, ctx, reraise, refusal_for)
         gate_business_rules(call, tool, args, ctx, reraise, refusal_for)
@@ -673,7 +712,11 @@ def admit(
         )
         impact = impact_with_resources(impact, approved_resources)
         try:
-            digest = compute_intent_hash(tool, args, ctx, approved_resources)
+            digest = prepared.intent_hash if prepared is not None else None
+            if digest is None:
+                digest = compute_intent_hash(
+                    tool, args, ctx, approved_resources, arguments_json=arguments_json
+                )
         except NotCanonicalizable:
             raise _reject(
                 call, Gate.SCHEMA, ErrorCode.INVALID_ARGUMENTS,
@@ -684,7 +727,7 @@ def admit(
             call=call,
             tool=tool,
             arguments=args,
-            arguments_json=args.model_dump(mode="json"),
+            arguments_json=arguments_json,
             intent_hash=digest,
             needs_approval=needs_approval,
             impact=impact,

@@ -68,6 +68,7 @@ class InvalidIdentifier(AdmissionError, ValueError):
         self.field = field
         self.problem = problem
         self.code = "invalid_identifier"
+        self.request_index: int | None = None  # which request of an `enqueue_many`
 
 
 def identifier_problem(value: object, max_chars: int = MAX_IDENTIFIER_CHARS) -> IdentifierProblem | None:

@@ -185,6 +185,21 @@ def _outbox_params(operation_id: str) -> dict[str, Any]:
     return {"operation_id": operation_id, "delay_seconds": 0.0}
 
 
+def usage_of_calls(rows: Iterable[Any]) -> ScopeUsage:
+    """A request's usage counted from its call rows, as `_USAGE_OF_REQUEST` counts it
+    (the request's rows are read anyway: one statement fewer)."""
+    usage = ScopeUsage()
+    for row in rows:
+        if row.gate not in _NOT_COUNTED:
+            usage.by_tool[row.tool_name] += 1
+            if row.gate == Gate.REPEAT.value and row.result is not None:
+                usage.failures += 1
+    return usage
+
+
+_NOT_COUNTED = frozenset({Gate.BUDGET.value, Gate.HOSTED.value})
+
+
 def _usage_of(rows: Sequence[Any]) -> ScopeUsage:
     usage = ScopeUsage()
     for row in rows:
@@ -220,7 +235,6 @@ def read_for_admission(
     statements += [
         (_NOW, {}),
         (_CALLS_OF_REQUEST, {"tenant": tenant, "request_id": request_id}),
-        (_USAGE_OF_REQUEST, {"tenant": tenant, "scope": request_id}),
     ]
     if conversation_id is not None:
         statements.append((_USAGE_OF_CONVERSATION, {"tenant": tenant, "scope": conversation_id}))
@@ -232,7 +246,7 @@ def read_for_admission(
     results = iter(pipelined(conn, statements)[first_read:])
     now = float(next(results).scalar_one())
     calls_of_request = {row.call_id: row for row in next(results).all()}
-    request_usage = _usage_of(next(results).all())
+    request_usage = usage_of_calls(calls_of_request.values())
     conversation_usage = _usage_of(next(results).all()) if conversation_id is not None else None
     earlier_rows = _rows_by(next(results).all(), "intent_hash") if hashes else {}
     operation_rows = _rows_by(next(results).all(), "operation_id") if ids else {}
@@ -384,7 +398,28 @@ class Intake:
                  write_tools: list[str]) -> None:
         self.conn, self.reads, self.writes, self.write_tools = conn, reads, writes, write_tools
         self.registered: dict[str, str] = {}  # operation id → intent hash, of this batch
+        # intent hash → the (tenant, request, conversation) of each operation of this
+        # batch registered with it (`enqueue_many` shares both among its requests).
+        self.intents: dict[str, list[tuple[str, str, str | None]]] = {}
         self.postgresql = conn.dialect.name == "postgresql"
+
+    def share(self, other: Intake) -> None:
+        """Count `other`'s registrations as this one's (requests of one batch)."""
+        self.registered, self.intents = other.registered, other.intents
+
+    def note_registered(self, new: NewOperation) -> None:
+        self.registered[new.operation_id] = new.intent_hash
+        self.intents.setdefault(new.intent_hash, []).append((new.tenant, new.request_id, new.conversation_id))
+
+    def _registered_in_scope(self, context: ServerContext, intent: str) -> bool:
+        """Did this batch register a write with `intent` in the request's scopes?"""
+        return any(
+            tenant == context.tenant and (
+                request_id == context.request_id
+                or (context.conversation_id is not None and conversation_id == context.conversation_id)
+            )
+            for tenant, request_id, conversation_id in self.intents.get(intent, ())
+        )
 
     def usage(self, scope: Scope, tool_name: str) -> Usage:
         counted = self.reads.request if scope is Scope.REQUEST else self.reads.conversation
@@ -402,7 +437,7 @@ class Intake:
         found = self.reads.earlier.get(intent)
         if found is not None:
             return found
-        if intent in self.reads.hashes and intent not in self.registered.values():
+        if intent in self.reads.hashes and not self._registered_in_scope(context, intent):
             return None
         self.writes.flush(self.conn)
         return earlier_write(

@@ -1,0 +1,181 @@
+"""The reads of many requests' admissions (`enqueue_many`) in one round trip.
+
+`read_for_admission` reads one request's scopes; a producer draining its own queue
+admits many requests in one transaction, and asking each request's questions
+apart would cost a lock and five reads per request. Here every scope of every
+request is locked first, in one total order (every conversation lock before every
+request lock, each class by lock id: the one-request admission's "conversation,
+then request" is an increasing run of the same order, so no two producers ever
+wait on each other in opposite orders), and then each question is asked once for
+the whole batch (`= ANY` of the batch's tenants, requests, conversations, intent
+hashes and operation ids), its rows sorted out per request here. On PostgreSQL
+the locks and the reads are one pipeline; on SQLite (`BEGIN IMMEDIATE` holds the
+one write lock) each request's reads run one after the other.
+
+Requests of one conversation in the batch share that conversation's `ScopeUsage`,
+so a budget counts what an earlier request of the batch decided, as it would
+have had they been enqueued one after the other.
+docs/decisions/0228-enqueue-many-admits-many-requests-in-one-transaction.md has
+the argument.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, Executable, bindparam, case, func, or_, select
+
+from executor.core.tools import Mode
+from executor.store.batch import (
+    _COUNTED,
+    _FAILED_REPEAT,
+    _LOCK,
+    _NOW,
+    AdmissionReads,
+    ScopeUsage,
+    _read_one_by_one,
+    pipelined,
+    usage_of_calls,
+)
+from executor.store.intake import scope_lock_ids
+from executor.store.records import OperationRow
+from executor.store.schema import calls, operations
+
+
+@dataclass(frozen=True)
+class AdmissionScope:
+    """One request of a batch: its scopes and what its admission will ask about."""
+
+    tenant: str
+    request_id: str
+    conversation_id: str | None
+    hashes: frozenset[str]
+    operation_ids: frozenset[str]
+
+
+def lock_order(scopes: Sequence[AdmissionScope]) -> list[int]:
+    """Every scope's advisory lock id once: conversations first, then requests, each
+    class in ascending id order (see the module's docstring)."""
+    conversations: set[int] = set()
+    requests: set[int] = set()
+    for scope in scopes:
+        ids = scope_lock_ids(scope.tenant, scope.request_id, scope.conversation_id)
+        requests.add(ids[-1])
+        conversations.update(ids[:-1])
+    return sorted(conversations) + sorted(requests - conversations)
+
+
+_IN_BATCH = calls.c.tenant == func.any(bindparam("tenants"))
+_CALLS_OF_REQUESTS = select(calls).where(_IN_BATCH, calls.c.request_id == func.any(bindparam("request_ids")))
+
+
+def _usage_by(column: Any) -> Executable:
+    return (
+        select(
+            calls.c.tenant, column.label("scope"), calls.c.tool_name, func.count().label("calls"),
+            func.coalesce(func.sum(case((_FAILED_REPEAT, 1), else_=0)), 0).label("failures"),
+        )
+        .where(_IN_BATCH, column == func.any(bindparam("scopes")), _COUNTED)
+        .group_by(calls.c.tenant, column, calls.c.tool_name)
+    )
+
+
+_USAGE_OF_CONVERSATIONS = _usage_by(calls.c.conversation_id)
+_WRITES_WITH_HASHES = select(operations).where(
+    operations.c.tenant == func.any(bindparam("tenants")),
+    operations.c.mode == Mode.WRITE.value,
+    operations.c.intent_hash == func.any(bindparam("hashes")),
+    or_(
+        operations.c.request_id == func.any(bindparam("request_ids")),
+        operations.c.conversation_id == func.any(bindparam("conversation_ids")),
+    ),
+)
+_OPERATIONS_BY_ID = select(operations).where(operations.c.operation_id == func.any(bindparam("ids")))
+
+
+def read_for_admissions(conn: Connection, scopes: Sequence[AdmissionScope]) -> list[AdmissionReads]:
+    """Lock every scope of `scopes`, then read what each request's admission needs
+    (as `read_for_admission` does for one): one `AdmissionReads` per scope, in order."""
+    if conn.dialect.name != "postgresql":
+        return _share_conversations(scopes, [
+            _read_one_by_one(
+                conn, s.tenant, s.request_id, s.conversation_id, s.hashes, sorted(s.operation_ids)
+            )
+            for s in scopes
+        ])
+    tenants = sorted({s.tenant for s in scopes})
+    request_ids = sorted({s.request_id for s in scopes})
+    conversation_ids = sorted({s.conversation_id for s in scopes if s.conversation_id is not None})
+    hashes = sorted(set().union(*(s.hashes for s in scopes)))
+    ids = sorted(set().union(*(s.operation_ids for s in scopes)))
+    statements: list[tuple[Executable, Mapping[str, Any]]] = [
+        (_LOCK, {"lock_id": lock_id}) for lock_id in lock_order(scopes)
+    ]
+    first_read = len(statements)
+    statements += [
+        (_NOW, {}),
+        (_CALLS_OF_REQUESTS, {"tenants": tenants, "request_ids": request_ids}),
+    ]
+    if conversation_ids:
+        statements.append((_USAGE_OF_CONVERSATIONS, {"tenants": tenants, "scopes": conversation_ids}))
+    if hashes:
+        statements.append((_WRITES_WITH_HASHES, {
+            "tenants": tenants, "hashes": hashes, "request_ids": request_ids,
+            "conversation_ids": conversation_ids,
+        }))
+    if ids:
+        statements.append((_OPERATIONS_BY_ID, {"ids": ids}))
+    results = iter(pipelined(conn, statements)[first_read:])
+    now = float(next(results).scalar_one())
+    calls_by_request: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in next(results).all():
+        calls_by_request.setdefault((row.tenant, row.request_id), {})[row.call_id] = row
+    usage: dict[tuple[str, str, str], ScopeUsage] = {
+        ("request", tenant, request_id): usage_of_calls(rows.values())
+        for (tenant, request_id), rows in calls_by_request.items()
+    }
+    if conversation_ids:
+        for row in next(results).all():
+            counted = usage.setdefault(("conversation", row.tenant, row.scope), ScopeUsage())
+            counted.by_tool[row.tool_name] += int(row.calls)
+            counted.failures += int(row.failures)
+    writes = sorted(
+        (OperationRow.from_row(row) for row in next(results).all()),
+        key=lambda op: (op.created_at, op.position),
+    ) if hashes else []
+    found = {row.operation_id: OperationRow.from_row(row) for row in next(results).all()} if ids else {}
+    answers: list[AdmissionReads] = []
+    for scope in scopes:
+        earlier: dict[str, OperationRow] = {}
+        for op in writes:  # the first write of each hash in the request or its conversation
+            in_scope = op.request_id == scope.request_id or (
+                scope.conversation_id is not None and op.conversation_id == scope.conversation_id
+            )
+            wanted = op.intent_hash in scope.hashes and op.intent_hash not in earlier
+            if op.tenant == scope.tenant and in_scope and wanted:
+                earlier[op.intent_hash] = op
+        conversation = None
+        if scope.conversation_id is not None:
+            key = ("conversation", scope.tenant, scope.conversation_id)
+            conversation = usage.setdefault(key, ScopeUsage())
+        answers.append(AdmissionReads(
+            now, calls_by_request.get((scope.tenant, scope.request_id), {}),
+            usage.get(("request", scope.tenant, scope.request_id), ScopeUsage()), conversation, earlier,
+            {i: found[i] for i in scope.operation_ids if i in found},
+            scope.hashes, scope.operation_ids,
+        ))
+    return answers
+
+
+def _share_conversations(
+    scopes: Sequence[AdmissionScope], reads: list[AdmissionReads]
+) -> list[AdmissionReads]:
+    """Requests of one conversation count it in one `ScopeUsage` (the first one read:
+    all were read before any was decided)."""
+    shared: dict[tuple[str, str], ScopeUsage] = {}
+    for scope, read in zip(scopes, reads, strict=True):
+        if scope.conversation_id is not None and read.conversation is not None:
+            read.conversation = shared.setdefault((scope.tenant, scope.conversation_id), read.conversation)
+    return reads
