@@ -59,7 +59,7 @@ def _plain(value: Any, depth: int) -> bool:
     if kind is bool or value is None:
         return True
     if kind is int:
-        return -_MAX_SAFE <= value <= _MAX_SAFE
+        return bool(-_MAX_SAFE <= value <= _MAX_SAFE)
     if depth >= _MAX_PLAIN_DEPTH:
         return False
     if kind is dict:

@@ -33,11 +33,12 @@ from sqlalchemy import (
     case,
     func,
     insert,
+    literal,
     or_,
     select,
     text,
 )
-from sqlalchemy.dialects.postgresql import distinct_on
+from sqlalchemy.dialects.postgresql import ARRAY, distinct_on
 from sqlalchemy.exc import DBAPIError
 
 from executor.core.admission import AdmissionUnavailable, Gate
@@ -46,13 +47,19 @@ from executor.core.states import State
 from executor.core.tools import Mode
 from executor.core.types import ServerContext
 from executor.errors import AdmissionError
-from executor.store.clock import DATABASE_CLOCK, Clock
+from executor.store.clock import DATABASE_CLOCK, Clock, built_once
 from executor.store.driver import DriverResult, DriverRow, compiled_for
-from executor.store.intake import _insert_call, _insert_outbox_row, call_row_parameters, scope_lock_ids
+from executor.store.intake import (
+    _CALL_COLUMNS,
+    _insert_call,
+    _insert_outbox_row,
+    call_row_parameters,
+    scope_lock_ids,
+)
 from executor.store.reads import earlier_write
 from executor.store.records import NewOperation, OperationRow
 from executor.store.registration import approval_values, register_statement, registration_parameters
-from executor.store.schema import approvals, calls, operations
+from executor.store.schema import approvals, calls, operations, outbox
 
 NOTIFY_SQL = "NOTIFY toolfence_outbox"
 
@@ -342,6 +349,9 @@ class Writes:
             return
         statements: list[tuple[Executable, Mapping[str, Any]]] = []
         registering: list[tuple[int, str]] = []
+        call_rows: list[dict[str, Any]] = []
+        outbox_ids: list[str] = []
+        notify = False
         for kind, item in items:
             if kind == "register":
                 registering.append((len(statements), item.new.operation_id))
@@ -349,11 +359,26 @@ class Writes:
                 if item.approval is not None:
                     statements.append((_INSERT_APPROVAL, item.approval))
             elif kind == "call":
-                statements.append((_insert_call(self.clock), call_row_parameters(**item)))
+                call_rows.append(call_row_parameters(**item))
             elif kind == "outbox":
-                statements.append((_insert_outbox_row(self.clock, False), _outbox_params(item)))
+                outbox_ids.append(item)
             else:
-                statements.append((_NOTIFY, {}))
+                notify = True
+        # After every registration (the rows they name exist by then), the call rows
+        # and the outbox rows each as one statement however many there are, in the
+        # order they were decided (decision 0228).
+        if len(call_rows) == 1:
+            statements.append((_insert_call(self.clock), call_rows[0]))
+        elif call_rows:
+            statements.append((_insert_calls(self.clock), {
+                column: [row[column] for row in call_rows] for column in _CALL_COLUMNS
+            }))
+        if len(outbox_ids) == 1:
+            statements.append((_insert_outbox_row(self.clock, False), _outbox_params(outbox_ids[0])))
+        elif outbox_ids:
+            statements.append((_insert_outbox_rows(self.clock), {"operation_ids": outbox_ids}))
+        if notify:
+            statements.append((_NOTIFY, {}))
         results = pipelined(conn, statements)
         for index, operation_id in registering:
             if results[index].one_or_none() is None:
@@ -375,6 +400,28 @@ class Writes:
                 conn.execute(_insert_call(self.clock), call_row_parameters(**item))
             elif kind == "outbox":
                 conn.execute(_insert_outbox_row(self.clock, False), _outbox_params(item))
+
+
+@built_once
+def _insert_calls(clock: Clock) -> Executable:
+    """Many call rows in one statement: each column's values as one array, unnested
+    in step (PostgreSQL zips set-returning functions of one select list)."""
+    rows = select(*(
+        func.unnest(bindparam(column, type_=ARRAY(calls.c[column].type))).label(column)
+        for column in _CALL_COLUMNS
+    ), clock.now().label("created_at"))
+    return insert(calls).from_select([*_CALL_COLUMNS, "created_at"], rows)
+
+
+@built_once
+def _insert_outbox_rows(clock: Clock) -> Executable:
+    now = clock.now()
+    ids = bindparam("operation_ids", type_=ARRAY(outbox.c.operation_id.type))
+    rows = select(
+        func.unnest(ids).label("operation_id"),
+        now.label("created_at"), now.label("next_attempt_at"), literal(0).label("attempts"),
+    )
+    return insert(outbox).from_select(["operation_id", "created_at", "next_attempt_at", "attempts"], rows)
 
 
 _INSERT_APPROVAL = insert(approvals).values(
