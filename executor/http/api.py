@@ -37,6 +37,7 @@ from executor.http.models import (
     NAMED_SCHEMAS,
     TURN_SERVER_FIELDS,
     ApprovalList,
+    BatchAnswer,
     DecisionBody,
     DecisionOut,
     Health,
@@ -47,6 +48,7 @@ from executor.http.models import (
     ProviderName,
     Ready,
     RequestAnswer,
+    RequestBatch,
     ResolveBody,
     ResolveOut,
     TurnBody,
@@ -103,6 +105,14 @@ class RateLimiter:
     def hit(self, key_id: str) -> float | None:
         """None when within budget, else the seconds until the next request may pass."""
         if self.limiter.hit(self.item, key_id):
+            return None
+        return self._wait(self.item, key_id)
+
+    def hit_more(self, key_id: str, count: int) -> float | None:
+        """Count `count` more requests of the key at once (a request batch's requests
+        after its first, which authentication counted): None when within budget,
+        else the seconds to wait (then none of them is counted)."""
+        if count <= 0 or self.limiter.hit(self.item, key_id, cost=count):
             return None
         return self._wait(self.item, key_id)
 
@@ -369,6 +379,41 @@ def build_api(service: Service, authenticator: Authenticator, limiter: RateLimit
         answer, replayed = await _in_thread(service.submit, who, body, digest, idempotency_key)
         return _accepted(answer, replayed)
 
+    @v1.post(
+        "/request-batches", status_code=202, response_model=BatchAnswer, tags=["requests"],
+        summary="Admit and enqueue many requests in one transaction",
+        description=(
+            "Each request is admitted as POST /v1/requests admits one (its own idempotency, budgets, "
+            "repeat rules, ordering and results), all in one transaction. Each request counts "
+            "against the key's rate limit. A request the batch cannot take (a bad conversation id, "
+            "a call id twice, a request_key twice) refuses the whole batch before anything is "
+            "written: the problem's errors[].path names it (/requests/<index>/...)."
+        ),
+        openapi_extra={"requestBody": {"required": True, "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/RequestBatch"}}
+        }}},
+        responses=problem_doc(503),
+    )
+    async def submit_request_batch(request: Request, who: Identity = producer) -> JSONResponse:
+        raw = await request_body(request)
+        _, value = read_body(raw, _ANY_JSON)
+        _no_identity_in_items(value)  # before the schema: 400 identity_in_body, as for one request
+        try:
+            body = RequestBatch.model_validate(value)
+        except ValidationError as exc:
+            raise ProblemError(
+                422, ErrorCode.INVALID_REQUEST, "the body does not match the schema",
+                errors=_details(exc.errors(include_input=False, include_url=False)),
+            ) from None
+        wait = limiter.hit_more(who.key_id, len(body.requests) - 1)
+        if wait is not None:
+            raise ProblemError(
+                429, ErrorCode.RATE_LIMITED, "this key's request budget cannot take the whole batch now",
+                headers={"Retry-After": str(math.ceil(wait))},
+            )
+        answer = await _in_thread(service.submit_many, who, body)
+        return JSONResponse(answer.model_dump(mode="json"), status_code=202)
+
     @v1.get(
         "/requests/{request_id}", response_model=RequestAnswer, summary="One result per call",
         tags=["requests"],
@@ -513,7 +558,9 @@ def build_api(service: Service, authenticator: Authenticator, limiter: RateLimit
             )
             components = schema.setdefault("components", {}).setdefault("schemas", {})
             components.update(NAMED_SCHEMAS)
-            for model in (NeutralBatch, ProviderEnvelope, DecisionBody, ResolveBody, TurnBody, Problem):
+            for model in (
+                NeutralBatch, ProviderEnvelope, RequestBatch, DecisionBody, ResolveBody, TurnBody, Problem,
+            ):
                 found = model.model_json_schema(ref_template="#/components/schemas/{model}")
                 for name, definition in found.pop("$defs", {}).items():
                     components.setdefault(name, definition)
@@ -523,6 +570,27 @@ def build_api(service: Service, authenticator: Authenticator, limiter: RateLimit
 
     app.openapi = openapi  # type: ignore[method-assign]
     return app
+
+
+_ANY_JSON: TypeAdapter[Any] = TypeAdapter(Any)
+
+
+def _no_identity_in_items(value: Any) -> None:
+    """A batch's requests and their calls may not name who the caller is either
+    (`read_body` checks a body's top level and its calls)."""
+    named: set[str] = set()
+    for item in value.get("requests", []) if isinstance(value, dict) else []:
+        if isinstance(item, dict):
+            named |= IDENTITY_FIELDS & item.keys()
+            for call in item.get("calls", []) if isinstance(item.get("calls"), list) else []:
+                if isinstance(call, dict):
+                    named |= IDENTITY_FIELDS & call.keys()
+    if named:
+        raise ProblemError(
+            400, ErrorCode.IDENTITY_IN_BODY,
+            "who the caller is comes from the API key; the body may not name it",
+            errors=[ProblemDetail(path=f"/{name}", code="identity_field") for name in sorted(named)],
+        )
 
 
 async def _in_thread(function: Callable[..., Any], *args: Any) -> Any:

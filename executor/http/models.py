@@ -199,6 +199,45 @@ class NeutralBatch(_Body):
     )
 
 
+MAX_BATCH_REQUESTS = 100
+MAX_BATCH_CALLS = 1000
+
+
+class BatchedRequest(_Body):
+    """One request of a request batch: calls in the neutral format, as `NeutralBatch`."""
+
+    calls: list[NeutralCall] = Field(
+        min_length=1, max_length=MAX_CALLS,
+        description="each call_id once in a request (two alike: 400 duplicate_call_id)",
+    )
+    conversation_id: str | None = Field(
+        default=None, min_length=1, max_length=200, pattern=ID_PATTERN, json_schema_extra=_ID_DOC
+    )
+    request_key: str | None = Field(
+        default=None, min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$",
+        description="names the request, per key tenant and principal (as Idempotency-Key names a "
+        "POST /v1/requests' request, in a namespace of its own): the same item sent again answers "
+        "each call from what is recorded, a call id reused for a different call is "
+        "`idempotency_conflict`. Without one, the request is new.",
+    )
+
+
+class RequestBatch(_Body):
+    """Many requests admitted and enqueued in one transaction (`enqueue_many`)."""
+
+    requests: list[BatchedRequest] = Field(
+        min_length=1, max_length=MAX_BATCH_REQUESTS,
+        description=f"at most {MAX_BATCH_CALLS} calls in all; each request_key once (two alike: "
+        "400 duplicate_request)",
+    )
+
+    @model_validator(mode="after")
+    def _bounded(self) -> RequestBatch:
+        if sum(len(r.calls) for r in self.requests) > MAX_BATCH_CALLS:
+            raise ValueError(f"at most {MAX_BATCH_CALLS} calls in one batch")
+        return self
+
+
 class ProviderEnvelope(_Body):
     """A provider's response, as its API returned it; `provider` names the surface."""
 
@@ -306,6 +345,12 @@ class RequestAnswer(BaseModel):
     results: list[ProviderResult] | None = Field(
         default=None, description="with ?provider=: the results in that provider's shape"
     )
+
+
+class BatchAnswer(BaseModel):
+    """One answer per request of the batch, in order, each as POST /v1/requests answers."""
+
+    requests: list[RequestAnswer]
 
 
 class AmountOut(BaseModel):

@@ -93,7 +93,14 @@ DETAIL_MAX_CHARS = 500
 def schema_names() -> frozenset[str]:
     """Every property and schema name of the API's request bodies: the path segments
     an error may name as they are (the server wrote them, not the caller)."""
-    from executor.http.models import DecisionBody, NeutralBatch, ProviderEnvelope, ResolveBody, TurnBody
+    from executor.http.models import (
+        DecisionBody,
+        NeutralBatch,
+        ProviderEnvelope,
+        RequestBatch,
+        ResolveBody,
+        TurnBody,
+    )
 
     # Where an error is, and the parameters of the routes (query, path, header).
     names: set[str] = {
@@ -112,7 +119,7 @@ def schema_names() -> frozenset[str]:
             for value in node:
                 walk(value)
 
-    for model in (NeutralBatch, ProviderEnvelope, DecisionBody, ResolveBody, TurnBody):
+    for model in (NeutralBatch, ProviderEnvelope, RequestBatch, DecisionBody, ResolveBody, TurnBody):
         names.add(model.__name__)
         walk(model.model_json_schema())
     from executor.http.models import IDENTITY_FIELDS, TURN_SERVER_FIELDS

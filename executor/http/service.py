@@ -35,6 +35,7 @@ from executor.http.models import (
     ApprovalDecisionOut,
     ApprovalOut,
     AuditEventOut,
+    BatchAnswer,
     DecisionOut,
     NeutralBatch,
     OperationOut,
@@ -42,6 +43,7 @@ from executor.http.models import (
     ProviderEnvelope,
     ReceiptOut,
     RequestAnswer,
+    RequestBatch,
     RequestCallOut,
     ResolveOut,
     TurnBody,
@@ -58,6 +60,7 @@ from executor.store import console_reads, operator
 from executor.store.api_keys import claim_idempotency_key
 from executor.store.engine import read_only
 from executor.telemetry import logcontext, metrics
+from outbox.batches import QueuedRequest, enqueue_many
 from outbox.producer import HostedCalls, InvalidBatch, enqueue
 from outbox.results import final, request_exists, results, settled
 
@@ -158,6 +161,39 @@ class Service:
                     errors=[ProblemDetail(path="/calls", code=exc.code)],
                 ) from None
         return _answer(handle.request_id, [c.status for c in handle.calls]), False
+
+    def submit_many(self, who: Identity, body: RequestBatch) -> BatchAnswer:
+        """Admit and enqueue every request of the batch in one transaction
+        (`enqueue_many`), each under the key's turn surface as `submit` does. A request
+        the batch cannot take refuses the whole batch, naming it; nothing is written."""
+        self._require_surface(who.surface, KEY_SURFACE_UNDECLARED)
+        items: list[QueuedRequest] = []
+        for index, item in enumerate(body.requests):
+            calls = [
+                ProposedCall(call_id=c.call_id, tool_name=c.tool_name, arguments=c.arguments)
+                for c in item.calls
+            ]
+            request_id = (
+                request_id_for(who, f"batch\0{item.request_key}") if item.request_key
+                else f"req_{uuid.uuid4().hex[:24]}"
+            )
+            try:
+                context = _checked(who.context(request_id, item.conversation_id))
+            except ProblemError as exc:
+                exc.errors = [e.model_copy(update={"path": f"/requests/{index}{e.path}"}) for e in exc.errors]
+                raise
+            items.append(QueuedRequest(calls, context))
+        logcontext.bind(tenant=who.tenant)
+        with self.engine.begin() as conn:
+            try:
+                handles = enqueue_many(conn, items, self.registry, budgets=self.settings.budgets)
+            except InvalidBatch as exc:
+                where = "" if exc.code == "duplicate_request" else "/calls"
+                raise ProblemError(
+                    400, ErrorCode.INVALID_REQUEST, str(exc),
+                    errors=[ProblemDetail(path=f"/requests/{exc.request_index}{where}", code=exc.code)],
+                ) from None
+        return BatchAnswer(requests=[_answer(h.request_id, [c.status for c in h.calls]) for h in handles])
 
     async def request(
         self, who: Identity, request_id: str, *, provider: str | None, wait: float
