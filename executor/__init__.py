@@ -15,7 +15,8 @@ module does not pull in SQLAlchemy, Celery or an SDK through this file.
   `TerminalError`, `BusinessRuleViolation`, `StaleFencingToken`, ...).
 - Values: `ProposedCall`, `ServerContext`, the results (`Succeeded`,
   `FailedRetryable`, `FailedTerminal`, `Pending`), `ErrorCode`, `State`.
-- Producing: `enqueue`, `results`, `wait_for_results`, `final`, `settled`,
+- Producing: `enqueue`, `enqueue_many` (many requests in one transaction, each a
+  `QueuedRequest`), `results`, `wait_for_results`, `final`, `settled`,
   `default_operation_id`, `Budgets`, `BudgetLimits`; `Settings`, `make_engine`,
   `get_engine`, `migrate`; what `enqueue` raises besides a malformed batch
   (`InvalidBatch`, `InvalidIdentifier`): `StoreDatabaseError` (its
@@ -174,10 +175,9 @@ if TYPE_CHECKING:
         TurnOptions,
         Usage,
     )
+    from outbox.batches import QueuedRequest, enqueue_many
+    from outbox.handles import CallHandle, EnqueueHandle, HostedCalls
     from outbox.producer import (
-        CallHandle,
-        EnqueueHandle,
-        HostedCalls,
         InvalidBatch,
         NoApprovalResponse,
         enqueue,
@@ -235,9 +235,11 @@ _EXPORTS: dict[str, str] = {
     "migrate": "executor.store.migrate",
     "AdmissionUnavailable": "executor.core.admission",
     "StoreDatabaseError": "executor.store.errors",
-    "CallHandle": "outbox.producer",
-    "EnqueueHandle": "outbox.producer",
-    "HostedCalls": "outbox.producer",
+    "CallHandle": "outbox.handles",
+    "EnqueueHandle": "outbox.handles",
+    "HostedCalls": "outbox.handles",
+    "QueuedRequest": "outbox.batches",
+    "enqueue_many": "outbox.batches",
     "InvalidBatch": "outbox.producer",
     "InvalidIdentifier": "executor.core.identifiers",
     "NoApprovalResponse": "outbox.producer",
@@ -338,6 +340,7 @@ __all__ = [
     "Observed",
     "Pending",
     "ProposedCall",
+    "QueuedRequest",
     "ProviderError",
     "Registry",
     "RetryPolicy",
@@ -375,6 +378,7 @@ __all__ = [
     "default_operation_id",
     "encode_tool_name",
     "enqueue",
+    "enqueue_many",
     "export_mcp_servers",
     "export_mcp_tools",
     "final",
