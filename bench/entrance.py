@@ -10,9 +10,17 @@ in a database of its own, one producer thread, interleaved rounds, medians:
   COMMIT.
 - **enqueue**: `outbox.producer.enqueue` of one no-op idempotent write
   (`bench.tools`' `bench.noop_write`) per request, in `engine.begin()`.
-- **batch curve**: one `enqueue` of 1, 10 and 100 calls: cost per call.
+- **calls per request**: one `enqueue` of 1, 10 and 100 calls: cost per call.
+- **requests per `enqueue_many`**: 1, 10 and 100 one-call requests in one
+  transaction: cost per call (= per request).
 - **round trips**: counted on the wire (libpq's trace: one ReadyForQuery per round
-  trip) for one `enqueue` of 1, 10 and 100 calls, the caller's BEGIN excluded.
+  trip) for each size of both curves, the caller's BEGIN excluded.
+- **HTTP** (`--http`, default on): `toolfence serve` as its own process on the same
+  database, one client thread: `POST /v1/requests` of one call, and
+  `POST /v1/request-batches` of 10 and 100 one-call requests: requests/s.
+
+Every curve runs its sizes in interleaved rounds (the order reversed every other
+round), medians.
 
 A bench, not a test: figures are printed and written, never asserted.
 """
@@ -20,21 +28,39 @@ A bench, not a test: figures are printed and written, never asserted.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg.pq import Trace
 from sqlalchemy import Engine, create_engine, text
 
 ROOT = Path(__file__).resolve().parents[1]
+SIZES = (1, 10, 100)
 BASE = os.environ.get("BENCH_PG", "postgresql://postgres@127.0.0.1:5432")
 DATABASE = "toolfence_bench_entrance"
+
+
+def _roomy() -> Any:
+    from executor.core.budgets import BudgetLimits, Budgets
+
+    # Budgets that admit every call: the curves measure admitted calls, not refusals
+    # (the default request budget refuses a ninth call of one tool).
+    room = BudgetLimits(max_calls=10_000, max_writes=10_000, max_calls_per_tool=10_000,
+                        max_repeated_failures=10)
+    return Budgets(request=room, conversation=room)
+
+
+ROOMY = _roomy()
 
 
 def fresh_database() -> str:
@@ -91,8 +117,58 @@ def enqueue_requests(engine: Engine, n: int, prefix: str, calls_per_request: int
             principal="bench", tenant="bench", roles=frozenset({"member"}), request_id=f"{prefix}-{i}"
         )
         with engine.begin() as conn:
-            enqueue(conn, batch, context, registry)
+            enqueue(conn, batch, context, registry, budgets=ROOMY)
     return time.perf_counter() - started
+
+
+def queued(n: int, prefix: str, calls_per_request: int = 1) -> list[Any]:
+    from executor.core.types import ProposedCall, ServerContext
+    from outbox.batches import QueuedRequest
+
+    return [
+        QueuedRequest(
+            [ProposedCall(call_id=f"c{k}", tool_name="bench.noop_write", arguments=json.dumps({"n": k}))
+             for k in range(calls_per_request)],
+            ServerContext(principal="bench", tenant="bench", roles=frozenset({"member"}),
+                          request_id=f"{prefix}-{i}"),
+        )
+        for i in range(n)
+    ]
+
+
+def enqueue_many_requests(engine: Engine, n: int, prefix: str, per_batch: int) -> float:
+    from bench.tools import registry
+    from outbox.batches import enqueue_many
+
+    items = queued(n, prefix)
+    started = time.perf_counter()
+    for first in range(0, n, per_batch):
+        with engine.begin() as conn:
+            enqueue_many(conn, items[first:first + per_batch], registry, budgets=ROOMY)
+    return time.perf_counter() - started
+
+
+def _traced(engine: Engine, run: Callable[[Any], object]) -> int:
+    with engine.begin() as conn:
+        conn.execute(text("SELECT 1"))  # the caller's BEGIN is the caller's
+        pgconn = conn.connection.driver_connection.pgconn  # type: ignore[union-attr]
+        with tempfile.TemporaryFile("w+") as trace:
+            pgconn.trace(trace.fileno())
+            pgconn.set_trace_flags(Trace.SUPPRESS_TIMESTAMPS)
+            try:
+                run(conn)
+            finally:
+                pgconn.untrace()
+            trace.seek(0)
+            return sum(1 for line in trace if line.startswith("B\t") and "\tReadyForQuery" in line)
+
+
+def many_round_trips(engine: Engine, per_batch: int, prefix: str) -> int:
+    from bench.tools import registry
+    from outbox.batches import enqueue_many
+
+    items = queued(per_batch, prefix)
+    return _traced(engine, lambda conn: enqueue_many(conn, items, registry, budgets=ROOMY))
 
 
 def round_trips(engine: Engine, calls_per_request: int, prefix: str) -> int:
@@ -105,28 +181,110 @@ def round_trips(engine: Engine, calls_per_request: int, prefix: str) -> int:
         for k in range(calls_per_request)
     ]
     context = ServerContext(principal="bench", tenant="bench", roles=frozenset({"member"}), request_id=prefix)
-    with engine.begin() as conn:
-        conn.execute(text("SELECT 1"))  # the caller's BEGIN is the caller's
-        pgconn = conn.connection.driver_connection.pgconn  # type: ignore[union-attr]
-        with tempfile.TemporaryFile("w+") as trace:
-            pgconn.trace(trace.fileno())
-            pgconn.set_trace_flags(Trace.SUPPRESS_TIMESTAMPS)
-            try:
-                enqueue(conn, batch, context, registry)
-            finally:
-                pgconn.untrace()
-            trace.seek(0)
-            return sum(1 for line in trace if line.startswith("B\t") and "\tReadyForQuery" in line)
+    return _traced(engine, lambda conn: enqueue(conn, batch, context, registry, budgets=ROOMY))
 
 
 def median_rate(samples: list[float], per: int) -> float:
     return per / statistics.median(samples)
 
 
+def per_call(samples: list[float], calls: int) -> float:
+    """Median µs per call."""
+    return statistics.median(samples) / calls * 1e6
+
+
+def interleaved(rounds: int, runs: dict[str, Callable[[str], float]]) -> dict[str, list[float]]:
+    """Each run once per round, the order reversed every other round: seconds each."""
+    samples: dict[str, list[float]] = {name: [] for name in runs}
+    names = list(runs)
+    for round_no in range(rounds):
+        for name in names if round_no % 2 == 0 else list(reversed(names)):
+            samples[name].append(runs[name](f"{name}-{round_no}-{time.time_ns()}"))
+            print(f"round {round_no + 1}: {name} {samples[name][-1]:.2f} s", flush=True)
+    return samples
+
+
+# ------------------------------------------------------------------ HTTP
+
+
+def http_curve(url: str, requests: int, rounds: int) -> dict[int, float] | None:
+    """`toolfence serve` on the bench database, one client: requests/s by requests per POST
+    (1: POST /v1/requests; 10 and 100: POST /v1/request-batches). None if it cannot start."""
+    import httpx
+
+    from executor.http.keys import KeyScope, create_key
+    from executor.store.engine import make_engine
+    from tests.netkit import free_port
+
+    port = free_port()
+    home = Path(tempfile.mkdtemp(prefix="toolfence-entrance-"))
+    env = {
+        **os.environ, "PYTHONUNBUFFERED": "1", "TOOLFENCE_DATABASE_URL": url,
+        "TOOLFENCE_TOOLS": "bench.tools:registry", "TOOLFENCE_HOME": str(home),
+        "TOOLFENCE_BROKER_URL": f"filesystem://{home / 'broker'}",
+        "TOOLFENCE_HTTP_RATE_LIMIT": "100000000/minute",
+        **{f"TOOLFENCE_BUDGET_{name}": "10000" for name in ("MAX_CALLS", "MAX_WRITES", "MAX_CALLS_PER_TOOL")},
+    }
+    log = (home / "serve.log").open("ab")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "executor.cli.main", "serve", "--host", "127.0.0.1", "--port", str(port)],
+        env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                print("toolfence serve did not start: no HTTP rows", flush=True)
+                return None
+            time.sleep(0.2)
+        engine = make_engine(url)
+        with engine.begin() as conn:
+            key = create_key(conn, tenant="bench", principal="bench", roles=("member",),
+                             scopes=(KeyScope.PRODUCE,))
+        engine.dispose()
+        call = {"call_id": "c0", "tool_name": "bench.noop_write", "arguments": {"n": 1}}
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60,
+                          headers={"Authorization": f"Bearer {key}"}) as client:
+
+            def post(per_post: int, count: int) -> float:
+                started = time.perf_counter()
+                for _ in range(0, count, per_post):
+                    if per_post == 1:
+                        answer = client.post("/v1/requests", json={"calls": [call]})
+                    else:
+                        answer = client.post("/v1/request-batches",
+                                             json={"requests": [{"calls": [call]}] * per_post})
+                    if answer.status_code != 202:
+                        raise RuntimeError(f"{answer.status_code}: {answer.text[:300]}")
+                return time.perf_counter() - started
+
+            post(1, 50)
+            post(10, 50)
+            samples = interleaved(rounds, {
+                f"http {size}": functools.partial(lambda size, _p: post(size, requests), size)
+                for size in SIZES
+            })
+        return {size: median_rate(samples[f"http {size}"], requests) for size in SIZES}
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--http-requests", type=int, default=500)
+    parser.add_argument("--no-http", dest="http", action="store_false")
     parser.add_argument("--write", default=str(ROOT / "bench" / "ENTRANCE.md"))
     args = parser.parse_args(argv)
 
@@ -138,59 +296,87 @@ def main(argv: list[str] | None = None) -> int:
     migrate(url)
     engine = make_engine(url)
     load_before = os.getloadavg()
-    # Warm both paths (connections, statement caches, imports).
+    # Warm every path (connections, statement caches, imports).
     plain_floor(dsn, 50, "warm")
     enqueue_requests(engine, 50, "warm")
+    enqueue_many_requests(engine, 100, "warm-many", 10)
 
-    samples: dict[str, list[float]] = {"floor": [], "enqueue": []}
-    runs: list[tuple[str, Callable[[str], float]]] = [
-        ("floor", lambda p: plain_floor(dsn, args.requests, p)),
-        ("enqueue", lambda p: enqueue_requests(engine, args.requests, p)),
-    ]
-    for round_no in range(args.rounds):
-        for name, run in runs if round_no % 2 == 0 else list(reversed(runs)):
-            samples[name].append(run(f"{name}-{round_no}-{time.time_ns()}"))
-            rate = args.requests / samples[name][-1]
-            print(f"round {round_no + 1}: {name} {rate:.0f} requests/s", flush=True)
-
-    curve: list[tuple[int, float, int]] = []
-    for size in (1, 10, 100):
-        requests = max(10, args.requests // size)
-        seconds = [enqueue_requests(engine, requests, f"batch{size}-{r}-{time.time_ns()}", size)
-                   for r in range(args.rounds)]
-        curve.append((size, statistics.median(seconds) / (requests * size) * 1e6,
-                      round_trips(engine, size, f"trips{size}-{time.time_ns()}")))
+    n = args.requests
+    samples = interleaved(args.rounds, {
+        "floor": lambda p: plain_floor(dsn, n, p),
+        "enqueue": lambda p: enqueue_requests(engine, n, p),
+        "enqueue_many 100": lambda p: enqueue_many_requests(engine, n, p, 100),
+    })
+    calls_curve = interleaved(args.rounds, {
+        f"calls {size}": functools.partial(
+            lambda size, p: enqueue_requests(engine, max(10, n // size), p, size), size
+        )
+        for size in SIZES
+    })
+    many_curve = interleaved(args.rounds, {
+        f"many {size}": functools.partial(lambda size, p: enqueue_many_requests(engine, n, p, size), size)
+        for size in SIZES
+    })
+    trips = {size: round_trips(engine, size, f"trips{size}-{time.time_ns()}") for size in SIZES}
+    many_trips = {size: many_round_trips(engine, size, f"mtrips{size}-{time.time_ns()}") for size in SIZES}
     engine.dispose()
+    http = http_curve(url, args.http_requests, args.rounds) if args.http else None
     load_after = os.getloadavg()
 
-    floor = median_rate(samples["floor"], args.requests)
-    toolfence = median_rate(samples["enqueue"], args.requests)
+    floor = median_rate(samples["floor"], n)
+    single = median_rate(samples["enqueue"], n)
+    many = median_rate(samples["enqueue_many 100"], n)
     lines = [
         "# The entrance: in-process `enqueue` against plain INSERTs",
         "",
-        f"Written by `python -m bench.entrance --requests {args.requests} --rounds {args.rounds}`, "
+        f"Written by `python -m bench.entrance --requests {n} --rounds {args.rounds}`, "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. One producer thread, local PostgreSQL, "
-        f"{args.rounds} interleaved rounds of {args.requests} one-call requests each, medians. "
+        f"{args.rounds} interleaved rounds of {n} one-call requests each, medians. "
         f"Load average {load_before[0]:.1f} before, {load_after[0]:.1f} after "
-        "(other work on the machine makes both rows slower, not their ratio fairer or less fair: "
-        "they ran interleaved).",
+        "(other work on the machine makes every row slower, not their ratio fairer or less fair: "
+        "they ran interleaved). Every call is admitted (budgets that admit them all).",
         "",
         "| path | requests/s | ms/request | ratio |",
         "| --- | ---: | ---: | ---: |",
         f"| plain floor: BEGIN, INSERT operation, INSERT outbox, NOTIFY, COMMIT (psycopg) "
         f"| {floor:.0f} | {1000 / floor:.2f} | 1.00 × |",
-        f"| `enqueue`, one no-op idempotent write per request | {toolfence:.0f} | {1000 / toolfence:.2f} "
-        f"| {toolfence / floor:.2f} × |",
+        f"| `enqueue`, one no-op idempotent write per request | {single:.0f} | {1000 / single:.2f} "
+        f"| {single / floor:.2f} × |",
+        f"| `enqueue_many`, 100 such requests per transaction | {many:.0f} | {1000 / many:.2f} "
+        f"| {many / floor:.2f} × |",
         "",
-        "Calls per `enqueue` (one request carrying many calls), cost per call and round trips "
-        "of the `enqueue` (the caller's BEGIN and COMMIT not counted):",
+        "Calls per `enqueue` (one request carrying many calls; a write after the request's "
+        "first waits for it, so only the first gets an outbox row), cost per call and round "
+        "trips of the `enqueue` (the caller's BEGIN and COMMIT not counted):",
         "",
         "| calls per request | µs per call | round trips |",
         "| ---: | ---: | ---: |",
-        *(f"| {size} | {micros:.0f} | {trips} |" for size, micros, trips in curve),
+        *(f"| {size} | {per_call(calls_curve[f'calls {size}'], max(10, n // size) * size):.0f} "
+          f"| {trips[size]} |" for size in SIZES),
         "",
+        "Requests per `enqueue_many` (one-call requests, one transaction each call; the "
+        "transaction's BEGIN and COMMIT counted in the cost, not in the round trips):",
+        "",
+        "| requests per transaction | µs per call | round trips |",
+        "| ---: | ---: | ---: |",
+        *(f"| {size} | {per_call(many_curve[f'many {size}'], n):.0f} | {many_trips[size]} |"
+          for size in SIZES),
+        "",
+    ]
+    if http is not None:
+        lines += [
+            f"`toolfence serve` (one process, its own), one client thread, {args.http_requests} one-call "
+            "requests per round: `POST /v1/requests` one at a time, and `POST /v1/request-batches` "
+            "of 10 and 100:",
+            "",
+            "| requests per POST | requests/s | ms/request |",
+            "| ---: | ---: | ---: |",
+            *(f"| {size} | {rate:.0f} | {1000 / rate:.2f} |" for size, rate in http.items()),
+            "",
+        ]
+    lines += [
         "Rounds (requests/s): "
-        + "; ".join(f"{name} " + ", ".join(f"{args.requests / s:.0f}" for s in values)
+        + "; ".join(f"{name} " + ", ".join(f"{n / s:.0f}" for s in values)
                     for name, values in samples.items()),
         "",
     ]

@@ -25,12 +25,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Executable, bindparam, case, func, or_, select
+from sqlalchemy import Connection, Executable, bindparam, func, select, text
 
+from executor.core.admission import Gate
 from executor.core.tools import Mode
 from executor.store.batch import (
-    _COUNTED,
-    _FAILED_REPEAT,
     _LOCK,
     _NOW,
     AdmissionReads,
@@ -67,30 +66,40 @@ def lock_order(scopes: Sequence[AdmissionScope]) -> list[int]:
     return sorted(conversations) + sorted(requests - conversations)
 
 
-_IN_BATCH = calls.c.tenant == func.any(bindparam("tenants"))
-_CALLS_OF_REQUESTS = select(calls).where(_IN_BATCH, calls.c.request_id == func.any(bindparam("request_ids")))
-
-
-def _usage_by(column: Any) -> Executable:
+def _pairs(name: str) -> str:
+    """A batch's (tenant, scope) pairs as rows `k(tenant, scope)`: joined to a table on
+    both, each pair is one index lookup whatever plan the statement is given (`= ANY`
+    of each column apart lets a generic plan scan every row of the tenant)."""
     return (
-        select(
-            calls.c.tenant, column.label("scope"), calls.c.tool_name, func.count().label("calls"),
-            func.coalesce(func.sum(case((_FAILED_REPEAT, 1), else_=0)), 0).label("failures"),
-        )
-        .where(_IN_BATCH, column == func.any(bindparam("scopes")), _COUNTED)
-        .group_by(calls.c.tenant, column, calls.c.tool_name)
+        f"unnest(CAST(:{name}_tenants AS VARCHAR[]), CAST(:{name}_scopes AS VARCHAR[])) "
+        "AS k(tenant, scope)"
     )
 
 
-_USAGE_OF_CONVERSATIONS = _usage_by(calls.c.conversation_id)
-_WRITES_WITH_HASHES = select(operations).where(
-    operations.c.tenant == func.any(bindparam("tenants")),
-    operations.c.mode == Mode.WRITE.value,
-    operations.c.intent_hash == func.any(bindparam("hashes")),
-    or_(
-        operations.c.request_id == func.any(bindparam("request_ids")),
-        operations.c.conversation_id == func.any(bindparam("conversation_ids")),
-    ),
+_CALL_COLUMNS = ", ".join(f"c.{column.name}" for column in calls.c)
+_OPERATION_COLUMNS = ", ".join(f"o.{column.name}" for column in operations.c)
+_NOT_COUNTED = f"('{Gate.BUDGET.value}', '{Gate.HOSTED.value}')"
+_CALLS_OF_REQUESTS = text(
+    f"SELECT {_CALL_COLUMNS} FROM {_pairs('r')} "
+    f"JOIN {calls.name} AS c ON c.tenant = k.tenant AND c.request_id = k.scope"
+)
+_USAGE_OF_CONVERSATIONS = text(
+    f"SELECT c.tenant, c.conversation_id AS scope, c.tool_name, count(*) AS calls, "
+    f"coalesce(sum(CASE WHEN c.gate = '{Gate.REPEAT.value}' AND c.result IS NOT NULL THEN 1 ELSE 0 END), 0) "
+    f"AS failures FROM {_pairs('c')} "
+    f"JOIN {calls.name} AS c ON c.tenant = k.tenant AND c.conversation_id = k.scope "
+    f"WHERE c.gate IS NULL OR c.gate NOT IN {_NOT_COUNTED} "
+    "GROUP BY c.tenant, c.conversation_id, c.tool_name"
+)
+_WRITES_WITH_HASHES_IN_REQUESTS = text(
+    f"SELECT {_OPERATION_COLUMNS} FROM {_pairs('r')} "
+    f"JOIN {operations.name} AS o ON o.tenant = k.tenant AND o.request_id = k.scope "
+    f"WHERE o.mode = '{Mode.WRITE.value}' AND o.intent_hash = ANY(CAST(:hashes AS VARCHAR[]))"
+)
+_WRITES_WITH_HASHES_IN_CONVERSATIONS = text(
+    f"SELECT {_OPERATION_COLUMNS} FROM {_pairs('c')} "
+    f"JOIN {operations.name} AS o ON o.tenant = k.tenant AND o.conversation_id = k.scope "
+    f"WHERE o.mode = '{Mode.WRITE.value}' AND o.intent_hash = ANY(CAST(:hashes AS VARCHAR[]))"
 )
 _OPERATIONS_BY_ID = select(operations).where(operations.c.operation_id == func.any(bindparam("ids")))
 
@@ -105,26 +114,27 @@ def read_for_admissions(conn: Connection, scopes: Sequence[AdmissionScope]) -> l
             )
             for s in scopes
         ])
-    tenants = sorted({s.tenant for s in scopes})
-    request_ids = sorted({s.request_id for s in scopes})
-    conversation_ids = sorted({s.conversation_id for s in scopes if s.conversation_id is not None})
+    request_pairs = sorted({(s.tenant, s.request_id) for s in scopes})
+    conversation_pairs = sorted(
+        {(s.tenant, s.conversation_id) for s in scopes if s.conversation_id is not None}
+    )
+    pairs = {
+        "r_tenants": [t for t, _ in request_pairs], "r_scopes": [r for _, r in request_pairs],
+        "c_tenants": [t for t, _ in conversation_pairs], "c_scopes": [c for _, c in conversation_pairs],
+    }
     hashes = sorted(set().union(*(s.hashes for s in scopes)))
     ids = sorted(set().union(*(s.operation_ids for s in scopes)))
     statements: list[tuple[Executable, Mapping[str, Any]]] = [
         (_LOCK, {"lock_id": lock_id}) for lock_id in lock_order(scopes)
     ]
     first_read = len(statements)
-    statements += [
-        (_NOW, {}),
-        (_CALLS_OF_REQUESTS, {"tenants": tenants, "request_ids": request_ids}),
-    ]
-    if conversation_ids:
-        statements.append((_USAGE_OF_CONVERSATIONS, {"tenants": tenants, "scopes": conversation_ids}))
+    statements += [(_NOW, {}), (_CALLS_OF_REQUESTS, pairs)]
+    if conversation_pairs:
+        statements.append((_USAGE_OF_CONVERSATIONS, pairs))
     if hashes:
-        statements.append((_WRITES_WITH_HASHES, {
-            "tenants": tenants, "hashes": hashes, "request_ids": request_ids,
-            "conversation_ids": conversation_ids,
-        }))
+        statements.append((_WRITES_WITH_HASHES_IN_REQUESTS, {**pairs, "hashes": hashes}))
+        if conversation_pairs:
+            statements.append((_WRITES_WITH_HASHES_IN_CONVERSATIONS, {**pairs, "hashes": hashes}))
     if ids:
         statements.append((_OPERATIONS_BY_ID, {"ids": ids}))
     results = iter(pipelined(conn, statements)[first_read:])
@@ -136,15 +146,16 @@ def read_for_admissions(conn: Connection, scopes: Sequence[AdmissionScope]) -> l
         ("request", tenant, request_id): usage_of_calls(rows.values())
         for (tenant, request_id), rows in calls_by_request.items()
     }
-    if conversation_ids:
+    if conversation_pairs:
         for row in next(results).all():
             counted = usage.setdefault(("conversation", row.tenant, row.scope), ScopeUsage())
             counted.by_tool[row.tool_name] += int(row.calls)
             counted.failures += int(row.failures)
-    writes = sorted(
-        (OperationRow.from_row(row) for row in next(results).all()),
-        key=lambda op: (op.created_at, op.position),
-    ) if hashes else []
+    with_hashes: dict[str, OperationRow] = {}
+    for _ in range((1 + bool(conversation_pairs)) if hashes else 0):
+        for row in next(results).all():
+            with_hashes.setdefault(row.operation_id, OperationRow.from_row(row))
+    writes = sorted(with_hashes.values(), key=lambda op: (op.created_at, op.position))
     found = {row.operation_id: OperationRow.from_row(row) for row in next(results).all()} if ids else {}
     answers: list[AdmissionReads] = []
     for scope in scopes:
