@@ -26,6 +26,7 @@ import psycopg
 from psycopg.pq import ExecStatus
 from psycopg.rows import dict_row
 from sqlalchemy import (
+    BigInteger,
     Connection,
     Executable,
     and_,
@@ -61,7 +62,8 @@ from executor.store.records import NewOperation, OperationRow
 from executor.store.registration import approval_values, register_statement, registration_parameters
 from executor.store.schema import approvals, calls, operations, outbox
 
-NOTIFY_SQL = "NOTIFY toolfence_outbox"
+NOTIFY_CHANNEL = "toolfence_outbox"
+NOTIFY_SQL = f"NOTIFY {NOTIFY_CHANNEL}"
 
 
 class AdmissionRaced(AdmissionUnavailable):
@@ -89,6 +91,19 @@ class AdmissionRaced(AdmissionUnavailable):
 
 _LOCK = text("SELECT pg_advisory_xact_lock(:lock_id)")
 _NOW = select(DATABASE_CLOCK.now().label("now"))
+# The last lock and the clock in one statement: the clock is read per row of the
+# materialized lock, so only once the lock is held (decision 0229).
+_locked = select(func.pg_advisory_xact_lock(bindparam("lock_id", type_=BigInteger())).label("locked"))
+_LOCK_THEN_NOW = select(DATABASE_CLOCK.now().label("now")).select_from(
+    _locked.cte("locked").prefix_with("MATERIALIZED")
+)
+
+
+def locks_then_clock(lock_ids: Sequence[int]) -> list[tuple[Executable, Mapping[str, Any]]]:
+    """Take the advisory locks in the order given, the last one with the database clock
+    read after it is held: its result is the clock (one statement fewer than apart)."""
+    *first, last = lock_ids
+    return [*((_LOCK, {"lock_id": lock_id}) for lock_id in first), (_LOCK_THEN_NOW, {"lock_id": last})]
 _CALLS_OF_REQUEST = select(calls).where(
     calls.c.tenant == bindparam("tenant"), calls.c.request_id == bindparam("request_id")
 )
@@ -235,14 +250,9 @@ def read_for_admission(
     if conn.dialect.name != "postgresql":
         return _read_one_by_one(conn, tenant, request_id, conversation_id, hashes, ids)
     scope_params = {"tenant": tenant, "request_id": request_id, "conversation_id": conversation_id}
-    statements: list[tuple[Executable, Mapping[str, Any]]] = [
-        (_LOCK, {"lock_id": lock_id}) for lock_id in scope_lock_ids(tenant, request_id, conversation_id)
-    ]
-    first_read = len(statements)
-    statements += [
-        (_NOW, {}),
-        (_CALLS_OF_REQUEST, {"tenant": tenant, "request_id": request_id}),
-    ]
+    statements = locks_then_clock(scope_lock_ids(tenant, request_id, conversation_id))
+    first_read = len(statements) - 1  # the last lock's statement reads the clock
+    statements.append((_CALLS_OF_REQUEST, {"tenant": tenant, "request_id": request_id}))
     if conversation_id is not None:
         statements.append((_USAGE_OF_CONVERSATION, {"tenant": tenant, "scope": conversation_id}))
     if hashes:
@@ -373,11 +383,11 @@ class Writes:
             statements.append((_insert_calls(self.clock), {
                 column: [row[column] for row in call_rows] for column in _CALL_COLUMNS
             }))
-        if len(outbox_ids) == 1:
-            statements.append((_insert_outbox_row(self.clock, False), _outbox_params(outbox_ids[0])))
-        elif outbox_ids:
-            statements.append((_insert_outbox_rows(self.clock), {"operation_ids": outbox_ids}))
-        if notify:
+        # NOTIFY rides on the outbox rows' statement when there are any (a CTE's
+        # INSERT runs to completion whatever the statement reads of it).
+        if outbox_ids:
+            statements.append((_queue_rows(self.clock, notify), {"operation_ids": outbox_ids}))
+        elif notify:
             statements.append((_NOTIFY, {}))
         results = pipelined(conn, statements)
         for index, operation_id in registering:
@@ -414,14 +424,21 @@ def _insert_calls(clock: Clock) -> Executable:
 
 
 @built_once
-def _insert_outbox_rows(clock: Clock) -> Executable:
+def _queue_rows(clock: Clock, notify: bool) -> Executable:
+    """The outbox rows of `:operation_ids`, in order, and with `notify` the NOTIFY of
+    `NOTIFY_SQL` (`pg_notify` with an empty payload is the same notification)."""
     now = clock.now()
     ids = bindparam("operation_ids", type_=ARRAY(outbox.c.operation_id.type))
     rows = select(
         func.unnest(ids).label("operation_id"),
         now.label("created_at"), now.label("next_attempt_at"), literal(0).label("attempts"),
     )
-    return insert(outbox).from_select(["operation_id", "created_at", "next_attempt_at", "attempts"], rows)
+    queued = insert(outbox).from_select(["operation_id", "created_at", "next_attempt_at", "attempts"], rows)
+    if not notify:
+        return queued
+    return select(func.pg_notify(literal(NOTIFY_CHANNEL), literal("")).label("notified")).add_cte(
+        queued.returning(outbox.c.outbox_id).cte("queued")
+    )
 
 
 _INSERT_APPROVAL = insert(approvals).values(

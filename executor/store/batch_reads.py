@@ -21,20 +21,19 @@ the argument.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Executable, bindparam, func, select, text
+from sqlalchemy import Connection, bindparam, func, select, text
 
 from executor.core.admission import Gate
 from executor.core.tools import Mode
 from executor.store.batch import (
-    _LOCK,
-    _NOW,
     AdmissionReads,
     ScopeUsage,
     _read_one_by_one,
+    locks_then_clock,
     pipelined,
     usage_of_calls,
 )
@@ -124,11 +123,9 @@ def read_for_admissions(conn: Connection, scopes: Sequence[AdmissionScope]) -> l
     }
     hashes = sorted(set().union(*(s.hashes for s in scopes)))
     ids = sorted(set().union(*(s.operation_ids for s in scopes)))
-    statements: list[tuple[Executable, Mapping[str, Any]]] = [
-        (_LOCK, {"lock_id": lock_id}) for lock_id in lock_order(scopes)
-    ]
-    first_read = len(statements)
-    statements += [(_NOW, {}), (_CALLS_OF_REQUESTS, pairs)]
+    statements = locks_then_clock(lock_order(scopes))
+    first_read = len(statements) - 1  # the last lock's statement reads the clock
+    statements.append((_CALLS_OF_REQUESTS, pairs))
     if conversation_pairs:
         statements.append((_USAGE_OF_CONVERSATIONS, pairs))
     if hashes:
