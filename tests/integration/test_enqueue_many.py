@@ -174,3 +174,21 @@ def test_postgresql__concurrent_batches_crossing_conversations__no_deadlock_budg
             .where(calls.c.gate.is_(None)).group_by(calls.c.conversation_id)
         ).all())
     assert counted == {"X": 5, "Y": 5}
+
+
+def test_postgresql__a_listener_is_woken_once_the_batch_commits_not_before(
+    pg_engine: Engine, pg_url: str
+) -> None:
+    # NOTIFY rides on the outbox rows' statement: delivered at commit, as before
+    import psycopg
+
+    from outbox.producer import NOTIFY_CHANNEL
+
+    dsn = pg_url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        with pg_engine.begin() as conn:
+            enqueue_many(conn, [QueuedRequest([note("c1", "notes.add", "x")], ctx("r1"))], REGISTRY)
+            assert list(listener.notifies(timeout=0.2, stop_after=1)) == []
+        [woken] = list(listener.notifies(timeout=5, stop_after=1))
+    assert woken.channel == NOTIFY_CHANNEL
