@@ -59,7 +59,12 @@ from executor.store.intake import (
 )
 from executor.store.reads import earlier_write
 from executor.store.records import NewOperation, OperationRow
-from executor.store.registration import approval_values, register_statement, registration_parameters
+from executor.store.registration import (
+    approval_values,
+    register_many_statement,
+    register_statement,
+    registration_parameters,
+)
 from executor.store.schema import approvals, calls, operations, outbox
 
 NOTIFY_CHANNEL = "toolfence_outbox"
@@ -358,22 +363,37 @@ class Writes:
             self._flush_one_by_one(conn, items)
             return
         statements: list[tuple[Executable, Mapping[str, Any]]] = []
-        registering: list[tuple[int, str]] = []
+        registering: list[tuple[int, list[str]]] = []
         call_rows: list[dict[str, Any]] = []
         outbox_ids: list[str] = []
         notify = False
+        by_state: dict[State, list[_Registration]] = {}
         for kind, item in items:
             if kind == "register":
-                registering.append((len(statements), item.new.operation_id))
-                statements.append((register_statement(self.clock, True, item.state), item.params))
-                if item.approval is not None:
-                    statements.append((_INSERT_APPROVAL, item.approval))
+                by_state.setdefault(item.state, []).append(item)
             elif kind == "call":
                 call_rows.append(call_row_parameters(**item))
             elif kind == "outbox":
                 outbox_ids.append(item)
             else:
                 notify = True
+        # The registrations of each starting state as one statement (decision 0228),
+        # then the approval rows of those waiting for one.
+        for state, group in by_state.items():
+            if len(group) == 1:
+                registering.append((len(statements), [group[0].new.operation_id]))
+                statements.append((register_statement(self.clock, True, state), group[0].params))
+            else:
+                registering.append((len(statements), [item.new.operation_id for item in group]))
+                statements.append((register_many_statement(self.clock, state), {
+                    **{name: value for name, value in group[0].params.items() if not name.startswith("new_")},
+                    **{name: [item.params[name] for item in group]
+                       for name in group[0].params if name.startswith("new_")},
+                }))
+        statements += [
+            (_INSERT_APPROVAL, item.approval)
+            for group in by_state.values() for item in group if item.approval is not None
+        ]
         # After every registration (the rows they name exist by then), the call rows
         # and the outbox rows each as one statement however many there are, in the
         # order they were decided (decision 0228).
@@ -390,9 +410,11 @@ class Writes:
         elif notify:
             statements.append((_NOTIFY, {}))
         results = pipelined(conn, statements)
-        for index, operation_id in registering:
-            if results[index].one_or_none() is None:
-                raise AdmissionRaced(operation_id)
+        for index, operation_ids in registering:
+            inserted = {row.operation_id for row in results[index].all()}
+            for operation_id in operation_ids:
+                if operation_id not in inserted:
+                    raise AdmissionRaced(operation_id)
 
     def _flush_one_by_one(self, conn: Connection, items: list[tuple[str, Any]]) -> None:
         from executor.store.audit import append_event

@@ -14,7 +14,8 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from sqlalchemy import Connection, Executable, bindparam, insert, select
+from sqlalchemy import Connection, Executable, bindparam, func, insert, select
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -57,6 +58,27 @@ def _register_statement(clock: Clock, postgresql: bool, state: State) -> Executa
     )
     if not postgresql:
         return inserted
+    cte = inserted.cte("registered")
+    return select(cte).add_cte(event_from(cte, None, state, clock).cte("logged"))
+
+
+@built_once
+def register_many_statement(clock: Clock, state: State) -> Executable:
+    """`_register_statement` for many new operations of one starting state in one
+    statement (PostgreSQL): each column's values as an array (`new_<column>`),
+    unnested in step, `ON CONFLICT DO NOTHING`, returning the rows it inserted, each
+    with its `admitted` event in the same statement. The caller compares the ids
+    returned with the ids it sent: one missing was registered by someone else."""
+    rows = select(*(
+        func.unnest(bindparam(f"new_{column}", type_=ARRAY(operations.c[column].type))).label(column)
+        for column in _REGISTERED_COLUMNS
+    ))
+    inserted = (
+        postgresql_insert(operations)
+        .from_select(list(_REGISTERED_COLUMNS), rows)
+        .on_conflict_do_nothing(index_elements=["operation_id"])
+        .returning(*AUDIT_COLUMNS)
+    )
     cte = inserted.cte("registered")
     return select(cte).add_cte(event_from(cte, None, state, clock).cte("logged"))
 

@@ -192,3 +192,46 @@ def test_postgresql__a_listener_is_woken_once_the_batch_commits_not_before(
             assert list(listener.notifies(timeout=0.2, stop_after=1)) == []
         [woken] = list(listener.notifies(timeout=5, stop_after=1))
     assert woken.channel == NOTIFY_CHANNEL
+
+
+def test_postgresql__a_chosen_id_taken_mid_batch__raced_and_nothing_of_the_batch_stands(pg_url: str) -> None:
+    from executor import store
+    from executor.core.tools import Access, Approval, Effect, Mode, Registry, Tool
+    from executor.store.engine import make_engine
+    from outbox.producer import AdmissionUnavailable
+    from tests.integration.test_intake_round_trips import Done, Note, _write
+
+    other, engine = make_engine(pg_url), make_engine(pg_url)
+    taken: list[str] = []
+
+    def rule(args: Note, context: ServerContext) -> bool:
+        # Between the batch's reads and its writes, another request registers the
+        # id the batch's second request chose, and commits.
+        if context.request_id == "r2" and not taken:
+            taken.append("op-chosen")
+            with other.begin() as conn:
+                enqueue(conn, [note("x1", "race.add", "theirs")], ctx("r-other"), race,
+                        operation_ids={"x1": "op-chosen"})
+        return True
+
+    race = Registry([Tool(
+        name="race.add", description="add", mode=Mode.WRITE, untrusted_output=False, input_model=Note,
+        output_model=Done, run=_write, access=Access.for_roles("member", rule=rule),
+        approval=Approval.never(), effect=[Effect.IDEMPOTENT],
+    )])
+    batch = [
+        QueuedRequest([note("c1", "race.add", "a")], ctx("r1")),
+        QueuedRequest([note("c1", "race.add", "b")], ctx("r2"), operation_ids={"c1": "op-chosen"}),
+        QueuedRequest([note("c1", "race.add", "c")], ctx("r3")),
+    ]
+    try:
+        with pytest.raises(AdmissionUnavailable) as raised, engine.begin() as conn:
+            enqueue_many(conn, batch, race)
+        assert isinstance(raised.value, store.AdmissionRaced)
+        with engine.connect() as conn:
+            ours = select(func.count()).select_from(calls).where(calls.c.request_id != "r-other")
+            assert conn.execute(ours).scalar_one() == 0
+            assert conn.execute(select(func.count()).select_from(operations)).scalar_one() == 1  # theirs
+    finally:
+        engine.dispose()
+        other.dispose()
