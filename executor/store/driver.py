@@ -138,9 +138,13 @@ class _Compiled:
         return value if process is None else process(value)
 
     def parameters(self, given: Mapping[str, Any] | None) -> dict[str, Any]:
-        values = {**self.defaults}
-        for name, value in (given or {}).items():
-            values[name] = self._processed(name, value)
+        given = given or {}
+        values = {**self.defaults, **given}
+        # Only the few names with a processor are processed (a given value: the
+        # defaults were processed once); a loop over every value cost more.
+        for name, process in self.processors.items():
+            if name in given:
+                values[name] = process(given[name])
         if not self.required <= values.keys():
             missing = ", ".join(sorted(self.required - values.keys()))
             raise TypeError(f"a value is required for the statement's parameter(s) {missing}")
