@@ -484,9 +484,9 @@ class Intake:
                  write_tools: list[str]) -> None:
         self.conn, self.reads, self.writes, self.write_tools = conn, reads, writes, write_tools
         self.registered: dict[str, str] = {}  # operation id → intent hash, of this batch
-        # intent hash → the (tenant, request, conversation) of each operation of this
-        # batch registered with it (`enqueue_many` shares both among its requests).
-        self.intents: dict[str, list[tuple[str, str, str | None]]] = {}
+        # (intent hash, tenant, request or conversation) of each operation this batch
+        # registered (`enqueue_many` shares them, and `registered`, among its requests).
+        self.intents: set[tuple[str, str, str, bool]] = set()
         self.postgresql = conn.dialect.name == "postgresql"
 
     def share(self, other: Intake) -> None:
@@ -495,16 +495,15 @@ class Intake:
 
     def note_registered(self, new: NewOperation) -> None:
         self.registered[new.operation_id] = new.intent_hash
-        self.intents.setdefault(new.intent_hash, []).append((new.tenant, new.request_id, new.conversation_id))
+        self.intents.add((new.intent_hash, new.tenant, new.request_id, False))
+        if new.conversation_id is not None:
+            self.intents.add((new.intent_hash, new.tenant, new.conversation_id, True))
 
     def _registered_in_scope(self, context: ServerContext, intent: str) -> bool:
         """Did this batch register a write with `intent` in the request's scopes?"""
-        return any(
-            tenant == context.tenant and (
-                request_id == context.request_id
-                or (context.conversation_id is not None and conversation_id == context.conversation_id)
-            )
-            for tenant, request_id, conversation_id in self.intents.get(intent, ())
+        return (intent, context.tenant, context.request_id, False) in self.intents or (
+            context.conversation_id is not None
+            and (intent, context.tenant, context.conversation_id, True) in self.intents
         )
 
     def usage(self, scope: Scope, tool_name: str) -> Usage:

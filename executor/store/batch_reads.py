@@ -35,6 +35,7 @@ from executor.store.batch import (
     _read_one_by_one,
     locks_then_clock,
     pipelined,
+    read_for_admission,
     usage_of_calls,
 )
 from executor.store.intake import scope_lock_ids
@@ -106,6 +107,11 @@ _OPERATIONS_BY_ID = select(operations).where(operations.c.operation_id == func.a
 def read_for_admissions(conn: Connection, scopes: Sequence[AdmissionScope]) -> list[AdmissionReads]:
     """Lock every scope of `scopes`, then read what each request's admission needs
     (as `read_for_admission` does for one): one `AdmissionReads` per scope, in order."""
+    if len(scopes) == 1:  # one request: its own reads, by its scope's keys
+        [s] = scopes
+        return [read_for_admission(
+            conn, s.tenant, s.request_id, s.conversation_id, hashes=s.hashes, operation_ids=s.operation_ids
+        )]
     if conn.dialect.name != "postgresql":
         return _share_conversations(scopes, [
             _read_one_by_one(
