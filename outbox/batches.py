@@ -36,9 +36,11 @@ from outbox.producer import (
 )
 from outbox.results import connection_of
 
-MAX_REQUESTS = 1000
-"""At most this many requests in one `enqueue_many` (one transaction holds every
-scope's lock until it ends)."""
+MAX_REQUESTS = 200
+"""At most this many requests in one `enqueue_many`: its transaction holds an
+advisory lock per request and per conversation until it ends, and PostgreSQL's
+shared lock table (`max_locks_per_transaction` × connections, 6,400 slots by
+default) is shared by every session."""
 
 
 @dataclass(frozen=True)

@@ -235,3 +235,14 @@ def test_postgresql__a_chosen_id_taken_mid_batch__raced_and_nothing_of_the_batch
     finally:
         engine.dispose()
         other.dispose()
+
+
+def test_more_requests_than_the_cap__refused_before_the_database(engine: Engine) -> None:
+    from outbox.batches import MAX_REQUESTS
+
+    batch = [QueuedRequest([note("c1", "notes.read", "a")], ctx(f"r{i}")) for i in range(MAX_REQUESTS + 1)]
+    with pytest.raises(InvalidBatch) as raised, engine.begin() as conn:
+        enqueue_many(conn, batch, REGISTRY)
+    assert raised.value.code == "too_many_requests"
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(calls)).scalar_one() == 0
