@@ -358,15 +358,64 @@ def latencies_for(engine: Engine, prefix: str) -> tuple[list[float], float, int]
 
 
 def bench_toolfence_saturation(
-    n: int, engine: Engine, log_dir: Path, label: str, broker: str = "redis"
+    n: int, engine: Engine, log_dir: Path, label: str, broker: str = "redis", *, noop: bool = False,
 ) -> Result:
+    """`n` one-call requests through the whole fleet (producer, relay, workers), timed from
+    the first `created_at` to the last `finished_at`: a fenced ledger transfer each, or
+    with `noop` the no-op idempotent write the plain outbox floor stands beside."""
     prefix = f"sat-{uuid.uuid4().hex[:6]}"
     with toolfence_fleet(log_dir, broker=broker):
-        for i in range(n):
-            enqueue_one(engine, f"{prefix}-{i}", i)
+        window = cpu.Window().start()
+        if noop:
+            enqueue_noop(engine, n, prefix)
+        else:
+            for i in range(n):
+                enqueue_one(engine, f"{prefix}-{i}", i)
         wait_terminal(engine, of_requests(prefix), n)
+        window.stop()
     lat, span, count = latencies_for(engine, prefix)
-    return Result(label, count, span, lat)
+    return Result(label, count, span, lat, note="no-op write" if noop else "fenced ledger write",
+                  cpu=window)
+
+
+def enqueue_noop(engine: Engine, n: int, prefix: str) -> None:
+    from bench.tools import registry
+    from executor.core.types import ProposedCall, ServerContext
+    from outbox.producer import enqueue
+
+    for i in range(n):
+        ctx = ServerContext(
+            principal="bench", tenant="bench", roles=frozenset({"member"}), request_id=f"{prefix}-{i}"
+        )
+        with engine.begin() as conn:
+            enqueue(conn, [ProposedCall(
+                call_id=f"c{i}", tool_name="bench.noop_write", arguments=json.dumps({"n": i}),
+            )], ctx, registry)
+
+
+def bench_plain_outbox(n: int, log_dir: Path) -> Result:
+    """The end-to-end floor (bench/plain_outbox.py): the same producer thread, a plain
+    outbox and SKIP LOCKED relay, the CAS worker on the same Celery/Redis and pool."""
+    from bench import plain_outbox
+
+    queue = f"bench-e2e-{uuid.uuid4().hex[:6]}"
+    env = base_env(queue)
+    apply_env(env)
+    url = pg_url(DB_NAME)
+    plain_outbox.create_tables(url)
+    prefix = f"e2e-{uuid.uuid4().hex[:6]}"
+    relay = processes([[sys.executable, "-m", "bench.plain_outbox", "relay"]], env,
+                      "plain relay ready", log_dir / "plain-relay")
+    workers = celery_workers("bench.tasks:app", env, log_dir / "plain-e2e")
+    with relay, workers, psycopg.connect(plain_outbox.plain_url(url), autocommit=True) as conn:
+        window = cpu.Window().start()
+        for i in range(n):
+            plain_outbox.produce(conn, f"{prefix}-{i}")
+        plain_outbox.wait_done(conn, prefix, n)
+        window.stop()
+        lat, span, count = plain_outbox.span(conn, prefix)
+    return Result("plain outbox floor end to end (SKIP LOCKED relay, CAS worker)", count, span, lat,
+                  note="no-op", cpu=window)
 
 
 def bench_toolfence_fixed(rate: float, seconds: float, engine: Engine, log_dir: Path) -> Result:
@@ -819,10 +868,11 @@ def render(
                 f"| {label} | " + " | ".join(f"{by_role[role]:.2f}" for role in cpu.ROLES)
                 + f" | {r.cpu_ms_per_op:.2f} |"
             )
-    if rounds:
+    if rounds and ratios:
         lines += ["", "Ratios of the first round's rows:"]
-    lines += ["", "| ratio | value |", "|---|---|"]
-    lines += [f"| {k} | {v:.2f} |" for k, v in ratios.items()]
+    if ratios:
+        lines += ["", "| ratio | value |", "|---|---|"]
+        lines += [f"| {k} | {v:.2f} |" for k, v in ratios.items()]
     if rounds:
         lines += [
             "",
@@ -843,6 +893,68 @@ def render(
     return "\n".join(lines)
 
 
+GROUPS = ("e2e", "io")
+
+
+def run_groups(args: argparse.Namespace) -> int:
+    """`--only`: the chosen rows, interleaved over --repeat rounds, with their ratios per round."""
+    n = 200 if args.quick else args.ops
+    io_n = 500 if args.quick else args.io_ops
+    log_dir = Path(os.environ.get("BENCH_LOG_DIR", "/tmp/toolfence-bench"))
+    load_before = os.getloadavg()
+    recreate_database(DB_NAME)
+    from executor.store.engine import make_engine
+    from executor.store.migrate import migrate
+
+    migrate(pg_url(DB_NAME))
+    ledger_setup(pg_url(DB_NAME))
+    apply_env(base_env("bench-setup"))
+    engine = make_engine(pg_url(DB_NAME))
+    results: list[Result] = []
+    rounds: dict[str, list[float]] = {}
+    for k in range(1, args.repeat + 1):
+        def row(result: Result, k: int = k) -> Result:
+            result.note = f"{result.note}, round {k}" if result.note else f"round {k}"
+            results.append(result)
+            print(f"{result.name} ({result.note}): {result.per_second:.1f}/s, "
+                  f"load {os.getloadavg()[0]:.1f}", flush=True)
+            return result
+
+        if "io" in args.only:
+            raw = row(bench_raw_sleep(io_n, log_dir))
+            io = row(bench_toolfence_direct(
+                io_n, "bench.sleep_read", engine, log_dir / "tf-io",
+                f"toolfence read, sleep {IO_SLEEP_SECONDS * 1000:.0f} ms",
+                pool="threads", concurrency=IO_CONCURRENCY,
+            ))
+            rounds.setdefault("I/O-bound: toolfence / raw Celery, same pool", []).append(
+                io.per_second / raw.per_second
+            )
+        if "e2e" in args.only:
+            plain = row(bench_plain_outbox(n, log_dir))
+            e2e = row(bench_toolfence_saturation(
+                n, engine, log_dir / "tf-sat-noop", "toolfence end to end, Redis", noop=True,
+            ))
+            rounds.setdefault("toolfence end to end (no-op) / plain outbox floor", []).append(
+                e2e.per_second / plain.per_second
+            )
+            if not args.skip_dbos:
+                dbos = row(bench_dbos(n, log_dir))
+                rounds.setdefault("toolfence end to end (no-op) / DBOS", []).append(
+                    e2e.per_second / dbos.per_second
+                )
+    load_after = os.getloadavg()
+    table = render(results, {}, {
+        "load average before (1, 5, 15 min)": ", ".join(f"{v:.1f}" for v in load_before),
+        "load average after (1, 5, 15 min)": ", ".join(f"{v:.1f}" for v in load_after),
+    }, rounds)
+    print(table)
+    if args.write:
+        Path(args.write).write_text(table + "\n")
+    engine.dispose()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--ops", type=int, default=2000)
@@ -857,8 +969,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-dbos", action="store_true")
     parser.add_argument("--skip-scale", action="store_true")
     parser.add_argument("--skip-rabbitmq", action="store_true")
-    parser.add_argument("--write", default=str(ROOT / "bench" / "RESULTS.md"))
+    parser.add_argument(
+        "--only", choices=sorted(GROUPS), action="append",
+        help="run just these rows, --repeat interleaved rounds, and print them (written only "
+             "with --write): io = raw Celery sleep + toolfence read (threads x32); e2e = the plain "
+             "outbox floor, toolfence end to end (no-op write, Redis) and DBOS",
+    )
+    parser.add_argument("--write", default=None, help="default bench/RESULTS.md (none with --only)")
     args = parser.parse_args(argv)
+    if args.only:
+        return run_groups(args)
+    args.write = args.write or str(ROOT / "bench" / "RESULTS.md")
     n = 200 if args.quick else args.ops
     if args.quick:
         args.repeat = min(args.repeat, 2)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 from sqlalchemy import ColumnElement, Engine, delete, or_, select, update
@@ -47,16 +48,17 @@ class Relay:
         self.faults = Faults(settings)
         self._cycles = 0
 
-    def run_once(self) -> int:
+    def run_once(self, *, promote: bool = True) -> int:
         """One pass: publish a batch, promote due retries and, if that queued any, publish
         again. Returns rows published.
 
         The batch comes first: a pass is usually woken by a producer's NOTIFY, and its
         rows are then published without waiting for the due-retry query (on the
         enqueue-to-result path of every call; docs/decisions/0178, measured in bench/PROFILING.md). A
-        promoted retry is still published in the same pass."""
+        promoted retry is still published in the same pass. `promote=False` skips the
+        due-retry query (`run_forever` runs it once per poll interval, docs/decisions/0228)."""
         published = self._publish_batch()
-        if self._promote_due_retries():
+        if promote and self._promote_due_retries():
             published += self._publish_batch()
         self._cycles += 1
         if self._cycles % 500 == 0:
@@ -146,11 +148,20 @@ class Relay:
             )
 
     def run_forever(self, stop: threading.Event) -> None:
+        """Pass after pass until `stop`. Due retries are looked for once per poll
+        interval, not on every pass: a pass woken by each producer's NOTIFY would
+        otherwise run the due-retry query once per message published. A retry is due by
+        the database clock and was never promoted sooner than the next poll (an idle
+        relay sleeps that long), so this bound is unchanged (docs/decisions/0228)."""
         waiter = _Waiter(self.settings)
+        next_promotion = 0.0
         try:
             while not stop.is_set():
                 try:
-                    busy = self.run_once() >= self.settings.relay_batch_size
+                    promote = time.monotonic() >= next_promotion
+                    if promote:
+                        next_promotion = time.monotonic() + self.settings.relay_poll_seconds
+                    busy = self.run_once(promote=promote) >= self.settings.relay_batch_size
                 except Exception as exc:
                     # Database or broker trouble: log, wait, try again. Rows stay unpublished.
                     log.error("relay pass failed: %s", exception_summary(exc))
@@ -189,6 +200,11 @@ class _Waiter:
             return
         try:
             for _ in self._conn.notifies(timeout=timeout, stop_after=1):
+                pass
+            # The NOTIFYs that came with it, or while the last pass ran: one pass
+            # publishes all their rows, so they wake none of their own (each such
+            # pass would find nothing).
+            for _ in self._conn.notifies(timeout=0):
                 pass
         except Exception:
             self.close()
