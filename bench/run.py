@@ -7,6 +7,11 @@ assertion: the numbers are printed and written to bench/RESULTS.md.
 
     python -m bench.run [--ops 2000] [--io-ops 5000] [--in-flight 1000] [--repeat 3]
                         [--quick] [--skip-dbos] [--skip-scale] [--skip-rabbitmq]
+                        [--only e2e] [--only io] [--write FILE]
+
+`--only` runs just those rows (e2e: the plain outbox floor, toolfence end to end with
+the no-op write, DBOS; io: raw Celery and toolfence on the threads pool, a 100 ms
+sleep), --repeat interleaved rounds, and prints them with their ratios per round.
 """
 
 from __future__ import annotations
@@ -1035,6 +1040,14 @@ def main(argv: list[str] | None = None) -> int:
             pool="threads", concurrency=IO_CONCURRENCY,
         )
 
+    def plain_e2e_row() -> Result:
+        return bench_plain_outbox(n, log_dir)
+
+    def e2e_noop_row() -> Result:
+        return bench_toolfence_saturation(
+            n, engine, log_dir / "tf-sat-noop", "toolfence end to end, Redis", noop=True,
+        )
+
     noop = row(bench_raw_celery(n, log_dir))
     with counted(engine, extras, "plain-SQL floor", n):
         plain = row(plain_row())
@@ -1045,6 +1058,8 @@ def main(argv: list[str] | None = None) -> int:
         fenced = row(fenced_row())
     with counted(engine, extras, "toolfence end to end", n):
         sat = row(bench_toolfence_saturation(n, engine, log_dir / "tf-sat", "toolfence end to end, Redis"))
+    plain_e2e = row(plain_e2e_row())
+    e2e_noop = row(e2e_noop_row())
     sat_amqp: Result | None = None
     if not args.skip_rabbitmq:
         sat_amqp = row(bench_toolfence_saturation(
@@ -1062,20 +1077,24 @@ def main(argv: list[str] | None = None) -> int:
     rounds: dict[str, list[float]] = {}
 
     def target_ratios(plain: Result, noop_write: Result, fenced: Result, dbos: Result | None,
-                      raw_sleep: Result, io: Result) -> None:
+                      raw_sleep: Result, io: Result, plain_e2e: Result, e2e_noop: Result) -> None:
         values = {
             "toolfence no-op write (pre-enqueued) / plain-SQL floor": (
                 noop_write.per_second / plain.per_second
             ),
             "I/O-bound: toolfence / raw Celery, same pool": io.per_second / raw_sleep.per_second,
             f"I/O-bound: toolfence / ideal ({ideal:.0f} ops/s)": io.per_second / ideal,
+            "toolfence end to end (no-op) / plain outbox floor": (
+                e2e_noop.per_second / plain_e2e.per_second
+            ),
         }
         if dbos is not None:
             values["toolfence fenced write (pre-enqueued) / DBOS"] = fenced.per_second / dbos.per_second
+            values["toolfence end to end (no-op) / DBOS"] = e2e_noop.per_second / dbos.per_second
         for k, v in values.items():
             rounds.setdefault(k, []).append(v)
 
-    target_ratios(plain, noop_write, fenced, dbos, raw_sleep, io)
+    target_ratios(plain, noop_write, fenced, dbos, raw_sleep, io, plain_e2e, e2e_noop)
     for k in range(2, args.repeat + 1):
         # The rows the targets compare, again: one sitting's noise is ±25-30 % on this
         # kind of machine, so one round's ratio alone says little.
@@ -1086,7 +1105,7 @@ def main(argv: list[str] | None = None) -> int:
         target_ratios(
             again(plain_row()), again(noop_write_row()), again(fenced_row()),
             None if args.skip_dbos else again(bench_dbos(n, log_dir)),
-            again(raw_sleep_row()), again(io_row()),
+            again(raw_sleep_row()), again(io_row()), again(plain_e2e_row()), again(e2e_noop_row()),
         )
     extras.update(bench_in_flight(in_flight, log_dir, engine))
 
@@ -1102,6 +1121,8 @@ def main(argv: list[str] | None = None) -> int:
     if dbos:
         ratios["toolfence fenced write (pre-enqueued) / DBOS"] = fenced.per_second / dbos.per_second
         ratios["toolfence end to end / DBOS"] = sat.per_second / dbos.per_second
+        ratios["toolfence end to end (no-op) / DBOS"] = e2e_noop.per_second / dbos.per_second
+    ratios["toolfence end to end (no-op) / plain outbox floor"] = e2e_noop.per_second / plain_e2e.per_second
     if sat_amqp:
         ratios["toolfence end to end, RabbitMQ / Redis"] = sat_amqp.per_second / sat.per_second
     for q in (0.5, 0.99):

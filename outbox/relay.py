@@ -10,18 +10,35 @@ relay early on PostgreSQL; polling remains the truth. The messages themselves ar
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
+from contextlib import AbstractContextManager
 from typing import Any
 
-from sqlalchemy import ColumnElement, Engine, delete, or_, select, update
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Engine,
+    Integer,
+    Select,
+    Update,
+    any_,
+    bindparam,
+    delete,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy.dialects.postgresql import ARRAY
 
 from executor import store
 from executor.broker.publish import Publisher
 from executor.core.sanitize import exception_summary
 from executor.faults import Faults
 from executor.settings import Settings
+from executor.store import driver
 from executor.store.clock import db_now
 from executor.store.schema import outbox
 from executor.store.turns import TURN_OUTBOX_KIND
@@ -47,6 +64,7 @@ class Relay:
         self.publish_turn = publish_turn
         self.faults = Faults(settings)
         self._cycles = 0
+        self.on_driver = driver.supported(engine)
 
     def run_once(self, *, promote: bool = True) -> int:
         """One pass: publish a batch, promote due retries and, if that queued any, publish
@@ -65,17 +83,21 @@ class Relay:
             self._forget_old_rows()
         return published
 
+    def _batch_transaction(self, traced: bool) -> AbstractContextManager[Any]:
+        """The pass's transaction: on PostgreSQL the pooled driver connection, where the
+        claim and the mark, built once, cost a fraction of SQLAlchemy's execution path
+        (decision 0177's measurement; 0229). With tracing on, `Connection` (the trace
+        read takes a list parameter the driver path does not)."""
+        if self.on_driver and not traced:
+            return driver.transaction(self.engine)
+        return self.engine.begin()
+
     def _publish_batch(self) -> int:
-        kinds: ColumnElement[bool] = outbox.c.kind.is_(None)
-        if self.publish_turn is not None:
-            kinds = or_(kinds, outbox.c.kind == TURN_OUTBOX_KIND)
-        with self.engine.begin() as conn:
+        traced_on = tracing.enabled()
+        with self._batch_transaction(traced_on) as conn:
             rows = conn.execute(
-                select(outbox.c.outbox_id, outbox.c.operation_id, outbox.c.attempts, outbox.c.kind)
-                .where(outbox.c.published_at.is_(None), outbox.c.next_attempt_at <= db_now(), kinds)
-                .order_by(outbox.c.next_attempt_at, outbox.c.outbox_id)
-                .limit(self.settings.relay_batch_size)
-                .with_for_update(skip_locked=True)
+                _claim_statement(self.publish_turn is not None),
+                {"batch_limit": self.settings.relay_batch_size},
             ).all()
             if not rows:
                 return 0
@@ -84,7 +106,7 @@ class Relay:
             # Each publish joins its request's trace (tracing on only: one more read).
             traced = store.trace_contexts(
                 conn, [row.operation_id for row in rows if row.kind is None]
-            ) if tracing.enabled() else {}
+            ) if traced_on else {}
             for row in rows:
                 if (row.kind, row.operation_id) in seen:
                     # Two rows for one operation in a batch: one message is enough.
@@ -119,7 +141,9 @@ class Relay:
                 seen.add((row.kind, row.operation_id))
                 published.append(row.outbox_id)
             self.faults.fire("relay_after_publish")
-            if published:
+            if published and conn.dialect.name == "postgresql":
+                conn.execute(_mark_statement(), {"outbox_ids": published})
+            elif published:
                 conn.execute(
                     update(outbox)
                     .where(outbox.c.outbox_id.in_(published))
@@ -171,6 +195,32 @@ class Relay:
                     waiter.wait(stop)
         finally:
             waiter.close()
+
+
+@functools.cache
+def _claim_statement(with_turns: bool) -> Select[Any]:
+    """Up to `:batch_limit` unpublished, due rows, oldest first, locked (SKIP LOCKED)
+    until the pass's transaction ends; built once per kind set."""
+    kinds: ColumnElement[bool] = outbox.c.kind.is_(None)
+    if with_turns:
+        kinds = or_(kinds, outbox.c.kind == TURN_OUTBOX_KIND)
+    return (
+        select(outbox.c.outbox_id, outbox.c.operation_id, outbox.c.attempts, outbox.c.kind)
+        .where(outbox.c.published_at.is_(None), outbox.c.next_attempt_at <= db_now(), kinds)
+        .order_by(outbox.c.next_attempt_at, outbox.c.outbox_id)
+        .limit(bindparam("batch_limit", type_=Integer()))
+        .with_for_update(skip_locked=True)
+    )
+
+
+@functools.cache
+def _mark_statement() -> Update:
+    """The rows `:outbox_ids` published (PostgreSQL: one array parameter, built once)."""
+    return (
+        update(outbox)
+        .where(outbox.c.outbox_id == any_(bindparam("outbox_ids", type_=ARRAY(BigInteger()))))
+        .values(published_at=db_now(), attempts=outbox.c.attempts + 1)
+    )
 
 
 class _Waiter:

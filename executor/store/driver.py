@@ -1,4 +1,5 @@
-"""The worker's hot statements, run on the driver's connection (PostgreSQL).
+"""The hot statements of the worker and the relay, run on the driver's connection
+(PostgreSQL).
 
 A worker's path per operation is two statements built once by the store (the
 reservation and the completion, `operations.py`). Through SQLAlchemy's

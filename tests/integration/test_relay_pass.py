@@ -186,3 +186,30 @@ def test_run_forever__fresh_rows_and_a_due_retry__each_published_within_a_poll_i
     with engine.connect() as conn:
         row = store.get_operation(conn, first)
     assert row is not None and row.state == "queued"
+
+
+def test_two_relays__same_outbox__each_row_published_once(
+    engine: Engine, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given 60 fresh rows and two relays draining them at once (PostgreSQL: the claim's
+    # SKIP LOCKED on the driver connection; SQLite: writers serialised)
+    monkeypatch.setenv("TOOLFENCE_DATABASE_URL", db_url)
+    monkeypatch.setenv("TOOLFENCE_RELAY_BATCH_SIZE", "7")
+    ids = [_register(engine) for _ in range(60)]
+    published: list[str] = []
+    lock = threading.Lock()
+
+    def publish(operation_id: str) -> None:
+        time.sleep(0.001)  # a broker round trip, so the two passes overlap
+        with lock:
+            published.append(operation_id)
+
+    relays = [Relay(Settings.from_env(), engine, publish) for _ in range(2)]
+    threads = [threading.Thread(target=_drained, args=(relay,)) for relay in relays]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+
+    # Then every row went out exactly once
+    assert sorted(published) == sorted(ids)
