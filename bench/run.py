@@ -762,7 +762,9 @@ def count_round_trips(engine: Engine, n: int = 50) -> dict[str, float]:
     from executor.worker.runner import OperationRunner
     from outbox.relay import Relay
 
-    counts = {"statements": 0, "commits": 0}
+    # `explicit`: COMMITs of a transaction psycopg opened with a BEGIN of its own (each
+    # one more round trip than its statements); an autocommit statement is one.
+    counts = {"statements": 0, "commits": 0, "explicit": 0}
     real_execute, real_commit = psycopg.Cursor.execute, psycopg.Connection.commit
     checked_out: set[int] = set()  # id() of the driver connections `engine` lent out
 
@@ -783,6 +785,7 @@ def count_round_trips(engine: Engine, n: int = 50) -> dict[str, float]:
         in_transaction = self.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
         if id(self) in checked_out and in_transaction:
             counts["commits"] += 1
+            counts["explicit"] += 1
         real_commit(self)
 
     event.listen(engine, "checkout", on_checkout)
@@ -792,21 +795,21 @@ def count_round_trips(engine: Engine, n: int = 50) -> dict[str, float]:
     prefix = f"rt-{uuid.uuid4().hex[:6]}"
     out: dict[str, float] = {}
     try:
-        counts.update(statements=0, commits=0)
+        counts.update(statements=0, commits=0, explicit=0)
         for i in range(n):
             enqueue_one(engine, f"{prefix}-{i}", i)
         out["enqueue statements/op"] = counts["statements"] / n
         out["enqueue commits/op"] = counts["commits"] / n
         published: list[str] = []
         relay = Relay(Settings.from_env(), engine, published.append)
-        counts.update(statements=0, commits=0)
+        counts.update(statements=0, commits=0, explicit=0)
         while relay.run_once():
             pass
         out["relay statements/op"] = counts["statements"] / max(1, len(published))
         out["relay commits/op"] = counts["commits"] / max(1, len(published))
         settings = Settings.from_env()
         runner = OperationRunner(settings, load_registry("ledger.tools:registry"), engine)  # enqueue_one's
-        counts.update(statements=0, commits=0)
+        counts.update(statements=0, commits=0, explicit=0)
         from executor.store.schema import operations
 
         with engine.connect() as conn:
@@ -820,6 +823,9 @@ def count_round_trips(engine: Engine, n: int = 50) -> dict[str, float]:
         # The ledger uses its own engine; these are toolfence's own round trips.
         out["worker statements/op (toolfence only)"] = counts["statements"] / max(1, len(mine))
         out["worker commits/op (toolfence only)"] = counts["commits"] / max(1, len(mine))
+        out["worker round trips/op (statements + BEGIN and COMMIT)"] = (
+            counts["statements"] + 2 * counts["explicit"]
+        ) / max(1, len(mine))
     finally:
         psycopg.Cursor.execute = real_execute  # type: ignore[method-assign]
         psycopg.Connection.commit = real_commit  # type: ignore[method-assign]
@@ -958,7 +964,7 @@ def run_groups(args: argparse.Namespace) -> int:
         if "e2e" in args.only:
             plain = row(bench_plain_outbox(n, log_dir))
             e2e = row(bench_toolfence_saturation(
-                n, engine, log_dir / "tf-sat-noop", "toolfence end to end, Redis", noop=True,
+                n, engine, log_dir / "tf-sat-noop", "toolfence end to end (no-op write), Redis", noop=True,
             ))
             rounds.setdefault("toolfence end to end (no-op) / plain outbox floor", []).append(
                 e2e.per_second / plain.per_second
@@ -1065,7 +1071,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def e2e_noop_row() -> Result:
         return bench_toolfence_saturation(
-            n, engine, log_dir / "tf-sat-noop", "toolfence end to end, Redis", noop=True,
+            n, engine, log_dir / "tf-sat-noop", "toolfence end to end (no-op write), Redis", noop=True,
         )
 
     noop = row(bench_raw_celery(n, log_dir))

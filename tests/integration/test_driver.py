@@ -185,6 +185,32 @@ def test_first_statement_alone__completion_and_successor_wake_up__both_committed
     assert _outbox_rows(engine, second) == messages_before + 1
 
 
+def test_first_statement_alone__wake_up_fails_after_the_completion__reconciler_finds_the_successor(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Decision 0227's safety argument: the successor's wake-up is no longer atomic with
+    # the completion. Given the connection fails right after the completion committed
+    request_id = f"req-{uuid.uuid4().hex[:8]}"
+    first, reservation = _reserved(engine, request_id=request_id, position=0)
+    second = _register(engine, request_id=request_id, position=1)
+    messages_before = _outbox_rows(engine, second)
+
+    def lost(*_: Any) -> None:
+        raise OperationalError("wake-up", {}, Exception("server closed the connection"))
+
+    monkeypatch.setattr("executor.store.operations.release_successors", lost)
+    with pytest.raises(OperationalError), driver.first_statement_alone(engine) as conn:
+        store.complete(conn, first, reservation.generation, "owner-a", INTENT,
+                       succeeded=True, result={})
+
+    # Then the completion stands, the successor got no message, and it is exactly what
+    # the reconciler's stale-queued sweep republishes (runnable, queued, no message)
+    assert _row(engine, first).state == "succeeded"
+    assert _outbox_rows(engine, second) == messages_before
+    with engine.connect() as conn:
+        assert second in store.stale_queued(conn, -1.0, 1000)
+
+
 def test_first_statement_alone__one_statement__no_begin_or_commit_sent(engine: Engine) -> None:
     operation_id, reservation = _reserved(engine)
 
