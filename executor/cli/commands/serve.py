@@ -34,18 +34,18 @@ def run(args: argparse.Namespace) -> int:
     from executor.cli.args import UserError
     from executor.cli.common import engine_of, hosted_policy_of, registry_of, settings
     from executor.http.server import HttpSettings, serve_engine
-    from executor.settings import using
+    from executor.settings import SettingsError, using
     from executor.settings.sources import CHOICE
 
     port(args.port)
     http = HttpSettings.from_env()
     if args.workers is not None:
         if args.workers < 1:
-            raise UserError("--workers: at least 1")
+            raise SettingsError("--workers: at least 1")
         http = replace(http, workers=args.workers)
     problem = http.shared_limits_problem()
     if problem is not None:
-        raise UserError(problem)
+        raise SettingsError(problem)  # a usage error (exit 2), as any other bad setting
     chosen = serve_engine(settings(), http)
     level = args.log_level or logging.getLevelName(
         logs.chosen_level(chosen.log_level, bool(getattr(args, "verbose", False)))
