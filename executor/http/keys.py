@@ -23,7 +23,7 @@ import hmac
 import secrets
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -33,8 +33,8 @@ from sqlalchemy import Connection, Engine
 
 from executor.core.types import ServerContext
 from executor.errors import HttpError
-from executor.store.api_keys import ApiKeyRecord, api_key, insert_api_key
-from executor.store.engine import read_only
+from executor.store.api_keys import ApiKeyRecord, api_key, api_key_per_request, insert_api_key
+from executor.store.engine import read_only, single_statement
 
 KEY_PREFIX = "tfk"
 
@@ -185,22 +185,37 @@ class Authenticator:
 
     def __init__(self, engine: Engine, *, verified: VerifiedKeys | None = None) -> None:
         self._engine = read_only(engine)
+        # One statement: in autocommit on PostgreSQL (no ROLLBACK round trip after it);
+        # SQLite's read-only BEGIN shares the file with writers.
+        self._per_request = single_statement(engine) if engine.dialect.name == "postgresql" else self._engine
         self.verified = verified if verified is not None else VerifiedKeys()
         # What an unknown key id's secret is checked against: the same parameters, so
         # the same cost as a known id's wrong secret. No secret verifies against it.
         self._dummy_hash = _HASHER.hash(secrets.token_urlsafe(32))
 
-    def identity(self, key_text: str) -> Identity:
+    def identity(self, key_text: str, before_hashing: Callable[[], None] | None = None) -> Identity:
+        """The key's identity, or KeyRefused. `before_hashing` runs before an argon2
+        verification, never for a key verified before: the API's failed-authentication
+        budget, so a guess (never in `verified`) is refused before it costs a hash,
+        and a valid key costs no budget check (decision 0227)."""
         key_id, secret = split_key(key_text)
-        with self._engine.connect() as conn:
-            record = api_key(conn, key_id)
+        with self._per_request.connect() as conn:
+            record = api_key_per_request(conn, key_id)
+        if record is not None and self.verified.known(record, secret):
+            return self._active(record)
+        if before_hashing is not None:
+            before_hashing()
         if record is None:
             try:
                 _HASHER.verify(self._dummy_hash, secret)
             except (VerificationError, InvalidHashError):
                 pass
             raise KeyRefused("unknown")
-        self._check_secret(record, secret)
+        self._verify(record, secret)
+        return self._active(record)
+
+    @staticmethod
+    def _active(record: ApiKeyRecord) -> Identity:
         # Read from the row on every request, never remembered: a revocation committed
         # before this request's read refuses it, cached secret or not.
         if record.revoked:
@@ -216,9 +231,7 @@ class Authenticator:
             raise KeyRefused("revoked" if record is not None else "unknown")
         return identity_of(record)
 
-    def _check_secret(self, record: ApiKeyRecord, secret: str) -> None:
-        if self.verified.known(record, secret):
-            return
+    def _verify(self, record: ApiKeyRecord, secret: str) -> None:
         try:
             _HASHER.verify(record.secret_hash, secret)  # constant time in the secret
         except (VerificationError, InvalidHashError):
