@@ -494,6 +494,24 @@ def report(
         "Answers other than 202: " + ", ".join(f"{name} {n}" for name, n in errors.items()) + ".",
         "",
     ]
+    lines += [
+        "For bench/RESULTS.md (ratios of the medians above; requests/s by worker count):",
+        "",
+        "| ratio | value |",
+        "|---|---|",
+    ]
+    for n in worker_counts:
+        name = f"serve ×{n}"
+        lines.append(
+            f"| `toolfence serve --workers {n}` / FastAPI + psycopg floor, same client "
+            f"({median(name, 'rate'):.0f} / {floor:.0f} requests/s) | {median(name, 'rate') / floor:.2f} |"
+        )
+        lines.append(
+            f"| `toolfence serve --workers {n}`: floor's CPU per request / serve's "
+            f"({median('floor', 'cpu_ms'):.2f} / {median(name, 'cpu_ms'):.2f} ms) "
+            f"| {median('floor', 'cpu_ms') / median(name, 'cpu_ms'):.2f} |"
+        )
+    lines.append("")
     if profiled:
         lines += ["## Where a request's time goes (`--profile`, py-spy, `toolfence serve --workers 1`)", ""]
         lines += profiled + [""]
