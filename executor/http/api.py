@@ -307,19 +307,14 @@ def build_api(service: Service, authenticator: Authenticator, limiter: RateLimit
     def authenticate(key_text: str, address: str, scopes: tuple[KeyScope, ...]) -> Identity:
         """The caller, or ProblemError 401/403/429: blocking (the key's row, the limits'
         storage), so run in a worker thread."""
-
-        def failures_left() -> None:
-            # Before a key is verified by argon2 (a guess, or a key this process has
-            # not verified yet), never for one it has: decision 0227.
-            wait = limiter.failures_spent(address)
-            if wait is not None:
-                raise ProblemError(
-                    429, ErrorCode.RATE_LIMITED, "too many failed authentications from this address",
-                    headers={"Retry-After": str(math.ceil(wait))},
-                )
-
+        wait = limiter.failures_spent(address)
+        if wait is not None:
+            raise ProblemError(
+                429, ErrorCode.RATE_LIMITED, "too many failed authentications from this address",
+                headers={"Retry-After": str(math.ceil(wait))},
+            )
         try:
-            who = authenticator.identity(key_text, failures_left)
+            who = authenticator.identity(key_text)
         except KeyRefused as exc:
             limiter.failed(address)
             detail = "the key is revoked" if exc.reason == "revoked" else "the key is not valid"

@@ -23,7 +23,7 @@ import hmac
 import secrets
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -193,18 +193,14 @@ class Authenticator:
         # the same cost as a known id's wrong secret. No secret verifies against it.
         self._dummy_hash = _HASHER.hash(secrets.token_urlsafe(32))
 
-    def identity(self, key_text: str, before_hashing: Callable[[], None] | None = None) -> Identity:
-        """The key's identity, or KeyRefused. `before_hashing` runs before an argon2
-        verification, never for a key verified before: the API's failed-authentication
-        budget, so a guess (never in `verified`) is refused before it costs a hash,
-        and a valid key costs no budget check (decision 0227)."""
+    def identity(self, key_text: str) -> Identity:
+        """The key's identity, or KeyRefused: argon2 only for a key id and secret this
+        process has not verified against the row's current hash (decision 0227)."""
         key_id, secret = split_key(key_text)
         with self._per_request.connect() as conn:
             record = api_key_per_request(conn, key_id)
         if record is not None and self.verified.known(record, secret):
             return self._active(record)
-        if before_hashing is not None:
-            before_hashing()
         if record is None:
             try:
                 _HASHER.verify(self._dummy_hash, secret)
