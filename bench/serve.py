@@ -1,6 +1,6 @@
 """`toolfence serve` against a minimal FastAPI endpoint doing the same writes.
 
-    python -m bench.serve [--requests 1500] [--rounds 3] [--workers 1,2] [--profile]
+    python -m bench.serve [--requests 1500] [--rounds 3] [--workers 1,1r,2] [--profile]
                           [--write bench/SERVE.md]
 
 On the local PostgreSQL (`BENCH_PG`, default postgresql://postgres@127.0.0.1:5432),
@@ -15,8 +15,9 @@ bounded count of `POST`s of one no-op idempotent write, interleaved rounds, medi
   the call's status.
 - **serve ×N**: `toolfence serve --workers N`, `POST /v1/requests` with a real key
   (`bench.tools`' `bench.noop_write`), the per-key limit set out of the way. One
-  worker counts it in memory; more than one share it through Redis (`BENCH_REDIS`,
-  default redis://127.0.0.1:6379/15), as `toolfence serve` requires.
+  worker counts the limits in memory (`1`) or in Redis (`1r`); more than one share
+  them through Redis (`BENCH_REDIS`, default redis://127.0.0.1:6379/15), as
+  `toolfence serve` requires.
 
 With `--profile`, py-spy samples the one-worker server during an extra run and the
 functions holding most samples are written below the figures.
@@ -91,7 +92,7 @@ def floor_app(dsn: str) -> object:
                 "SELECT tenant, secret_digest, revoked FROM plain_keys WHERE key_id = %s", (key_id,)
             ).fetchone()
             digest = hashlib.sha256(secret.encode()).digest()
-            if row is None or row[2] or not hmac.compare_digest(bytes(row[1]), digest):  # type: ignore[arg-type]
+            if row is None or row[2] or not hmac.compare_digest(bytes(row[1]), digest):  # type: ignore[call-overload]
                 raise HTTPException(401)
             request_id = f"req_{uuid.uuid4().hex[:24]}"
             statuses = []
@@ -209,9 +210,27 @@ def start_floor(dsn: str, key: str, logs: Path) -> Server:
     return Server("floor", port, key, process)
 
 
-def start_serve(url: str, key: str, workers: int, logs: Path) -> Server:
+@dataclass(frozen=True)
+class Variant:
+    """`toolfence serve` with `workers` processes, its limits in Redis or in memory."""
+
+    workers: int
+    redis: bool
+
+    @classmethod
+    def parse(cls, text: str) -> Variant:
+        workers = int(text.rstrip("r"))
+        return cls(workers, workers > 1 or text.endswith("r"))
+
+    @property
+    def name(self) -> str:
+        return f"serve ×{self.workers}" + (" (Redis)" if self.redis and self.workers == 1 else "")
+
+
+def start_serve(url: str, key: str, variant: Variant, logs: Path) -> Server:
+    workers = variant.workers
     port = free_port()
-    log = logs / f"serve{workers}.log"
+    log = logs / f"serve{workers}{'r' if variant.redis else ''}.log"
     env = {
         **os.environ,
         "TOOLFENCE_DATABASE_URL": url,
@@ -219,7 +238,7 @@ def start_serve(url: str, key: str, workers: int, logs: Path) -> Server:
         "TOOLFENCE_TOOLS": "bench.tools:registry",
         "TOOLFENCE_HOME": str(logs / "home"),
         "TOOLFENCE_HTTP_RATE_LIMIT": "100000000/minute",
-        "TOOLFENCE_HTTP_RATE_LIMIT_STORAGE": REDIS if workers > 1 else "memory://",
+        "TOOLFENCE_HTTP_RATE_LIMIT_STORAGE": REDIS if variant.redis else "memory://",
         "PYTHONPATH": str(ROOT),
     }
     command = [sys.executable, "-m", "executor.cli.main", "serve", "--host", "127.0.0.1", "--port", str(port)]
@@ -227,7 +246,7 @@ def start_serve(url: str, key: str, workers: int, logs: Path) -> Server:
         command += ["--workers", str(workers)]
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     wait_ready(process, port, log)
-    return Server(f"serve ×{workers}", port, key, process)
+    return Server(variant.name, port, key, process)
 
 
 # ------------------------------------------------------------------ the client
@@ -407,7 +426,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=1500)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--workers", default="1,2", help="worker counts of toolfence serve, comma-separated")
+    parser.add_argument(
+        "--workers", default="1,1r,2",
+        help="worker counts of toolfence serve, comma-separated (1r: one worker, limits in Redis)",
+    )
     parser.add_argument("--profile", action="store_true", help="py-spy the one-worker server")
     parser.add_argument("--write", default=str(ROOT / "bench" / "SERVE.md"))
     parser.add_argument("--floor-server", nargs=2, metavar=("PORT", "DSN"), help=argparse.SUPPRESS)
@@ -415,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.floor_server:
         serve_floor(int(args.floor_server[0]), args.floor_server[1])
         return 0
-    worker_counts = [int(n) for n in args.workers.split(",") if n.strip()]
+    worker_counts = [Variant.parse(n.strip()) for n in args.workers.split(",") if n.strip()]
     dsn, url = fresh_database()
     floor_key = prepare_floor(dsn)
     key = toolfence_key(url)
@@ -448,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def report(
-    args: argparse.Namespace, runs: dict[str, list[Run]], worker_counts: list[int],
+    args: argparse.Namespace, runs: dict[str, list[Run]], worker_counts: list[Variant],
     load_before: tuple[float, float, float], load_after: tuple[float, float, float], profiled: list[str],
 ) -> list[str]:
     def median(name: str, value: str) -> float:
@@ -473,12 +495,12 @@ def report(
         f"{median('floor', '0.5') * 1000:.1f} | {median('floor', '0.99') * 1000:.1f} | "
         f"{median('floor', 'cpu_ms'):.2f} | 1.00 × |",
     ]
-    for n in worker_counts:
-        name = f"serve ×{n}"
+    for variant in worker_counts:
+        name, n = variant.name, variant.workers
         rate = median(name, "rate")
-        storage = "Redis" if n > 1 else "memory"
+        storage = "Redis" if variant.redis else "memory"
         lines.append(
-            f"| `toolfence serve --workers {n}` (limiter in {storage}) | {n} | {rate:.0f} | "
+            f"| `toolfence serve --workers {n}` (limits in {storage}) | {n} | {rate:.0f} | "
             f"{median(name, '0.5') * 1000:.1f} | {median(name, '0.99') * 1000:.1f} | "
             f"{median(name, 'cpu_ms'):.2f} | {rate / floor:.2f} × |"
         )
@@ -500,14 +522,15 @@ def report(
         "| ratio | value |",
         "|---|---|",
     ]
-    for n in worker_counts:
-        name = f"serve ×{n}"
+    for variant in worker_counts:
+        name, n = variant.name, variant.workers
+        where = "Redis" if variant.redis else "memory"
         lines.append(
-            f"| `toolfence serve --workers {n}` / FastAPI + psycopg floor, same client "
+            f"| `toolfence serve --workers {n}` (limits in {where}) / FastAPI + psycopg floor, same client "
             f"({median(name, 'rate'):.0f} / {floor:.0f} requests/s) | {median(name, 'rate') / floor:.2f} |"
         )
         lines.append(
-            f"| `toolfence serve --workers {n}`: floor's CPU per request / serve's "
+            f"| `toolfence serve --workers {n}` (limits in {where}): floor's CPU per request / serve's "
             f"({median('floor', 'cpu_ms'):.2f} / {median(name, 'cpu_ms'):.2f} ms) "
             f"| {median('floor', 'cpu_ms') / median(name, 'cpu_ms'):.2f} |"
         )
