@@ -213,3 +213,43 @@ def test_workers__help__documents_the_option() -> None:
     assert helped.returncode == 0
     text = " ".join(helped.stdout.split())
     assert "--workers N" in text and "TOOLFENCE_HTTP_WORKERS" in text and "redis://" in text
+
+
+def test_bind__one_socket_per_worker_on_one_port__accepted_connections_without_nagle() -> None:
+    import asyncio
+    import socket
+
+    from executor.http.workers import bind
+
+    sockets = bind("127.0.0.1", 0, 3)
+    try:
+        # Then three listening sockets share the kernel's chosen port (SO_REUSEPORT)
+        ports = {sock.getsockname()[1] for sock in sockets}
+        assert len(sockets) == 3 and len(ports) == 1
+        assert all(sock.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT) for sock in sockets)
+        # And a connection asyncio accepts on them has TCP_NODELAY set (its proto is TCP):
+        # without it a response's body waited for the client's delayed ACK (40 ms)
+        nodelay: list[int] = []
+
+        async def accept_one() -> None:
+            accepted = asyncio.Event()
+
+            def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+                raw = writer.get_extra_info("socket")
+                nodelay.append(raw.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+                writer.close()
+                accepted.set()
+
+            # (the kernel picks which of the three sockets gets it: all three accept)
+            servers = [await asyncio.start_server(connected, sock=sock) for sock in sockets]
+            _, writer = await asyncio.open_connection("127.0.0.1", ports.pop())
+            await asyncio.wait_for(accepted.wait(), 10)
+            writer.close()
+            for server in servers:
+                server.close()
+
+        asyncio.run(accept_one())
+        assert nodelay == [1]
+    finally:
+        for sock in sockets:
+            sock.close()

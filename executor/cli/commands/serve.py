@@ -70,13 +70,16 @@ def run(args: argparse.Namespace) -> int:
     from executor.http.workers import Supervisor, bind
 
     try:
-        sock = bind(args.host, args.port)
+        sockets = bind(args.host, args.port, http.workers)
     except OSError as exc:
         raise UserError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None
     verbose = bool(getattr(args, "verbose", False))
     worker_args = (chosen, http, args.host, args.port, level, CHOICE.path, verbose)
-    with sock:
-        return Supervisor(http.workers, sock, worker, worker_args, http.drain_seconds).run()
+    try:
+        return Supervisor(http.workers, sockets, worker, worker_args, http.drain_seconds).run()
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def serve_one(
