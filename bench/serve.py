@@ -515,6 +515,13 @@ def report(
         "",
         "Answers other than 202: " + ", ".join(f"{name} {n}" for name, n in errors.items()) + ".",
         "",
+        "How to read it: the client, PostgreSQL, Redis and every server share the same cores, so "
+        "requests/s rise and fall with whatever else runs; the server's CPU per request (its "
+        "processes' user + system time over the round, divided by the requests) moves far less "
+        "with load, and its ratio is the floor's efficiency over toolfence's. With more workers "
+        "than spare cores, `--workers N` cannot add throughput: each worker has fewer requests "
+        "in flight and the same cores to share.",
+        "",
     ]
     lines += [
         "For bench/RESULTS.md (ratios of the medians above; requests/s by worker count):",
