@@ -52,6 +52,7 @@ bench: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[test,bench]'
 	$(BIN)/python -m bench.run
 	$(BIN)/python -m bench.cli_startup
+	$(BIN)/python -m bench.serve
 
 # Coverage-guided fuzzing (atheris) of every entry point for FUZZ_SECONDS each, one
 # after another (17 targets: about 17 x FUZZ_SECONDS in all), the hosted path and

@@ -74,7 +74,7 @@ class Relay:
         rows are then published without waiting for the due-retry query (on the
         enqueue-to-result path of every call; docs/decisions/0178, measured in bench/PROFILING.md). A
         promoted retry is still published in the same pass. `promote=False` skips the
-        due-retry query (`run_forever` runs it once per poll interval, docs/decisions/0228)."""
+        due-retry query (`run_forever` runs it once per poll interval, docs/decisions/0230)."""
         published = self._publish_batch()
         if promote and self._promote_due_retries():
             published += self._publish_batch()
@@ -86,7 +86,7 @@ class Relay:
     def _batch_transaction(self, traced: bool) -> AbstractContextManager[Any]:
         """The pass's transaction: on PostgreSQL the pooled driver connection, where the
         claim and the mark, built once, cost a fraction of SQLAlchemy's execution path
-        (decision 0177's measurement; 0229). With tracing on, `Connection` (the trace
+        (decision 0177's measurement; 0231). With tracing on, `Connection` (the trace
         read takes a list parameter the driver path does not)."""
         if self.on_driver and not traced:
             return driver.transaction(self.engine)
@@ -176,7 +176,7 @@ class Relay:
         interval, not on every pass: a pass woken by each producer's NOTIFY would
         otherwise run the due-retry query once per message published. A retry is due by
         the database clock and was never promoted sooner than the next poll (an idle
-        relay sleeps that long), so this bound is unchanged (docs/decisions/0228)."""
+        relay sleeps that long), so this bound is unchanged (docs/decisions/0230)."""
         waiter = _Waiter(self.settings)
         next_promotion = 0.0
         try:

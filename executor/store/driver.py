@@ -306,7 +306,7 @@ def first_statement_alone(engine: Engine) -> Iterator[DriverConnection]:
     without an exception (on an exception the later ones roll back; the first has
     committed). For a unit of work that is one statement, with follow-ups that need
     not be atomic with it: the completion and its wake-up of a request's successors
-    (docs/decisions/0227)."""
+    (docs/decisions/0229)."""
     with _checked_out(engine, autocommit=True) as conn:
         conn._then_transaction = True  # noqa: SLF001 - this module's own connection
         yield conn

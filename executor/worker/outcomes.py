@@ -100,7 +100,7 @@ class OutcomeRecorder:
         """On PostgreSQL the completion is one statement (the CAS, its audit event and
         receipt): in autocommit, one round trip instead of BEGIN, it and COMMIT. What may
         follow it (a request's successors woken, a receipt count read) is a transaction
-        of its own after it (driver.first_statement_alone, docs/decisions/0227)."""
+        of its own after it (driver.first_statement_alone, docs/decisions/0229)."""
         return driver.first_statement_alone(self.engine) if self.on_driver else self.engine.begin()
 
     def _finish(

@@ -167,7 +167,7 @@ def test_complete_counted__later_call_queued__successor_woken_in_the_same_driver
 
 
 def test_first_statement_alone__completion_and_successor_wake_up__both_committed(engine: Engine) -> None:
-    # The worker's completion (docs/decisions/0227): the CAS in autocommit, the
+    # The worker's completion (docs/decisions/0229): the CAS in autocommit, the
     # successor's outbox row in a transaction after it.
     request_id = f"req-{uuid.uuid4().hex[:8]}"
     first, reservation = _reserved(engine, request_id=request_id, position=0)
@@ -188,7 +188,7 @@ def test_first_statement_alone__completion_and_successor_wake_up__both_committed
 def test_first_statement_alone__wake_up_fails_after_the_completion__reconciler_finds_the_successor(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Decision 0227's safety argument: the successor's wake-up is no longer atomic with
+    # Decision 0229's safety argument: the successor's wake-up is no longer atomic with
     # the completion. Given the connection fails right after the completion committed
     request_id = f"req-{uuid.uuid4().hex[:8]}"
     first, reservation = _reserved(engine, request_id=request_id, position=0)
