@@ -52,6 +52,7 @@ bench: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[test,bench]'
 	$(BIN)/python -m bench.run
 	$(BIN)/python -m bench.cli_startup
+	$(BIN)/python -m bench.serve
 	$(BIN)/python -m bench.entrance
 
 # Coverage-guided fuzzing (atheris) of every entry point for FUZZ_SECONDS each, one

@@ -1,6 +1,7 @@
 """Where a benchmark row's CPU goes: every process's CPU time in the timed window,
-by role (worker main process, pool child, PostgreSQL's backends and its own upkeep,
-broker, this script).
+by role (worker main process, pool child, relay, PostgreSQL's backends and its own
+upkeep, broker, this script; "other" is everything else on the machine, another
+job's processes included).
 
 The machine total (`busy_seconds`, from /proc/stat) says how much a row cost; the
 split says who paid it. On a two-core machine every fleet row is CPU-bound, so a
@@ -22,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROLES = (
-    "worker main", "pool child", "PostgreSQL", "PostgreSQL background", "broker", "benchmark", "other",
+    "worker main", "pool child", "relay", "PostgreSQL", "PostgreSQL background", "broker", "benchmark",
+    "other",
 )
 # A backend serves a connection; the rest (autovacuum, WAL writer, checkpointer, ...) is
 # the server's own upkeep, which a row may owe to the rows written before it.
@@ -30,6 +32,7 @@ _POSTGRES_BACKEND = "postgres: "
 _POSTGRES_CLIENT = re.compile(r" (\S+\(\d+\)|\[local\]) ")  # host(port) or [local]
 _WORKER_MARKERS = ("celery", "executor.cli worker", "dbos_worker.py")
 _BROKER_MARKERS = ("redis-server", "beam.smp", "rabbitmq")
+_RELAY_MARKERS = ("executor.cli relay", "bench.plain_outbox relay")
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,8 @@ def role_of(pid: int, table: Mapping[int, Process], me: int) -> str:
     if pid == me:
         return "benchmark"
     command = process.command
+    if any(marker in command for marker in _RELAY_MARKERS):
+        return "relay"
     if any(marker in command for marker in _WORKER_MARKERS):
         parent = table.get(process.parent)
         if parent is not None and any(marker in parent.command for marker in _WORKER_MARKERS):

@@ -7,6 +7,11 @@ assertion: the numbers are printed and written to bench/RESULTS.md.
 
     python -m bench.run [--ops 2000] [--io-ops 5000] [--in-flight 1000] [--repeat 3]
                         [--quick] [--skip-dbos] [--skip-scale] [--skip-rabbitmq]
+                        [--only e2e] [--only io] [--write FILE]
+
+`--only` runs just those rows (e2e: the plain outbox floor, toolfence end to end with
+the no-op write, DBOS; io: raw Celery and toolfence on the threads pool, a 100 ms
+sleep), --repeat interleaved rounds, and prints them with their ratios per round.
 """
 
 from __future__ import annotations
@@ -358,15 +363,64 @@ def latencies_for(engine: Engine, prefix: str) -> tuple[list[float], float, int]
 
 
 def bench_toolfence_saturation(
-    n: int, engine: Engine, log_dir: Path, label: str, broker: str = "redis"
+    n: int, engine: Engine, log_dir: Path, label: str, broker: str = "redis", *, noop: bool = False,
 ) -> Result:
+    """`n` one-call requests through the whole fleet (producer, relay, workers), timed from
+    the first `created_at` to the last `finished_at`: a fenced ledger transfer each, or
+    with `noop` the no-op idempotent write the plain outbox floor stands beside."""
     prefix = f"sat-{uuid.uuid4().hex[:6]}"
     with toolfence_fleet(log_dir, broker=broker):
-        for i in range(n):
-            enqueue_one(engine, f"{prefix}-{i}", i)
+        window = cpu.Window().start()
+        if noop:
+            enqueue_noop(engine, n, prefix)
+        else:
+            for i in range(n):
+                enqueue_one(engine, f"{prefix}-{i}", i)
         wait_terminal(engine, of_requests(prefix), n)
+        window.stop()
     lat, span, count = latencies_for(engine, prefix)
-    return Result(label, count, span, lat)
+    return Result(label, count, span, lat, note="no-op write" if noop else "fenced ledger write",
+                  cpu=window)
+
+
+def enqueue_noop(engine: Engine, n: int, prefix: str) -> None:
+    from bench.tools import registry
+    from executor.core.types import ProposedCall, ServerContext
+    from outbox.producer import enqueue
+
+    for i in range(n):
+        ctx = ServerContext(
+            principal="bench", tenant="bench", roles=frozenset({"member"}), request_id=f"{prefix}-{i}"
+        )
+        with engine.begin() as conn:
+            enqueue(conn, [ProposedCall(
+                call_id=f"c{i}", tool_name="bench.noop_write", arguments=json.dumps({"n": i}),
+            )], ctx, registry)
+
+
+def bench_plain_outbox(n: int, log_dir: Path) -> Result:
+    """The end-to-end floor (bench/plain_outbox.py): the same producer thread, a plain
+    outbox and SKIP LOCKED relay, the CAS worker on the same Celery/Redis and pool."""
+    from bench import plain_outbox
+
+    queue = f"bench-e2e-{uuid.uuid4().hex[:6]}"
+    env = base_env(queue)
+    apply_env(env)
+    url = pg_url(DB_NAME)
+    plain_outbox.create_tables(url)
+    prefix = f"e2e-{uuid.uuid4().hex[:6]}"
+    relay = processes([[sys.executable, "-m", "bench.plain_outbox", "relay"]], env,
+                      "plain relay ready", log_dir / "plain-relay")
+    workers = celery_workers("bench.tasks:app", env, log_dir / "plain-e2e")
+    with relay, workers, psycopg.connect(plain_outbox.plain_url(url), autocommit=True) as conn:
+        window = cpu.Window().start()
+        for i in range(n):
+            plain_outbox.produce(conn, f"{prefix}-{i}")
+        plain_outbox.wait_done(conn, prefix, n)
+        window.stop()
+        lat, span, count = plain_outbox.span(conn, prefix)
+    return Result("plain outbox floor end to end (SKIP LOCKED relay, CAS worker)", count, span, lat,
+                  note="no-op", cpu=window)
 
 
 def bench_toolfence_fixed(rate: float, seconds: float, engine: Engine, log_dir: Path) -> Result:
@@ -466,6 +520,24 @@ def enqueue_calls(engine: Engine, tool: str, n: int, prefix: str) -> list[str]:
     return ids
 
 
+def mark_published(engine: Engine, operation_ids: list[str]) -> None:
+    """The rows a pre-enqueued scenario publishes itself (straight to the broker, as the
+    floors are) leave the outbox as a relay's would. Left unpublished, they were
+    published again by the next row that ran a relay: the Redis end-to-end row, which
+    ran after the pre-enqueued ones, began with 4,000 duplicate messages queued ahead of
+    its own 2,000 (its "p50 10 s"; the RabbitMQ row, after it, found the outbox empty)."""
+    from executor.store.schema import outbox
+
+    with engine.begin() as conn:
+        for start in range(0, len(operation_ids), 1000):
+            conn.execute(
+                outbox.update()
+                .where(outbox.c.operation_id.in_(operation_ids[start:start + 1000]),
+                       outbox.c.published_at.is_(None))
+                .values(published_at=func.extract("epoch", func.clock_timestamp()))
+            )
+
+
 def bench_toolfence_direct(
     n: int, tool: str, engine: Engine, log_dir: Path, label: str, *, pool: str = "prefork",
     concurrency: int = 1, broker: str = "redis",
@@ -477,6 +549,7 @@ def bench_toolfence_direct(
 
     prefix = f"pre-{uuid.uuid4().hex[:6]}"
     ids = enqueue_calls(engine, tool, n, prefix)
+    mark_published(engine, ids)  # published here, below
     with toolfence_fleet(log_dir, broker=broker, pool=pool, concurrency=concurrency, relays=0) as queue:
         app = make_celery(Settings.from_env())
         started, window = time.perf_counter(), cpu.Window().start()
@@ -542,6 +615,7 @@ def bench_in_flight(
     lease = 3.0
     prefix = f"fly-{uuid.uuid4().hex[:6]}"
     ids = enqueue_calls(engine, "bench.sleep_read", total, prefix)
+    mark_published(engine, ids)  # published here, below
     per_worker = total // WORKERS
 
     def renewals() -> float:
@@ -688,7 +762,9 @@ def count_round_trips(engine: Engine, n: int = 50) -> dict[str, float]:
     from executor.worker.runner import OperationRunner
     from outbox.relay import Relay
 
-    counts = {"statements": 0, "commits": 0}
+    # `explicit`: COMMITs of a transaction psycopg opened with a BEGIN of its own (each
+    # one more round trip than its statements); an autocommit statement is one.
+    counts = {"statements": 0, "commits": 0, "explicit": 0}
     real_execute, real_commit = psycopg.Cursor.execute, psycopg.Connection.commit
     checked_out: set[int] = set()  # id() of the driver connections `engine` lent out
 
@@ -709,6 +785,7 @@ def count_round_trips(engine: Engine, n: int = 50) -> dict[str, float]:
         in_transaction = self.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
         if id(self) in checked_out and in_transaction:
             counts["commits"] += 1
+            counts["explicit"] += 1
         real_commit(self)
 
     event.listen(engine, "checkout", on_checkout)
@@ -718,21 +795,21 @@ def count_round_trips(engine: Engine, n: int = 50) -> dict[str, float]:
     prefix = f"rt-{uuid.uuid4().hex[:6]}"
     out: dict[str, float] = {}
     try:
-        counts.update(statements=0, commits=0)
+        counts.update(statements=0, commits=0, explicit=0)
         for i in range(n):
             enqueue_one(engine, f"{prefix}-{i}", i)
         out["enqueue statements/op"] = counts["statements"] / n
         out["enqueue commits/op"] = counts["commits"] / n
         published: list[str] = []
         relay = Relay(Settings.from_env(), engine, published.append)
-        counts.update(statements=0, commits=0)
+        counts.update(statements=0, commits=0, explicit=0)
         while relay.run_once():
             pass
         out["relay statements/op"] = counts["statements"] / max(1, len(published))
         out["relay commits/op"] = counts["commits"] / max(1, len(published))
         settings = Settings.from_env()
         runner = OperationRunner(settings, load_registry("ledger.tools:registry"), engine)  # enqueue_one's
-        counts.update(statements=0, commits=0)
+        counts.update(statements=0, commits=0, explicit=0)
         from executor.store.schema import operations
 
         with engine.connect() as conn:
@@ -746,6 +823,9 @@ def count_round_trips(engine: Engine, n: int = 50) -> dict[str, float]:
         # The ledger uses its own engine; these are toolfence's own round trips.
         out["worker statements/op (toolfence only)"] = counts["statements"] / max(1, len(mine))
         out["worker commits/op (toolfence only)"] = counts["commits"] / max(1, len(mine))
+        out["worker round trips/op (statements + BEGIN and COMMIT)"] = (
+            counts["statements"] + 2 * counts["explicit"]
+        ) / max(1, len(mine))
     finally:
         psycopg.Cursor.execute = real_execute  # type: ignore[method-assign]
         psycopg.Connection.commit = real_commit  # type: ignore[method-assign]
@@ -819,10 +899,11 @@ def render(
                 f"| {label} | " + " | ".join(f"{by_role[role]:.2f}" for role in cpu.ROLES)
                 + f" | {r.cpu_ms_per_op:.2f} |"
             )
-    if rounds:
+    if rounds and ratios:
         lines += ["", "Ratios of the first round's rows:"]
-    lines += ["", "| ratio | value |", "|---|---|"]
-    lines += [f"| {k} | {v:.2f} |" for k, v in ratios.items()]
+    if ratios:
+        lines += ["", "| ratio | value |", "|---|---|"]
+        lines += [f"| {k} | {v:.2f} |" for k, v in ratios.items()]
     if rounds:
         lines += [
             "",
@@ -843,6 +924,68 @@ def render(
     return "\n".join(lines)
 
 
+GROUPS = ("e2e", "io")
+
+
+def run_groups(args: argparse.Namespace) -> int:
+    """`--only`: the chosen rows, interleaved over --repeat rounds, with their ratios per round."""
+    n = 200 if args.quick else args.ops
+    io_n = 500 if args.quick else args.io_ops
+    log_dir = Path(os.environ.get("BENCH_LOG_DIR", "/tmp/toolfence-bench"))
+    load_before = os.getloadavg()
+    recreate_database(DB_NAME)
+    from executor.store.engine import make_engine
+    from executor.store.migrate import migrate
+
+    migrate(pg_url(DB_NAME))
+    ledger_setup(pg_url(DB_NAME))
+    apply_env(base_env("bench-setup"))
+    engine = make_engine(pg_url(DB_NAME))
+    results: list[Result] = []
+    rounds: dict[str, list[float]] = {}
+    for k in range(1, args.repeat + 1):
+        def row(result: Result, k: int = k) -> Result:
+            result.note = f"{result.note}, round {k}" if result.note else f"round {k}"
+            results.append(result)
+            print(f"{result.name} ({result.note}): {result.per_second:.1f}/s, "
+                  f"load {os.getloadavg()[0]:.1f}", flush=True)
+            return result
+
+        if "io" in args.only:
+            raw = row(bench_raw_sleep(io_n, log_dir))
+            io = row(bench_toolfence_direct(
+                io_n, "bench.sleep_read", engine, log_dir / "tf-io",
+                f"toolfence read, sleep {IO_SLEEP_SECONDS * 1000:.0f} ms",
+                pool="threads", concurrency=IO_CONCURRENCY,
+            ))
+            rounds.setdefault("I/O-bound: toolfence / raw Celery, same pool", []).append(
+                io.per_second / raw.per_second
+            )
+        if "e2e" in args.only:
+            plain = row(bench_plain_outbox(n, log_dir))
+            e2e = row(bench_toolfence_saturation(
+                n, engine, log_dir / "tf-sat-noop", "toolfence end to end (no-op write), Redis", noop=True,
+            ))
+            rounds.setdefault("toolfence end to end (no-op) / plain outbox floor", []).append(
+                e2e.per_second / plain.per_second
+            )
+            if not args.skip_dbos:
+                dbos = row(bench_dbos(n, log_dir))
+                rounds.setdefault("toolfence end to end (no-op) / DBOS", []).append(
+                    e2e.per_second / dbos.per_second
+                )
+    load_after = os.getloadavg()
+    table = render(results, {}, {
+        "load average before (1, 5, 15 min)": ", ".join(f"{v:.1f}" for v in load_before),
+        "load average after (1, 5, 15 min)": ", ".join(f"{v:.1f}" for v in load_after),
+    }, rounds)
+    print(table)
+    if args.write:
+        Path(args.write).write_text(table + "\n")
+    engine.dispose()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--ops", type=int, default=2000)
@@ -857,8 +1000,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-dbos", action="store_true")
     parser.add_argument("--skip-scale", action="store_true")
     parser.add_argument("--skip-rabbitmq", action="store_true")
-    parser.add_argument("--write", default=str(ROOT / "bench" / "RESULTS.md"))
+    parser.add_argument(
+        "--only", choices=sorted(GROUPS), action="append",
+        help="run just these rows, --repeat interleaved rounds, and print them (written only "
+             "with --write): io = raw Celery sleep + toolfence read (threads x32); e2e = the plain "
+             "outbox floor, toolfence end to end (no-op write, Redis) and DBOS",
+    )
+    parser.add_argument("--write", default=None, help="default bench/RESULTS.md (none with --only)")
     args = parser.parse_args(argv)
+    if args.only:
+        return run_groups(args)
+    args.write = args.write or str(ROOT / "bench" / "RESULTS.md")
     n = 200 if args.quick else args.ops
     if args.quick:
         args.repeat = min(args.repeat, 2)
@@ -914,6 +1066,14 @@ def main(argv: list[str] | None = None) -> int:
             pool="threads", concurrency=IO_CONCURRENCY,
         )
 
+    def plain_e2e_row() -> Result:
+        return bench_plain_outbox(n, log_dir)
+
+    def e2e_noop_row() -> Result:
+        return bench_toolfence_saturation(
+            n, engine, log_dir / "tf-sat-noop", "toolfence end to end (no-op write), Redis", noop=True,
+        )
+
     noop = row(bench_raw_celery(n, log_dir))
     with counted(engine, extras, "plain-SQL floor", n):
         plain = row(plain_row())
@@ -924,6 +1084,8 @@ def main(argv: list[str] | None = None) -> int:
         fenced = row(fenced_row())
     with counted(engine, extras, "toolfence end to end", n):
         sat = row(bench_toolfence_saturation(n, engine, log_dir / "tf-sat", "toolfence end to end, Redis"))
+    plain_e2e = row(plain_e2e_row())
+    e2e_noop = row(e2e_noop_row())
     sat_amqp: Result | None = None
     if not args.skip_rabbitmq:
         sat_amqp = row(bench_toolfence_saturation(
@@ -941,20 +1103,24 @@ def main(argv: list[str] | None = None) -> int:
     rounds: dict[str, list[float]] = {}
 
     def target_ratios(plain: Result, noop_write: Result, fenced: Result, dbos: Result | None,
-                      raw_sleep: Result, io: Result) -> None:
+                      raw_sleep: Result, io: Result, plain_e2e: Result, e2e_noop: Result) -> None:
         values = {
             "toolfence no-op write (pre-enqueued) / plain-SQL floor": (
                 noop_write.per_second / plain.per_second
             ),
             "I/O-bound: toolfence / raw Celery, same pool": io.per_second / raw_sleep.per_second,
             f"I/O-bound: toolfence / ideal ({ideal:.0f} ops/s)": io.per_second / ideal,
+            "toolfence end to end (no-op) / plain outbox floor": (
+                e2e_noop.per_second / plain_e2e.per_second
+            ),
         }
         if dbos is not None:
             values["toolfence fenced write (pre-enqueued) / DBOS"] = fenced.per_second / dbos.per_second
+            values["toolfence end to end (no-op) / DBOS"] = e2e_noop.per_second / dbos.per_second
         for k, v in values.items():
             rounds.setdefault(k, []).append(v)
 
-    target_ratios(plain, noop_write, fenced, dbos, raw_sleep, io)
+    target_ratios(plain, noop_write, fenced, dbos, raw_sleep, io, plain_e2e, e2e_noop)
     for k in range(2, args.repeat + 1):
         # The rows the targets compare, again: one sitting's noise is ±25-30 % on this
         # kind of machine, so one round's ratio alone says little.
@@ -965,7 +1131,7 @@ def main(argv: list[str] | None = None) -> int:
         target_ratios(
             again(plain_row()), again(noop_write_row()), again(fenced_row()),
             None if args.skip_dbos else again(bench_dbos(n, log_dir)),
-            again(raw_sleep_row()), again(io_row()),
+            again(raw_sleep_row()), again(io_row()), again(plain_e2e_row()), again(e2e_noop_row()),
         )
     extras.update(bench_in_flight(in_flight, log_dir, engine))
 
@@ -981,6 +1147,8 @@ def main(argv: list[str] | None = None) -> int:
     if dbos:
         ratios["toolfence fenced write (pre-enqueued) / DBOS"] = fenced.per_second / dbos.per_second
         ratios["toolfence end to end / DBOS"] = sat.per_second / dbos.per_second
+        ratios["toolfence end to end (no-op) / DBOS"] = e2e_noop.per_second / dbos.per_second
+    ratios["toolfence end to end (no-op) / plain outbox floor"] = e2e_noop.per_second / plain_e2e.per_second
     if sat_amqp:
         ratios["toolfence end to end, RabbitMQ / Redis"] = sat_amqp.per_second / sat.per_second
     for q in (0.5, 0.99):

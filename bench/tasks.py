@@ -8,6 +8,7 @@
   CAS then complete CAS, no audit rows: the physical floor for "reserve by CAS,
   complete by CAS" with this worker configuration.
 - `bench.sleep`: raw Celery with a task that sleeps like the I/O-bound tool.
+- `bench.plain_e2e`: the end-to-end floor's worker (bench/plain_outbox.py).
 """
 
 from __future__ import annotations
@@ -99,3 +100,25 @@ def plain_floor(operation_id: str) -> None:
 def sleep(run_id: str, seconds: float) -> None:
     time.sleep(seconds)
     _counter().incr(f"bench:{run_id}")
+
+
+@app.task(name="bench.plain_e2e", acks_late=True, ignore_result=True)
+def plain_e2e(operation_id: str) -> None:
+    """The end-to-end floor's worker (bench/plain_outbox.py): reserve CAS, complete CAS."""
+    conn = _plain_connection()
+    owner = f"{os.getpid()}-{threading.get_ident()}"
+    with conn.transaction():
+        row = conn.execute(
+            "UPDATE bench_e2e_ops SET state = 'started', generation = generation + 1, owner = %s "
+            "WHERE id = %s AND state = 'queued' RETURNING generation",
+            (owner, operation_id),
+        ).fetchone()
+    if row is None:
+        return
+    with conn.transaction():
+        conn.execute(
+            "UPDATE bench_e2e_ops SET state = 'succeeded', owner = NULL, "
+            "finished_at = extract(epoch FROM clock_timestamp()) "
+            "WHERE id = %s AND state = 'started' AND generation = %s AND owner = %s",
+            (operation_id, row[0], owner),
+        )

@@ -5,7 +5,7 @@ conversation turn or job. `enqueue_many` admits them as `enqueue` admits each on
 (its own idempotency, budgets, repeat rules, ordering and results) with a constant
 number of round trips on PostgreSQL: one for every request's locks and reads
 (`store.read_for_admissions`), one for every request's rows (`store.Writes`), as
-for a single request (docs/decisions/0228-enqueue-many-admits-many-requests-in-one-transaction.md).
+for a single request (docs/decisions/0233-enqueue-many-admits-many-requests-in-one-transaction.md).
 """
 
 from __future__ import annotations

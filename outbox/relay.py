@@ -10,17 +10,35 @@ relay early on PostgreSQL; polling remains the truth. The messages themselves ar
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
+import time
+from contextlib import AbstractContextManager
 from typing import Any
 
-from sqlalchemy import ColumnElement, Engine, delete, or_, select, update
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Engine,
+    Integer,
+    Select,
+    Update,
+    any_,
+    bindparam,
+    delete,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy.dialects.postgresql import ARRAY
 
 from executor import store
 from executor.broker.publish import Publisher
 from executor.core.sanitize import exception_summary
 from executor.faults import Faults
 from executor.settings import Settings
+from executor.store import driver
 from executor.store.clock import db_now
 from executor.store.schema import outbox
 from executor.store.turns import TURN_OUTBOX_KIND
@@ -46,34 +64,40 @@ class Relay:
         self.publish_turn = publish_turn
         self.faults = Faults(settings)
         self._cycles = 0
+        self.on_driver = driver.supported(engine)
 
-    def run_once(self) -> int:
+    def run_once(self, *, promote: bool = True) -> int:
         """One pass: publish a batch, promote due retries and, if that queued any, publish
         again. Returns rows published.
 
         The batch comes first: a pass is usually woken by a producer's NOTIFY, and its
         rows are then published without waiting for the due-retry query (on the
         enqueue-to-result path of every call; docs/decisions/0178, measured in bench/PROFILING.md). A
-        promoted retry is still published in the same pass."""
+        promoted retry is still published in the same pass. `promote=False` skips the
+        due-retry query (`run_forever` runs it once per poll interval, docs/decisions/0230)."""
         published = self._publish_batch()
-        if self._promote_due_retries():
+        if promote and self._promote_due_retries():
             published += self._publish_batch()
         self._cycles += 1
         if self._cycles % 500 == 0:
             self._forget_old_rows()
         return published
 
+    def _batch_transaction(self, traced: bool) -> AbstractContextManager[Any]:
+        """The pass's transaction: on PostgreSQL the pooled driver connection, where the
+        claim and the mark, built once, cost a fraction of SQLAlchemy's execution path
+        (decision 0177's measurement; 0231). With tracing on, `Connection` (the trace
+        read takes a list parameter the driver path does not)."""
+        if self.on_driver and not traced:
+            return driver.transaction(self.engine)
+        return self.engine.begin()
+
     def _publish_batch(self) -> int:
-        kinds: ColumnElement[bool] = outbox.c.kind.is_(None)
-        if self.publish_turn is not None:
-            kinds = or_(kinds, outbox.c.kind == TURN_OUTBOX_KIND)
-        with self.engine.begin() as conn:
+        traced_on = tracing.enabled()
+        with self._batch_transaction(traced_on) as conn:
             rows = conn.execute(
-                select(outbox.c.outbox_id, outbox.c.operation_id, outbox.c.attempts, outbox.c.kind)
-                .where(outbox.c.published_at.is_(None), outbox.c.next_attempt_at <= db_now(), kinds)
-                .order_by(outbox.c.next_attempt_at, outbox.c.outbox_id)
-                .limit(self.settings.relay_batch_size)
-                .with_for_update(skip_locked=True)
+                _claim_statement(self.publish_turn is not None),
+                {"batch_limit": self.settings.relay_batch_size},
             ).all()
             if not rows:
                 return 0
@@ -82,7 +106,7 @@ class Relay:
             # Each publish joins its request's trace (tracing on only: one more read).
             traced = store.trace_contexts(
                 conn, [row.operation_id for row in rows if row.kind is None]
-            ) if tracing.enabled() else {}
+            ) if traced_on else {}
             for row in rows:
                 if (row.kind, row.operation_id) in seen:
                     # Two rows for one operation in a batch: one message is enough.
@@ -117,7 +141,9 @@ class Relay:
                 seen.add((row.kind, row.operation_id))
                 published.append(row.outbox_id)
             self.faults.fire("relay_after_publish")
-            if published:
+            if published and conn.dialect.name == "postgresql":
+                conn.execute(_mark_statement(), {"outbox_ids": published})
+            elif published:
                 conn.execute(
                     update(outbox)
                     .where(outbox.c.outbox_id.in_(published))
@@ -146,11 +172,20 @@ class Relay:
             )
 
     def run_forever(self, stop: threading.Event) -> None:
+        """Pass after pass until `stop`. Due retries are looked for once per poll
+        interval, not on every pass: a pass woken by each producer's NOTIFY would
+        otherwise run the due-retry query once per message published. A retry is due by
+        the database clock and was never promoted sooner than the next poll (an idle
+        relay sleeps that long), so this bound is unchanged (docs/decisions/0230)."""
         waiter = _Waiter(self.settings)
+        next_promotion = 0.0
         try:
             while not stop.is_set():
                 try:
-                    busy = self.run_once() >= self.settings.relay_batch_size
+                    promote = time.monotonic() >= next_promotion
+                    if promote:
+                        next_promotion = time.monotonic() + self.settings.relay_poll_seconds
+                    busy = self.run_once(promote=promote) >= self.settings.relay_batch_size
                 except Exception as exc:
                     # Database or broker trouble: log, wait, try again. Rows stay unpublished.
                     log.error("relay pass failed: %s", exception_summary(exc))
@@ -160,6 +195,32 @@ class Relay:
                     waiter.wait(stop)
         finally:
             waiter.close()
+
+
+@functools.cache
+def _claim_statement(with_turns: bool) -> Select[Any]:
+    """Up to `:batch_limit` unpublished, due rows, oldest first, locked (SKIP LOCKED)
+    until the pass's transaction ends; built once per kind set."""
+    kinds: ColumnElement[bool] = outbox.c.kind.is_(None)
+    if with_turns:
+        kinds = or_(kinds, outbox.c.kind == TURN_OUTBOX_KIND)
+    return (
+        select(outbox.c.outbox_id, outbox.c.operation_id, outbox.c.attempts, outbox.c.kind)
+        .where(outbox.c.published_at.is_(None), outbox.c.next_attempt_at <= db_now(), kinds)
+        .order_by(outbox.c.next_attempt_at, outbox.c.outbox_id)
+        .limit(bindparam("batch_limit", type_=Integer()))
+        .with_for_update(skip_locked=True)
+    )
+
+
+@functools.cache
+def _mark_statement() -> Update:
+    """The rows `:outbox_ids` published (PostgreSQL: one array parameter, built once)."""
+    return (
+        update(outbox)
+        .where(outbox.c.outbox_id == any_(bindparam("outbox_ids", type_=ARRAY(BigInteger()))))
+        .values(published_at=db_now(), attempts=outbox.c.attempts + 1)
+    )
 
 
 class _Waiter:
@@ -189,6 +250,11 @@ class _Waiter:
             return
         try:
             for _ in self._conn.notifies(timeout=timeout, stop_after=1):
+                pass
+            # The NOTIFYs that came with it, or while the last pass ran: one pass
+            # publishes all their rows, so they wake none of their own (each such
+            # pass would find nothing).
+            for _ in self._conn.notifies(timeout=0):
                 pass
         except Exception:
             self.close()

@@ -613,7 +613,7 @@ class Prepared:
     schema gates are pure: the same call, limits and tool give the same value), and
     the intent hash when it depends on nothing else (the tool declares no
     `resources` or `resource_ids` hook, so it is a function of the context, the tool
-    and the arguments alone). Decision 0229."""
+    and the arguments alone). Decision 0234."""
 
     tool: Tool[Any]
     args: BaseModel

@@ -23,7 +23,7 @@ class NotCanonicalizable(AdmissionError, ValueError):
 
 def canonical_json(value: Any) -> bytes:
     if _plain(value, 0):
-        # The same bytes as RFC 8785 for these values (decision 0229): the stdlib's C
+        # The same bytes as RFC 8785 for these values (decision 0234): the stdlib's C
         # encoder instead of the pure-Python one, several times faster.
         return _PLAIN.encode(value).encode("utf-8")
     try:

@@ -3,9 +3,12 @@
 A key reads `tfk_<key_id>_<secret>`. `key_id` is public, the lookup prefix the
 row is found by; the secret is 32 random bytes, shown once when the key is
 created and stored only as an argon2id hash. Verifying a hash costs tens of
-milliseconds on purpose, so a process remembers, per key id, the SHA-256 of the
-secret it last verified and compares later requests' with it in constant time;
-the row itself is read on every request, so a revocation holds at once.
+milliseconds on purpose, so a process remembers the keys it has verified
+(`VerifiedKeys`, decision 0227): bounded, keyed by a digest of the key id and the
+presented secret (a wrong secret is never found there), each entry naming the
+stored hash it was verified against. The row itself is read on every request, so
+a revocation holds on the next request, and a row whose hash changed is verified
+again.
 
 An unknown key id costs the same as a known one with a wrong secret: its secret
 is verified against a dummy hash made with the same argon2 parameters, and a
@@ -19,6 +22,7 @@ import hashlib
 import hmac
 import secrets
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -29,8 +33,8 @@ from sqlalchemy import Connection, Engine
 
 from executor.core.types import ServerContext
 from executor.errors import HttpError
-from executor.store.api_keys import ApiKeyRecord, api_key, insert_api_key
-from executor.store.engine import read_only
+from executor.store.api_keys import ApiKeyRecord, api_key, api_key_per_request, insert_api_key
+from executor.store.engine import read_only, single_statement
 
 KEY_PREFIX = "tfk"
 
@@ -131,28 +135,85 @@ def split_key(text: str) -> tuple[str, str]:
     return key_id, secret
 
 
+class VerifiedKeys:
+    """The keys this process has verified with argon2, so the next request of the same
+    key costs a SHA-256 instead (decision 0227). Thread-safe, at most `capacity`
+    entries, the least recently used dropped first.
+
+    An entry's key is SHA-256(key id, NUL, secret): only the exact text of a key that
+    verified finds it, so a wrong secret (for any key id) misses and pays the full
+    argon2 verification, as before. Its value is the stored hash the secret verified
+    against: `known` answers True only while the row still holds that hash. Whether
+    the key is revoked is not remembered at all: the caller reads the row on every
+    request and checks it after this."""
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self.capacity = capacity
+        self._entries: OrderedDict[bytes, str] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _digest(key_id: str, secret: str) -> bytes:
+        return hashlib.sha256(f"{key_id}\0{secret}".encode()).digest()
+
+    def known(self, record: ApiKeyRecord, secret: str) -> bool:
+        """True when `secret` verified against `record`'s current hash before."""
+        digest = self._digest(record.key_id, secret)
+        with self._lock:
+            verified_hash = self._entries.get(digest)
+            if verified_hash is not None:
+                self._entries.move_to_end(digest)
+        # The hash compared in constant time, though it is not secret: a habit that costs nothing.
+        return verified_hash is not None and hmac.compare_digest(verified_hash, record.secret_hash)
+
+    def remember(self, record: ApiKeyRecord, secret: str) -> None:
+        """Call only once argon2 has verified `secret` against `record.secret_hash`."""
+        digest = self._digest(record.key_id, secret)
+        with self._lock:
+            self._entries[digest] = record.secret_hash
+            self._entries.move_to_end(digest)
+            while len(self._entries) > self.capacity:
+                self._entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+
 class Authenticator:
     """Turns a presented key into an Identity, or refuses it."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, verified: VerifiedKeys | None = None) -> None:
         self._engine = read_only(engine)
-        self._verified: dict[str, bytes] = {}
-        self._lock = threading.Lock()
+        # One statement: in autocommit on PostgreSQL (no ROLLBACK round trip after it);
+        # SQLite's read-only BEGIN shares the file with writers.
+        self._per_request = single_statement(engine) if engine.dialect.name == "postgresql" else self._engine
+        self.verified = verified if verified is not None else VerifiedKeys()
         # What an unknown key id's secret is checked against: the same parameters, so
         # the same cost as a known id's wrong secret. No secret verifies against it.
         self._dummy_hash = _HASHER.hash(secrets.token_urlsafe(32))
 
     def identity(self, key_text: str) -> Identity:
+        """The key's identity, or KeyRefused: argon2 only for a key id and secret this
+        process has not verified against the row's current hash (decision 0227)."""
         key_id, secret = split_key(key_text)
-        with self._engine.connect() as conn:
-            record = api_key(conn, key_id)
+        with self._per_request.connect() as conn:
+            record = api_key_per_request(conn, key_id)
+        if record is not None and self.verified.known(record, secret):
+            return self._active(record)
         if record is None:
             try:
                 _HASHER.verify(self._dummy_hash, secret)
             except (VerificationError, InvalidHashError):
                 pass
             raise KeyRefused("unknown")
-        self._check_secret(record, secret)
+        self._verify(record, secret)
+        return self._active(record)
+
+    @staticmethod
+    def _active(record: ApiKeyRecord) -> Identity:
+        # Read from the row on every request, never remembered: a revocation committed
+        # before this request's read refuses it, cached secret or not.
         if record.revoked:
             raise KeyRefused("revoked")
         return identity_of(record)
@@ -166,18 +227,12 @@ class Authenticator:
             raise KeyRefused("revoked" if record is not None else "unknown")
         return identity_of(record)
 
-    def _check_secret(self, record: ApiKeyRecord, secret: str) -> None:
-        digest = hashlib.sha256(secret.encode()).digest()
-        with self._lock:
-            known = self._verified.get(record.key_id)
-        if known is not None and hmac.compare_digest(known, digest):
-            return
+    def _verify(self, record: ApiKeyRecord, secret: str) -> None:
         try:
             _HASHER.verify(record.secret_hash, secret)  # constant time in the secret
         except (VerificationError, InvalidHashError):
             raise KeyRefused("wrong secret") from None
-        with self._lock:
-            self._verified[record.key_id] = digest
+        self.verified.remember(record, secret)
 
 
 def identity_of(record: ApiKeyRecord) -> Identity:

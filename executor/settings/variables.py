@@ -278,6 +278,16 @@ DECLARED: tuple[Variable, ...] = (
     Variable(
         "TOOLFENCE_HTTP_DRAIN_SECONDS", NUMBER, 30.0, "how long SIGTERM waits for requests in flight",
     ),
+    Variable(
+        "TOOLFENCE_HTTP_WORKERS", INTEGER, 1,
+        "server processes sharing the port (more than 1: the rate limits need redis:// storage)",
+        minimum=1,
+    ),
+    Variable(
+        "TOOLFENCE_HTTP_THREADS", INTEGER, 8,
+        "threads per server process for database work, and that process's PostgreSQL connections",
+        minimum=1,
+    ),
     # toolfence metrics
     Variable(
         "TOOLFENCE_METRICS_HOST", TEXT, "127.0.0.1",

@@ -97,7 +97,7 @@ class AdmissionRaced(AdmissionUnavailable):
 _LOCK = text("SELECT pg_advisory_xact_lock(:lock_id)")
 _NOW = select(DATABASE_CLOCK.now().label("now"))
 # The last lock and the clock in one statement: the clock is read per row of the
-# materialized lock, so only once the lock is held (decision 0229).
+# materialized lock, so only once the lock is held (decision 0234).
 _locked = select(func.pg_advisory_xact_lock(bindparam("lock_id", type_=BigInteger())).label("locked"))
 _LOCK_THEN_NOW = select(DATABASE_CLOCK.now().label("now")).select_from(
     _locked.cte("locked").prefix_with("MATERIALIZED")
@@ -377,7 +377,7 @@ class Writes:
                 outbox_ids.append(item)
             else:
                 notify = True
-        # The registrations of each starting state as one statement (decision 0228),
+        # The registrations of each starting state as one statement (decision 0233),
         # then the approval rows of those waiting for one.
         for state, group in by_state.items():
             if len(group) == 1:
@@ -396,7 +396,7 @@ class Writes:
         ]
         # After every registration (the rows they name exist by then), the call rows
         # and the outbox rows each as one statement however many there are, in the
-        # order they were decided (decision 0228).
+        # order they were decided (decision 0233).
         if len(call_rows) == 1:
             statements.append((_insert_call(self.clock), call_rows[0]))
         elif call_rows:

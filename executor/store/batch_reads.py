@@ -15,7 +15,7 @@ one write lock) each request's reads run one after the other.
 Requests of one conversation in the batch share that conversation's `ScopeUsage`,
 so a budget counts what an earlier request of the batch decided, as it would
 have had they been enqueued one after the other.
-docs/decisions/0228-enqueue-many-admits-many-requests-in-one-transaction.md has
+docs/decisions/0233-enqueue-many-admits-many-requests-in-one-transaction.md has
 the argument.
 """
 

@@ -1,4 +1,5 @@
-"""The worker's hot statements, run on the driver's connection (PostgreSQL).
+"""The hot statements of the worker and the relay, run on the driver's connection
+(PostgreSQL).
 
 A worker's path per operation is two statements built once by the store (the
 reservation and the completion, `operations.py`). Through SQLAlchemy's
@@ -184,6 +185,8 @@ class DriverConnection:
         assert isinstance(driver, psycopg.Connection)
         self._driver: psycopg.Connection[Any] = driver
         self.dialect = engine.dialect
+        # `first_statement_alone`: after the first statement (autocommit), a transaction.
+        self._then_transaction = False
 
     def execute(self, statement: Executable, parameters: Mapping[str, Any] | None = None, /) -> DriverResult:
         compiled = _compile(statement, self.dialect)
@@ -193,6 +196,11 @@ class DriverConnection:
             # builds a Column object per column on every access.
             with self._driver.cursor(row_factory=dict_row) as cursor:
                 cursor.execute(compiled.sql, values)
+                if self._then_transaction:
+                    # The first statement has committed on its own; what follows it in
+                    # the block is one transaction (psycopg begins it at the next one).
+                    self._then_transaction = False
+                    self._driver.autocommit = False
                 result = cursor.pgresult
                 if result is None or result.status != ExecStatus.TUPLES_OK:
                     return DriverResult([], cursor.rowcount)  # a statement that returns no rows
@@ -292,6 +300,22 @@ def transaction(engine: Engine) -> Iterator[DriverConnection]:
     with _checked_out(engine, autocommit=False) as conn:
         yield conn
         conn.commit()
+
+
+@contextmanager
+def first_statement_alone(engine: Engine) -> Iterator[DriverConnection]:
+    """A pooled connection whose first statement is its own transaction (autocommit: one
+    round trip, no BEGIN and COMMIT of its own) and whose later statements, if the
+    block runs any, are one transaction after it, committed when the block ends
+    without an exception (on an exception the later ones roll back; the first has
+    committed). For a unit of work that is one statement, with follow-ups that need
+    not be atomic with it: the completion and its wake-up of a request's successors
+    (docs/decisions/0229)."""
+    with _checked_out(engine, autocommit=True) as conn:
+        conn._then_transaction = True  # noqa: SLF001 - this module's own connection
+        yield conn
+        if not conn._driver.autocommit:  # noqa: SLF001
+            conn.commit()
 
 
 def supported(engine: Engine) -> bool:

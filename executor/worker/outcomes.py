@@ -96,8 +96,12 @@ class OutcomeRecorder:
     on_driver: bool
     faults: Faults
 
-    def _transaction(self) -> AbstractContextManager[store.Executes]:
-        return driver.transaction(self.engine) if self.on_driver else self.engine.begin()
+    def _completion_connection(self) -> AbstractContextManager[store.Executes]:
+        """On PostgreSQL the completion is one statement (the CAS, its audit event and
+        receipt): in autocommit, one round trip instead of BEGIN, it and COMMIT. What may
+        follow it (a request's successors woken, a receipt count read) is a transaction
+        of its own after it (driver.first_statement_alone, docs/decisions/0229)."""
+        return driver.first_statement_alone(self.engine) if self.on_driver else self.engine.begin()
 
     def _finish(
         self,
@@ -122,7 +126,7 @@ class OutcomeRecorder:
             error = seal_error(error)  # a tool wrote its text: the model will read it
 
         def attempt() -> bool:
-            with self._transaction() as conn:
+            with self._completion_connection() as conn:
                 # The receipt, the completion and (a write) the count of its distinct
                 # receipts: one statement on PostgreSQL (store.complete_counted).
                 completion = store.complete_counted(

@@ -53,10 +53,12 @@ def start_in_thread(app: object, port: int) -> tuple[uvicorn.Server, threading.T
     return server, thread
 
 
-def serve_subprocess(env: dict[str, str], port: int, log: Path) -> subprocess.Popen[bytes]:
-    """`toolfence serve` as a real process, waited for until /healthz answers."""
+def serve_subprocess(env: dict[str, str], port: int, log: Path, *options: str) -> subprocess.Popen[bytes]:
+    """`toolfence serve` as a real process (`options` added to its command line, such
+    as `--workers 2`), waited for until /healthz answers."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "executor.cli.main", "serve", "--host", "127.0.0.1", "--port", str(port)],
+        [sys.executable, "-m", "executor.cli.main", "serve", "--host", "127.0.0.1", "--port", str(port),
+         *options],
         env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
         stdout=log.open("ab"),
         stderr=subprocess.STDOUT,
@@ -74,3 +76,19 @@ def serve_subprocess(env: dict[str, str], port: int, log: Path) -> subprocess.Po
             process.kill()
             raise AssertionError(f"toolfence serve did not answer: {log.read_text()}")
         time.sleep(0.1)
+
+
+def worker_pids(supervisor: int) -> list[int]:
+    """The server processes of `toolfence serve --workers N` (started with `spawn`:
+    the supervisor's children running `spawn_main`, not multiprocessing's resource
+    tracker)."""
+    children = Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text().split()
+    pids = []
+    for child in children:
+        try:
+            command = Path(f"/proc/{child}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"spawn_main" in command:
+            pids.append(int(child))
+    return sorted(pids)

@@ -166,6 +166,99 @@ def test_complete_counted__later_call_queued__successor_woken_in_the_same_driver
     assert _outbox_rows(engine, second) == messages_before + 1
 
 
+def test_first_statement_alone__completion_and_successor_wake_up__both_committed(engine: Engine) -> None:
+    # The worker's completion (docs/decisions/0229): the CAS in autocommit, the
+    # successor's outbox row in a transaction after it.
+    request_id = f"req-{uuid.uuid4().hex[:8]}"
+    first, reservation = _reserved(engine, request_id=request_id, position=0)
+    second = _register(engine, request_id=request_id, position=1)
+    messages_before = _outbox_rows(engine, second)
+
+    with driver.first_statement_alone(engine) as conn:
+        completion = store.complete_counted(
+            conn, first, reservation.generation, "owner-a", INTENT, succeeded=True, result={},
+            receipt="rcpt-1", record_receipt_from="worker", count_receipts=True,
+        )
+
+    assert completion == store.Completion(True, 1)
+    assert _row(engine, first).state == "succeeded"
+    assert _outbox_rows(engine, second) == messages_before + 1
+
+
+def test_first_statement_alone__wake_up_fails_after_the_completion__reconciler_finds_the_successor(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Decision 0229's safety argument: the successor's wake-up is no longer atomic with
+    # the completion. Given the connection fails right after the completion committed
+    request_id = f"req-{uuid.uuid4().hex[:8]}"
+    first, reservation = _reserved(engine, request_id=request_id, position=0)
+    second = _register(engine, request_id=request_id, position=1)
+    messages_before = _outbox_rows(engine, second)
+
+    def lost(*_: Any) -> None:
+        raise OperationalError("wake-up", {}, Exception("server closed the connection"))
+
+    monkeypatch.setattr("executor.store.operations.release_successors", lost)
+    with pytest.raises(OperationalError), driver.first_statement_alone(engine) as conn:
+        store.complete(conn, first, reservation.generation, "owner-a", INTENT,
+                       succeeded=True, result={})
+
+    # Then the completion stands, the successor got no message, and it is exactly what
+    # the reconciler's stale-queued sweep republishes (runnable, queued, no message)
+    assert _row(engine, first).state == "succeeded"
+    assert _outbox_rows(engine, second) == messages_before
+    with engine.connect() as conn:
+        assert second in store.stale_queued(conn, -1.0, 1000)
+
+
+def test_first_statement_alone__one_statement__no_begin_or_commit_sent(engine: Engine) -> None:
+    operation_id, reservation = _reserved(engine)
+
+    with driver.first_statement_alone(engine) as conn:
+        # Autocommit until the first statement: nothing of a transaction is open yet.
+        assert conn._driver.autocommit  # noqa: SLF001
+        store.complete(conn, operation_id, reservation.generation, "owner-a", INTENT,
+                       succeeded=True, result={})
+        # Committed by itself: no transaction is open after it (one would be INTRANS).
+        assert conn._driver.info.transaction_status.name == "IDLE"  # noqa: SLF001
+        assert not conn._driver.autocommit  # noqa: SLF001 - a later statement would begin one
+
+    assert _row(engine, operation_id).state == "succeeded"
+
+
+def test_first_statement_alone__exception_after_the_second__first_kept_rest_undone(
+    engine: Engine,
+) -> None:
+    first = _register(engine)
+    second = _register(engine)
+    pid = _backend_pid(engine)
+
+    with pytest.raises(RuntimeError), driver.first_statement_alone(engine) as conn:
+        assert store.reserve_first(conn, first, "owner-a", LEASE) is not None
+        assert store.reserve_first(conn, second, "owner-a", LEASE) is not None
+        raise RuntimeError("after both statements, before the block's commit")
+
+    assert _row(engine, first).state == "started"  # its own transaction, committed
+    assert _row(engine, second).state == "queued"  # the block's transaction, rolled back
+    assert _backend_pid(engine) != pid
+
+
+def test_first_statement_alone__connection_goes_back_transactional(engine: Engine) -> None:
+    first = _register(engine)
+    second = _register(engine)
+    with driver.first_statement_alone(engine) as conn:
+        store.reserve_first(conn, first, "owner-a", LEASE)
+        store.reserve_first(conn, second, "owner-a", LEASE)
+
+    assert (_row(engine, first).state, _row(engine, second).state) == ("started", "started")
+    with engine.connect() as sa_conn:
+        sa_conn.execute(text("CREATE TEMP TABLE t_probe2 (n int)"))
+        sa_conn.rollback()
+        assert sa_conn.execute(
+            text("SELECT count(*) FROM pg_tables WHERE tablename = 't_probe2'")
+        ).scalar_one() == 0
+
+
 # ------------------------------------------------------------------ the same transactions
 
 

@@ -3,7 +3,10 @@ in which order it does its two jobs (publish the outbox, promote due retries).""
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
+from collections.abc import Callable
 
 import pytest
 from sqlalchemy import Engine
@@ -122,3 +125,91 @@ def test_relay_pass__each_publish__timed_failed_ones_too(
     # Then both publishes were timed (the broker's share of the outbox lag), one succeeded
     assert count == 1 and len(published) == 1
     assert _publishes_timed() - before == 2
+
+
+def test_relay_pass__promote_false__no_due_retry_query(
+    engine: Engine, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TOOLFENCE_DATABASE_URL", db_url)
+    published: list[str] = []
+    relay = Relay(Settings.from_env(), engine, published.append)
+    operation_id = _register(engine)
+    _drained(relay)
+    _release_to_retry_now(engine, operation_id)
+    published.clear()
+
+    # A pass that only publishes (run_forever's, between two poll intervals)
+    assert relay.run_once(promote=False) == 0
+
+    # The due retry waits for the next promoting pass, still retry_wait
+    with engine.connect() as conn:
+        row = store.get_operation(conn, operation_id)
+    assert row is not None and row.state == "retry_wait" and published == []
+    assert relay.run_once() == 1 and published == [operation_id]
+
+
+def _eventually(check: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.02)
+    return check()
+
+
+def test_run_forever__fresh_rows_and_a_due_retry__each_published_within_a_poll_interval(
+    engine: Engine, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a running relay polling every 0.3 s (and woken by NOTIFY on PostgreSQL)
+    monkeypatch.setenv("TOOLFENCE_DATABASE_URL", db_url)
+    monkeypatch.setenv("TOOLFENCE_RELAY_POLL_SECONDS", "0.3")
+    published: list[str] = []
+    relay = Relay(Settings.from_env(), engine, published.append)
+    stop = threading.Event()
+    runner = threading.Thread(target=relay.run_forever, args=(stop,), daemon=True)
+    runner.start()
+    try:
+        # When producers keep committing rows, and one operation is given back, due now
+        first = _register(engine)
+        assert _eventually(lambda: first in published, 5)
+        _release_to_retry_now(engine, first)
+        others = [_register(engine) for _ in range(5)]
+
+        # Then the fresh rows go out, and the due retry is promoted and republished
+        # although the passes in between only published
+        assert _eventually(lambda: set(others) <= set(published), 5)
+        assert _eventually(lambda: published.count(first) == 2, 5)
+    finally:
+        stop.set()
+        runner.join(10)
+    assert not runner.is_alive()
+    with engine.connect() as conn:
+        row = store.get_operation(conn, first)
+    assert row is not None and row.state == "queued"
+
+
+def test_two_relays__same_outbox__each_row_published_once(
+    engine: Engine, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given 60 fresh rows and two relays draining them at once (PostgreSQL: the claim's
+    # SKIP LOCKED on the driver connection; SQLite: writers serialised)
+    monkeypatch.setenv("TOOLFENCE_DATABASE_URL", db_url)
+    monkeypatch.setenv("TOOLFENCE_RELAY_BATCH_SIZE", "7")
+    ids = [_register(engine) for _ in range(60)]
+    published: list[str] = []
+    lock = threading.Lock()
+
+    def publish(operation_id: str) -> None:
+        time.sleep(0.001)  # a broker round trip, so the two passes overlap
+        with lock:
+            published.append(operation_id)
+
+    relays = [Relay(Settings.from_env(), engine, publish) for _ in range(2)]
+    threads = [threading.Thread(target=_drained, args=(relay,)) for relay in relays]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+
+    # Then every row went out exactly once
+    assert sorted(published) == sorted(ids)

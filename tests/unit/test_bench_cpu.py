@@ -32,6 +32,8 @@ TABLE = {
     34: Process(RAW, 33, 0),
     35: Process("/venv/bin/python -m executor.cli worker --concurrency 32 --pool threads", 30, 0),
     36: Process("/venv/bin/python /repo/bench/dbos_worker.py", 30, 0),
+    37: Process("/venv/bin/python -m executor.cli relay", 30, 0),
+    38: Process("/venv/bin/python -m bench.plain_outbox relay", 30, 0),
     40: Process("sshd: root", 1, 0),
 }
 
@@ -45,7 +47,7 @@ TABLE = {
         (30, "benchmark"),
         (31, "worker main"), (32, "pool child"),
         (33, "worker main"), (34, "pool child"),
-        (35, "worker main"), (36, "worker main"),
+        (35, "worker main"), (36, "worker main"), (37, "relay"), (38, "relay"),
         (1, "other"), (40, "other"),
     ],
 )
@@ -74,7 +76,7 @@ def test_split_counts_the_window_only_and_new_processes_from_zero() -> None:
     }
     spent = cpu.split(before, after, me=30)
     assert spent == {
-        "worker main": 1.0 + 4.0, "pool child": 3.0, "PostgreSQL": 1.0,
+        "worker main": 1.0 + 4.0, "pool child": 3.0, "relay": 0.0, "PostgreSQL": 1.0,
         "PostgreSQL background": 0.0, "broker": 0.0,
         "benchmark": 2.0, "other": 3.0,
     }

@@ -1,4 +1,4 @@
-"""`canonical_json`'s stdlib path writes exactly RFC 8785's bytes (decision 0229).
+"""`canonical_json`'s stdlib path writes exactly RFC 8785's bytes (decision 0234).
 
 For every JSON value, generated across the cases where the two encoders could
 part (control characters, escapes, non-ASCII, U+E000..U+FFFF against characters
