@@ -927,20 +927,25 @@ def render(
 GROUPS = ("e2e", "io")
 
 
+def fresh_bench_database() -> Engine:
+    """The bench database made anew: migrated, the ledger's tables, the setup environment."""
+    from executor.store.engine import make_engine
+    from executor.store.migrate import migrate
+
+    recreate_database(DB_NAME)
+    migrate(pg_url(DB_NAME))
+    ledger_setup(pg_url(DB_NAME))
+    apply_env(base_env("bench-setup"))
+    return make_engine(pg_url(DB_NAME))
+
+
 def run_groups(args: argparse.Namespace) -> int:
     """`--only`: the chosen rows, interleaved over --repeat rounds, with their ratios per round."""
     n = 200 if args.quick else args.ops
     io_n = 500 if args.quick else args.io_ops
     log_dir = Path(os.environ.get("BENCH_LOG_DIR", "/tmp/toolfence-bench"))
     load_before = os.getloadavg()
-    recreate_database(DB_NAME)
-    from executor.store.engine import make_engine
-    from executor.store.migrate import migrate
-
-    migrate(pg_url(DB_NAME))
-    ledger_setup(pg_url(DB_NAME))
-    apply_env(base_env("bench-setup"))
-    engine = make_engine(pg_url(DB_NAME))
+    engine = fresh_bench_database()
     results: list[Result] = []
     rounds: dict[str, list[float]] = {}
     for k in range(1, args.repeat + 1):
@@ -1022,15 +1027,7 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = Path(os.environ.get("BENCH_LOG_DIR", "/tmp/toolfence-bench"))
     began = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     load_before = os.getloadavg()[0]
-
-    recreate_database(DB_NAME)
-    from executor.store.engine import make_engine
-    from executor.store.migrate import migrate
-
-    migrate(pg_url(DB_NAME))
-    ledger_setup(pg_url(DB_NAME))
-    apply_env(base_env("bench-setup"))
-    engine = make_engine(pg_url(DB_NAME))
+    engine = fresh_bench_database()
 
     results: list[Result] = []
     extras: dict[str, Any] = {}

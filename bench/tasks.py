@@ -76,13 +76,14 @@ def _plain_connection() -> psycopg.Connection[Any]:
     return conn
 
 
-@app.task(name="bench.plain_floor", acks_late=True, ignore_result=True)
-def plain_floor(operation_id: str) -> None:
+def _plain_cas_pair(operation_id: str, table: str, finished: str = "") -> None:
+    """A plain worker's two CAS UPDATEs on `table`: reserve (generation + 1, owner),
+    then complete (fenced on generation and owner), each its own transaction."""
     conn = _plain_connection()
     owner = f"{os.getpid()}-{threading.get_ident()}"
     with conn.transaction():
         row = conn.execute(
-            "UPDATE bench_plain SET state = 'started', generation = generation + 1, owner = %s "
+            f"UPDATE {table} SET state = 'started', generation = generation + 1, owner = %s "
             "WHERE id = %s AND state = 'queued' RETURNING generation",
             (owner, operation_id),
         ).fetchone()
@@ -90,10 +91,15 @@ def plain_floor(operation_id: str) -> None:
         return
     with conn.transaction():
         conn.execute(
-            "UPDATE bench_plain SET state = 'succeeded', owner = NULL "
+            f"UPDATE {table} SET state = 'succeeded', owner = NULL{finished} "
             "WHERE id = %s AND state = 'started' AND generation = %s AND owner = %s",
             (operation_id, row[0], owner),
         )
+
+
+@app.task(name="bench.plain_floor", acks_late=True, ignore_result=True)
+def plain_floor(operation_id: str) -> None:
+    _plain_cas_pair(operation_id, "bench_plain")
 
 
 @app.task(name="bench.sleep", acks_late=True, ignore_result=True)
@@ -105,20 +111,6 @@ def sleep(run_id: str, seconds: float) -> None:
 @app.task(name="bench.plain_e2e", acks_late=True, ignore_result=True)
 def plain_e2e(operation_id: str) -> None:
     """The end-to-end floor's worker (bench/plain_outbox.py): reserve CAS, complete CAS."""
-    conn = _plain_connection()
-    owner = f"{os.getpid()}-{threading.get_ident()}"
-    with conn.transaction():
-        row = conn.execute(
-            "UPDATE bench_e2e_ops SET state = 'started', generation = generation + 1, owner = %s "
-            "WHERE id = %s AND state = 'queued' RETURNING generation",
-            (owner, operation_id),
-        ).fetchone()
-    if row is None:
-        return
-    with conn.transaction():
-        conn.execute(
-            "UPDATE bench_e2e_ops SET state = 'succeeded', owner = NULL, "
-            "finished_at = extract(epoch FROM clock_timestamp()) "
-            "WHERE id = %s AND state = 'started' AND generation = %s AND owner = %s",
-            (operation_id, row[0], owner),
-        )
+    _plain_cas_pair(
+        operation_id, "bench_e2e_ops", ", finished_at = extract(epoch FROM clock_timestamp())"
+    )

@@ -360,6 +360,7 @@ ROUTES: list[tuple[str, str]] = [
     ("POST", "/v1/requests"),
     ("POST", "/v1/requests"),
     ("GET", "/v1/requests/{request_id}"),
+    ("POST", "/v1/request-batches"),
     ("POST", "/v1/turns"),
     ("GET", "/v1/turns/{turn_id}"),
     ("GET", "/v1/approvals"),
@@ -462,6 +463,16 @@ def _body(p: Picker, route: str, ids: dict[str, list[str]]) -> bytes:
             }
         if p.flag():
             value["conversation_id"] = p.pick(["conv-1", *PATH_IDS, "\x00"])
+    elif route == "/v1/request-batches":
+        requests = []
+        for _ in range(p.pick([0, 1, 2, 3, 101])):
+            item: dict[str, Any] = {"calls": [_call(p) for _ in range(p.count(3))]}
+            if p.flag():
+                item["conversation_id"] = p.pick(["conv-1", *PATH_IDS, "\x00"])
+            if p.flag():
+                item["request_key"] = p.pick(["rk-1", "rk-1", "", "k" * 201, "\x00", CANARY])
+            requests.append(_drop_some(p, item))
+        value = {"requests": requests}
     elif route == "/v1/turns":
         value = {
             "conversation_id": p.pick(["conv-1", "conv-2", "", "a" * 201, "\x00", CANARY]),
