@@ -319,13 +319,17 @@ def test_server_restart__old_session_lands_on_sign_in_told_it_expired(
 ) -> None:
     from playwright.sync_api import expect
 
-    # Given carol signed in on a server without a set session secret (one is made at start)
+    # Given carol signed in on a server without a set session secret (one is made at start),
+    # in two browsers: one without JavaScript (she reloads it), one with it (left alone: its
+    # live refresh finds out by itself). Without JavaScript the reload is the only request,
+    # so the live refresh cannot take the expired cookie first and race the reload.
     port = free_port()
     env = {k: v for k, v in fleet_env.items() if k != "TOOLFENCE_HTTP_SESSION_SECRET"}
     first = serve_subprocess(env, port, tmp_path / "serve-1.log")
     carol = new_key(settings, "acme", "carol", A, OP, roles=("approver",))
     try:
-        page = sign_in(browser, f"http://127.0.0.1:{port}", carol)
+        page = sign_in(browser, f"http://127.0.0.1:{port}", carol, java_script_enabled=False)
+        live = sign_in(browser, f"http://127.0.0.1:{port}", carol)
     finally:
         first.terminate()
         first.wait(timeout=15)
@@ -335,6 +339,9 @@ def test_server_restart__old_session_lands_on_sign_in_told_it_expired(
         page.reload()
         # Then she is on the sign-in page, told her session expired, and can sign in again
         expect(page).to_have_url(re.compile(r"/console/login\?refused=expired$"))
+        # ... and the page she left alone went there by itself
+        expect(live).to_have_url(re.compile(r"/console/login\?refused=expired$"), timeout=30_000)
+        expect(live.locator("main")).to_contain_text("Your session expired")
         expect(page.locator("main")).to_contain_text("Your session expired")
         page.fill("#key", carol)
         page.click("button[type=submit]")
