@@ -48,6 +48,7 @@ from executor.core.states import State
 from executor.core.tools import Mode
 from executor.core.types import ServerContext
 from executor.errors import AdmissionError
+from executor.store import wire
 from executor.store.clock import DATABASE_CLOCK, Clock, built_once
 from executor.store.driver import DriverResult, DriverRow, compiled_for
 from executor.store.intake import (
@@ -550,16 +551,57 @@ class Intake:
 def pipelined(
     conn: Connection, statements: Sequence[tuple[Executable, Mapping[str, Any]]]
 ) -> list[DriverResult]:
-    """Run `statements` in order on the connection's own transaction, as one psycopg
+    """Run `statements` in order on the connection's own transaction, as one
     pipeline: sent together, ended by one Sync, so one round trip. Each statement's
     rows are fetched in full (admission's reads return a handful). An error is raised
     as SQLAlchemy's `DBAPIError` would be, without the parameters; the transaction is
-    then aborted and the caller rolls back, as after any failed statement."""
+    then aborted and the caller rolls back, as after any failed statement.
+
+    On libpq's pipeline with prepared statements (`wire`, decision 0235) when the
+    connection allows it, else on psycopg's."""
     if not conn.in_transaction():
         conn.begin()  # as the first `execute` would: the caller's commit must commit these
     fairy = conn.connection
     driver = cast(psycopg.Connection[Any], fairy.driver_connection)
     compiled = [compiled_for(statement, conn.dialect) for statement, _ in statements]
+    if wire.supported(driver):
+        try:
+            return wire.run(driver, [
+                (entry.sql, entry.parameters(params))
+                for entry, (_, params) in zip(compiled, statements, strict=True)
+            ])
+        except wire.Broken as exc:
+            conn.engine.pool._invalidate(fairy, exc)  # noqa: SLF001 - as on a disconnect
+            conn.invalidate(exc)
+            raise DBAPIError.instance(
+                None, None, exc, psycopg.Error, hide_parameters=True,
+                connection_invalidated=True, dialect=conn.dialect,
+            ) from exc
+        except wire.Failed as failed:
+            raise _as_dbapi_error(conn, fairy, failed.error, compiled[failed.index].sql) from failed.error
+        except psycopg.Error as exc:  # a value psycopg cannot adapt: nothing was sent
+            raise _as_dbapi_error(conn, fairy, exc, "") from exc
+    return _pipelined_by_cursors(conn, fairy, driver, compiled, statements)
+
+
+def _as_dbapi_error(conn: Connection, fairy: Any, exc: psycopg.Error, sql: str) -> Exception:
+    disconnect = conn.dialect.is_disconnect(cast(Any, exc), fairy, None)
+    if disconnect:
+        # As `Connection` does on a disconnect: the pool's older connections are
+        # replaced at their next checkout, and this one is invalid until rolled back.
+        conn.engine.pool._invalidate(fairy, exc)  # noqa: SLF001
+        conn.invalidate(exc)
+    return DBAPIError.instance(
+        sql, None, exc, psycopg.Error, hide_parameters=True,
+        connection_invalidated=disconnect, dialect=conn.dialect,
+    )
+
+
+def _pipelined_by_cursors(
+    conn: Connection, fairy: Any, driver: psycopg.Connection[Any], compiled: list[Any],
+    statements: Sequence[tuple[Executable, Mapping[str, Any]]],
+) -> list[DriverResult]:
+    """psycopg's pipeline: a cursor per statement."""
     cursors: list[psycopg.Cursor[dict[str, Any]]] = []
     sql = ""
     try:
@@ -582,16 +624,7 @@ def pipelined(
                 results.append(DriverResult(rows, cursor.rowcount))
         return results
     except psycopg.Error as exc:
-        disconnect = conn.dialect.is_disconnect(cast(Any, exc), fairy, None)
-        if disconnect:
-            # As `Connection` does on a disconnect: the pool's older connections are
-            # replaced at their next checkout, and this one is invalid until rolled back.
-            conn.engine.pool._invalidate(fairy, exc)  # noqa: SLF001
-            conn.invalidate(exc)
-        raise DBAPIError.instance(
-            sql, None, exc, psycopg.Error, hide_parameters=True,
-            connection_invalidated=disconnect, dialect=conn.dialect,
-        ) from exc
+        raise _as_dbapi_error(conn, fairy, exc, sql) from exc
     finally:
         for cursor in cursors:
             cursor.close()
