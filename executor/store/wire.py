@@ -95,6 +95,7 @@ class _Prepared:
 
 _BY_CONNECTION: weakref.WeakKeyDictionary[psycopg.Connection[Any], _Prepared] = weakref.WeakKeyDictionary()
 _CONVERTED: dict[str, tuple[bytes, tuple[str, ...]]] = {}
+_COLUMNS: dict[bytes, list[str]] = {}  # a statement's result columns, by its SQL
 
 
 def supported(driver: psycopg.Connection[Any]) -> bool:
@@ -184,10 +185,10 @@ def run(
         new_keys: list[tuple[bytes, tuple[int, ...]]] = []
         try:
             pgconn.enter_pipeline_mode()
-            sent: list[bool] = []  # per command: a caller's statement (else BEGIN or a Parse)
+            sent: list[bytes | None] = []  # per command: a caller's statement's SQL, else None
             if begin:
                 pgconn.send_query_params(_begin_command(driver), None)
-                sent.append(False)
+                sent.append(None)
             for query, params, types, formats in commands:
                 name, prepare = prepared.name_for((query, types)) if prepared is not None else (None, False)
                 if name is None:
@@ -196,9 +197,9 @@ def run(
                     if prepare:
                         new_keys.append((query, types))
                         pgconn.send_prepare(name, query, types)
-                        sent.append(False)
+                        sent.append(None)
                     pgconn.send_query_prepared(name, params, formats)
-                sent.append(True)
+                sent.append(query)
             pgconn.pipeline_sync()
             results, error, index = _exchange(pgconn, sent, tx, driver.info.encoding)
             pgconn.exit_pipeline_mode()
@@ -225,9 +226,11 @@ def _wait(fd: int, events: int) -> None:
     poller.poll()
 
 
-def _rows(tx: Any, result: Any) -> list[DriverRow]:
+def _rows(tx: Any, result: Any, query: bytes) -> list[DriverRow]:
     """A result's rows, each value loaded by psycopg's loader for its column's type."""
-    names = [result.fname(i).decode() for i in range(result.nfields)]
+    names = _COLUMNS.get(query)
+    if names is None or len(names) != result.nfields:  # a statement's columns are its SQL's
+        names = _COLUMNS[query] = [result.fname(i).decode() for i in range(result.nfields)]
     tx.set_pgresult(result)
     return cast(list[DriverRow], tx.load_rows(
         0, result.ntuples, lambda values: DriverRow(dict(zip(names, values, strict=True)))
@@ -235,7 +238,7 @@ def _rows(tx: Any, result: Any) -> list[DriverRow]:
 
 
 def _exchange(
-    pgconn: Any, sent: list[bool], tx: Any, encoding: str
+    pgconn: Any, sent: list[bytes | None], tx: Any, encoding: str
 ) -> tuple[list[DriverResult], psycopg.Error | None, int]:
     """Send what is queued and read every result up to the Sync: the caller's
     statements' results, the first error and the index of the statement it failed
@@ -262,11 +265,12 @@ def _exchange(
         if status == ExecStatus.FATAL_ERROR:
             if error is None:
                 error = pg_errors.error_from_result(result, encoding=encoding)
-                failed = max(sum(sent[:position]) - (1 if mine else 0), 0)
-        elif status == ExecStatus.PIPELINE_ABORTED or not mine:
+                before = sum(1 for command in sent[:position] if command is not None)
+                failed = max(before - (1 if mine is not None else 0), 0)
+        elif status == ExecStatus.PIPELINE_ABORTED or mine is None:
             pass
         elif status == ExecStatus.TUPLES_OK:
-            results.append(DriverResult(_rows(tx, result), result.ntuples))
+            results.append(DriverResult(_rows(tx, result, mine), result.ntuples))
         else:
             changed = result.command_tuples
             results.append(DriverResult([], -1 if changed is None else changed))
