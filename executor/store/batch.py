@@ -570,14 +570,14 @@ def pipelined(
                 (entry.sql, entry.parameters(params))
                 for entry, (_, params) in zip(compiled, statements, strict=True)
             ])
-        except wire.Broken as exc:
+        except wire.PipelineBroken as exc:
             conn.engine.pool._invalidate(fairy, exc)  # noqa: SLF001 - as on a disconnect
             conn.invalidate(exc)
             raise DBAPIError.instance(
                 None, None, exc, psycopg.Error, hide_parameters=True,
                 connection_invalidated=True, dialect=conn.dialect,
             ) from exc
-        except wire.Failed as failed:
+        except wire.StatementFailed as failed:
             raise _as_dbapi_error(conn, fairy, failed.error, compiled[failed.index].sql) from failed.error
         except psycopg.Error as exc:  # a value psycopg cannot adapt: nothing was sent
             raise _as_dbapi_error(conn, fairy, exc, "") from exc

@@ -29,7 +29,7 @@ forgotten and the caller's transaction fails as on any statement error.
 
 A fault in the middle of the exchange (an exception that is not a statement's
 error: a lost connection, an interrupt) leaves the connection in an unknown
-state: `Broken` says so and the caller invalidates it.
+state: `PipelineBroken` says so and the caller invalidates it.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from psycopg import errors as pg_errors
 from psycopg.adapt import PyFormat, Transformer
 from psycopg.pq import ExecStatus, PipelineStatus, TransactionStatus
 
+from executor.errors import StoreError
 from executor.store.driver import DriverResult, DriverRow
 
 # Prepared statements kept per connection at most; past it a statement runs unnamed
@@ -55,11 +56,11 @@ MAX_PREPARED = 256
 _PLACEHOLDER = re.compile(r"%\(([^)]+)\)s|%%")
 
 
-class Broken(Exception):
+class PipelineBroken(StoreError):
     """The exchange stopped half-way: the connection must not be used again."""
 
 
-class Failed(Exception):
+class StatementFailed(StoreError):
     """A statement failed: psycopg's `error` for it, and its `index` among the
     statements given (the pipeline has ended; the transaction is aborted)."""
 
@@ -166,10 +167,10 @@ def run(
     """Run `statements` (SQL with `%(name)s` placeholders, and values) in order, in the
     connection's transaction (started as psycopg would start it if none is open), as
     one pipeline ended by one Sync: one round trip. A statement's error is raised as
-    `Failed` once the pipeline has ended (the statements after it were skipped, the
+    `StatementFailed` once the pipeline has ended (the statements after it were skipped, the
     transaction is aborted). A value psycopg cannot adapt is refused
     before anything is sent. Any other fault half-way closes the connection and
-    raises `Broken` from it (an interrupt is re-raised as itself)."""
+    raises `PipelineBroken` from it (an interrupt is re-raised as itself)."""
     with driver.lock:
         if driver.closed:
             raise psycopg.OperationalError("the connection is closed")
@@ -209,14 +210,14 @@ def run(
                 prepared.forget()
             if not isinstance(exc, Exception):
                 raise
-            raise Broken(str(exc) or type(exc).__name__) from exc
+            raise PipelineBroken(str(exc) or type(exc).__name__) from exc
         if error is not None:
             if prepared is not None:
                 if error.sqlstate == "26000":
                     prepared.forget()  # dropped behind our back: prepare afresh next time
                 for key in new_keys:  # a Parse after the error was skipped
                     prepared.names.pop(key, None)
-            raise Failed(index, error)
+            raise StatementFailed(index, error)
         return results
 
 

@@ -207,3 +207,29 @@ def test_inside_psycopg_s_own_pipeline__the_direct_path_steps_aside(engine: Engi
         with driver.pipeline():
             assert not wire.supported(driver)
         assert wire.supported(driver)
+
+
+def test_without_the_direct_path__psycopg_s_cursor_pipeline__same_rows_same_errors(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(wire, "supported", lambda driver: False)
+    insert = text("INSERT INTO wire_rows (k, v) VALUES (:k, :v)")
+    with engine.begin() as conn:
+        results = pipelined(conn, [
+            (insert, {"k": "a", "v": 1}), (VALUE, {"x": 2**40}), (PAIR, {"a": "p", "b": 3}),
+        ])
+        assert results[0].rowcount == 1
+        assert results[1].scalar_one() == 2**40
+        assert _pair(results[2]) == ["p", 3]
+        assert _ours(conn) == []
+    with pytest.raises(IntegrityError) as raised, engine.begin() as conn:
+        pipelined(conn, [(insert, {"k": "b", "v": 1}), (insert, {"k": "a", "v": 2})])
+    assert "INSERT INTO wire_rows" in str(raised.value)
+    with engine.begin() as conn:
+        assert conn.execute(text("SELECT k FROM wire_rows")).scalars().all() == ["a"]
+
+
+def test_an_insert_s_rowcount__as_the_cursor_would_say(engine: Engine) -> None:
+    insert = text("INSERT INTO wire_rows (k, v) SELECT 'r' || g, g FROM generate_series(1, 3) AS g")
+    with engine.begin() as conn:
+        assert pipelined(conn, [(insert, {})])[0].rowcount == 3

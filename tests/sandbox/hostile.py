@@ -14,12 +14,21 @@ the program leaves behind.
 from __future__ import annotations
 
 import os
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 CHECKOUT = Path(__file__).resolve().parents[2]
+# The checkout's path as a whole name: a checkout at /work/main must not match the
+# jail's own /work/main.py, which is the program's file and not a host path.
+_CHECKOUT_NAMED = re.compile(re.escape(str(CHECKOUT)) + r"(?![\w.-])")
+
+
+def names_checkout(text: str) -> bool:
+    """Does `text` name the host's checkout (or a path under it)?"""
+    return _CHECKOUT_NAMED.search(text) is not None
 CANARY_ENV = "TOOLFENCE_SANDBOX_TEST_CANARY"
 # Generous: a bound on the supervisor's and the host's teardown on a loaded machine,
 # not a speed claim (bench/ measures speed).

@@ -34,7 +34,7 @@ from executor.sandbox import RunPythonArgs, SandboxResult
 from executor.sandbox.limits import InvalidProgram, Limits, Program
 from executor.sandbox.result import Outcome, classify, shape
 from executor.sandbox.runner import Raw
-from tests.sandbox.hostile import CHECKOUT
+from tests.sandbox.hostile import names_checkout
 
 TOOL = run_python_tool(access=Access.for_roles("member"))
 CTX = ServerContext(principal="alice", tenant="acme", roles=frozenset({"member"}), request_id="r1")
@@ -92,7 +92,7 @@ def test_run__exception__outcome_error_with_the_programs_traceback_only() -> Non
     assert result.stderr.startswith("Traceback (most recent call last):\n  File \"/work/main.py\", line 3")
     assert result.stderr.rstrip().endswith("ValueError: bad input")
     # Nothing of toolfence: no host path, no supervisor frame
-    assert str(CHECKOUT) not in result.stderr and "inside.py" not in result.stderr
+    assert not names_checkout(result.stderr) and "inside.py" not in result.stderr
 
 
 def test_run__secret_in_output__redacted_and_controls_dropped() -> None:
@@ -126,7 +126,7 @@ def test_run__limit_passed__terminal_failure_with_its_stable_code(
     failure = raised.value
     assert (failure.code, failure.retryable) == (expected, False)
     assert "untrusted data from the program" in failure.message
-    assert len(failure.message) <= 500 and str(CHECKOUT) not in failure.message
+    assert len(failure.message) <= 500 and not names_checkout(failure.message)
 
 
 def test_run__asks_past_the_operators_maxima__held_to_them(monkeypatch: pytest.MonkeyPatch) -> None:

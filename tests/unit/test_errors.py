@@ -78,6 +78,8 @@ EXPECTED: dict[str, tuple[type[ToolfenceError], type[Exception] | None]] = {
     "RoleResolutionFailed": (AdmissionError, None),
     "StoreDatabaseError": (StoreError, None),
     "ApproverUnavailable": (StoreError, None),
+    "PipelineBroken": (StoreError, None),
+    "StatementFailed": (StoreError, None),
     "AdapterError": (ProviderError, None),
     "NoApprovalResponse": (ProviderError, ValueError),
     "TurnInProgress": (TurnError, None),
