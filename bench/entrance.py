@@ -193,12 +193,26 @@ def per_call(samples: list[float], calls: int) -> float:
     return statistics.median(samples) / calls * 1e6
 
 
-def interleaved(rounds: int, runs: dict[str, Callable[[str], float]]) -> dict[str, list[float]]:
-    """Each run once per round, the order reversed every other round: seconds each."""
+def settle_statistics(dsn: str) -> None:
+    """ANALYZE, as autovacuum would have by now on a live database: the bench grows its
+    tables faster than autovacuum's one-minute nap, and a statement prepared while they
+    were near-empty keeps a sequential scan's plan until an ANALYZE invalidates it
+    (bench/run.py's `settle_statistics`; decision 0235). Never inside a timed run."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("ANALYZE")
+
+
+def interleaved(
+    rounds: int, runs: dict[str, Callable[[str], float]], settle: Callable[[], None] | None = None,
+) -> dict[str, list[float]]:
+    """Each run once per round, the order reversed every other round: seconds each
+    (`settle` before each run, outside its time)."""
     samples: dict[str, list[float]] = {name: [] for name in runs}
     names = list(runs)
     for round_no in range(rounds):
         for name in names if round_no % 2 == 0 else list(reversed(names)):
+            if settle is not None:
+                settle()
             samples[name].append(runs[name](f"{name}-{round_no}-{time.time_ns()}"))
             print(f"round {round_no + 1}: {name} {samples[name][-1]:.2f} s", flush=True)
     return samples
@@ -268,7 +282,7 @@ def http_curve(url: str, requests: int, rounds: int) -> dict[int, float] | None:
             samples = interleaved(rounds, {
                 f"http {size}": functools.partial(lambda size, _p: post(size, requests), size)
                 for size in SIZES
-            })
+            }, functools.partial(settle_statistics, url.replace("postgresql+psycopg://", "postgresql://")))
         return {size: median_rate(samples[f"http {size}"], requests) for size in SIZES}
     finally:
         server.terminate()
@@ -302,21 +316,22 @@ def main(argv: list[str] | None = None) -> int:
     enqueue_many_requests(engine, 100, "warm-many", 10)
 
     n = args.requests
+    settle = functools.partial(settle_statistics, dsn)
     samples = interleaved(args.rounds, {
         "floor": lambda p: plain_floor(dsn, n, p),
         "enqueue": lambda p: enqueue_requests(engine, n, p),
         "enqueue_many 100": lambda p: enqueue_many_requests(engine, n, p, 100),
-    })
+    }, settle)
     calls_curve = interleaved(args.rounds, {
         f"calls {size}": functools.partial(
             lambda size, p: enqueue_requests(engine, max(10, n // size), p, size), size
         )
         for size in SIZES
-    })
+    }, settle)
     many_curve = interleaved(args.rounds, {
         f"many {size}": functools.partial(lambda size, p: enqueue_many_requests(engine, n, p, size), size)
         for size in SIZES
-    })
+    }, settle)
     trips = {size: round_trips(engine, size, f"trips{size}-{time.time_ns()}") for size in SIZES}
     many_trips = {size: many_round_trips(engine, size, f"mtrips{size}-{time.time_ns()}") for size in SIZES}
     engine.dispose()

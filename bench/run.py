@@ -67,6 +67,17 @@ def recreate_database(name: str) -> None:
         admin.execute(f'CREATE DATABASE "{name}" TEMPLATE template0 ENCODING \'UTF8\' LC_COLLATE \'C\'')
 
 
+def settle_statistics(engine: Engine) -> None:
+    """ANALYZE, as autovacuum would have by now on a live database. A sitting grows its
+    tables from empty to tens of thousands of rows in minutes, faster than autovacuum's
+    one-minute nap; a statement prepared in the first seconds keeps the plan of a
+    near-empty table (a sequential scan for `operation_id = ANY(...)`) until an ANALYZE
+    invalidates it, and each request then paid for every row before it (decision 0235).
+    Run before a row's clock starts, never inside it."""
+    with engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql("ANALYZE")
+
+
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -369,6 +380,7 @@ def bench_toolfence_saturation(
     the first `created_at` to the last `finished_at`: a fenced ledger transfer each, or
     with `noop` the no-op idempotent write the plain outbox floor stands beside."""
     prefix = f"sat-{uuid.uuid4().hex[:6]}"
+    settle_statistics(engine)
     with toolfence_fleet(log_dir, broker=broker):
         window = cpu.Window().start()
         if noop:
@@ -413,6 +425,7 @@ def bench_plain_outbox(n: int, log_dir: Path) -> Result:
                       "plain relay ready", log_dir / "plain-relay")
     workers = celery_workers("bench.tasks:app", env, log_dir / "plain-e2e")
     with relay, workers, psycopg.connect(plain_outbox.plain_url(url), autocommit=True) as conn:
+        conn.execute("ANALYZE")  # as settle_statistics does before toolfence's rows
         window = cpu.Window().start()
         for i in range(n):
             plain_outbox.produce(conn, f"{prefix}-{i}")
@@ -434,6 +447,7 @@ def bench_toolfence_fixed(rate: float, seconds: float, engine: Engine, log_dir: 
         for i in range(WARM_UP_CALLS):
             enqueue_one(engine, f"{warm}-{i}", i)
         wait_terminal(engine, of_requests(warm), WARM_UP_CALLS)
+        settle_statistics(engine)
         start = time.perf_counter()
         for i in range(n):
             target = start + i / rate
@@ -550,6 +564,7 @@ def bench_toolfence_direct(
     prefix = f"pre-{uuid.uuid4().hex[:6]}"
     ids = enqueue_calls(engine, tool, n, prefix)
     mark_published(engine, ids)  # published here, below
+    settle_statistics(engine)
     with toolfence_fleet(log_dir, broker=broker, pool=pool, concurrency=concurrency, relays=0) as queue:
         app = make_celery(Settings.from_env())
         started, window = time.perf_counter(), cpu.Window().start()

@@ -393,6 +393,15 @@ def profile(server: Server, requests: int, out: Path) -> list[str]:
 # ------------------------------------------------------------------ main
 
 
+def settle_statistics(dsn: str) -> None:
+    """ANALYZE, as autovacuum would have by now on a live database (bench/run.py's
+    `settle_statistics`; decision 0235). Before a round, never inside it."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("ANALYZE")
+
+
 def fresh_database() -> tuple[str, str]:
     import psycopg
 
@@ -453,6 +462,7 @@ def main(argv: list[str] | None = None) -> int:
         for round_no in range(args.rounds):
             order = servers if round_no % 2 == 0 else list(reversed(servers))
             for server in order:
+                settle_statistics(dsn)
                 run = drive(server, args.requests, f"r{round_no}-{time.time_ns()}")
                 runs[server.name].append(run)
                 print(f"round {round_no + 1}: {server.name} {run.rate:.0f} req/s, p50 "
