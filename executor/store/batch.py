@@ -570,17 +570,22 @@ def pipelined(
                 (entry.sql, entry.parameters(params))
                 for entry, (_, params) in zip(compiled, statements, strict=True)
             ])
-        except wire.PipelineBroken as exc:
-            conn.engine.pool._invalidate(fairy, exc)  # noqa: SLF001 - as on a disconnect
-            conn.invalidate(exc)
+        except wire.PipelineBroken as broken:
+            conn.engine.pool._invalidate(fairy, broken.error)  # noqa: SLF001 - as on a disconnect
+            conn.invalidate(broken.error)
             raise DBAPIError.instance(
-                None, None, exc, psycopg.Error, hide_parameters=True,
+                None, None, broken.error, psycopg.Error, hide_parameters=True,
                 connection_invalidated=True, dialect=conn.dialect,
-            ) from exc
+            ) from broken.error
         except wire.StatementFailed as failed:
             raise _as_dbapi_error(conn, fairy, failed.error, compiled[failed.index].sql) from failed.error
         except psycopg.Error as exc:  # a value psycopg cannot adapt: nothing was sent
             raise _as_dbapi_error(conn, fairy, exc, "") from exc
+        except BaseException as exc:
+            if driver.closed:  # an interrupt half-way: `wire` closed the connection
+                conn.engine.pool._invalidate(fairy, exc if isinstance(exc, Exception) else None)  # noqa: SLF001
+                conn.invalidate()
+            raise
     return _pipelined_by_cursors(conn, fairy, driver, compiled, statements)
 
 

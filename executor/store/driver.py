@@ -11,7 +11,10 @@ same statement: 240 µs (a transaction) and 180 µs (autocommit) through
 `Connection`, 75 µs on the pooled driver connection
 (docs/decisions/0177-the-reservation-and-the-completion-run-on-the-driver-s.md).
 
-So those statements run here: the same SQL (the statement the store built,
+So those statements run here, each as a one-statement pipeline on libpq with the
+statement prepared once per connection (`wire.py`, decision 0235: about 45 µs of
+the client's CPU where a psycopg cursor's `execute` took 75-85), or through a
+cursor where that path steps aside: the same SQL (the statement the store built,
 compiled once per statement object by SQLAlchemy's own PostgreSQL compiler),
 the same pool (`engine.raw_connection()`: checkout events such as the idle
 ping still fire, and the connection goes back with the pool's reset), the same
@@ -191,22 +194,46 @@ class DriverConnection:
     def execute(self, statement: Executable, parameters: Mapping[str, Any] | None = None, /) -> DriverResult:
         compiled = _compile(statement, self.dialect)
         values = compiled.parameters(parameters)
+        if wire.supported(self._driver):
+            result = self._on_wire(compiled.sql, values)
+        else:
+            result = self._on_cursor(compiled.sql, values)
+        if self._then_transaction:
+            # The first statement has committed on its own; what follows it in the
+            # block is one transaction (begun at the next statement).
+            self._then_transaction = False
+            self._driver.autocommit = False
+        return result
+
+    def _on_wire(self, sql: str, values: dict[str, Any]) -> DriverResult:
+        """On libpq's pipeline, prepared once per connection (decision 0235): about 30
+        µs of the client's CPU less than a cursor's `execute` per statement."""
+        try:
+            return wire.run(self._driver, [(sql, values)])[0]
+        except wire.StatementFailed as failed:
+            raise self._wrapped(failed.error, sql) from failed.error
+        except wire.PipelineBroken as broken:
+            # Closed by `wire`: invalid for the pool, as on a disconnect.
+            self._engine.pool._invalidate(self._pooled, broken.error)  # noqa: SLF001 - as Connection does
+            raise DBAPIError.instance(
+                sql, None, broken.error, psycopg.Error, hide_parameters=True,
+                connection_invalidated=True, dialect=self.dialect,
+            ) from broken.error
+        except psycopg.Error as exc:  # a value psycopg cannot adapt: nothing was sent
+            raise self._wrapped(exc, sql) from exc
+
+    def _on_cursor(self, sql: str, values: dict[str, Any]) -> DriverResult:
         try:
             # dict_row names the columns from the result itself: `cursor.description`
             # builds a Column object per column on every access.
             with self._driver.cursor(row_factory=dict_row) as cursor:
-                cursor.execute(compiled.sql, values)
-                if self._then_transaction:
-                    # The first statement has committed on its own; what follows it in
-                    # the block is one transaction (psycopg begins it at the next one).
-                    self._then_transaction = False
-                    self._driver.autocommit = False
+                cursor.execute(sql, values)
                 result = cursor.pgresult
                 if result is None or result.status != ExecStatus.TUPLES_OK:
                     return DriverResult([], cursor.rowcount)  # a statement that returns no rows
                 return DriverResult([DriverRow(row) for row in cursor.fetchall()], cursor.rowcount)
         except psycopg.Error as exc:
-            raise self._wrapped(exc, compiled.sql) from exc
+            raise self._wrapped(exc, sql) from exc
 
     def commit(self) -> None:
         try:
@@ -321,3 +348,7 @@ def first_statement_alone(engine: Engine) -> Iterator[DriverConnection]:
 def supported(engine: Engine) -> bool:
     """The driver-level path is for PostgreSQL through psycopg; SQLite keeps `Connection`."""
     return engine.dialect.name == "postgresql" and engine.dialect.driver == "psycopg"
+
+
+# At the end: `wire` builds its results from this module's `DriverResult` and `DriverRow`.
+from executor.store import wire  # noqa: E402

@@ -57,7 +57,13 @@ _PLACEHOLDER = re.compile(r"%\(([^)]+)\)s|%%")
 
 
 class PipelineBroken(StoreError):
-    """The exchange stopped half-way: the connection must not be used again."""
+    """The exchange stopped half-way and the connection was closed: `error` is the
+    driver's error for it (a lost connection's own, or an `OperationalError` naming
+    what else stopped it), as a disconnect would raise."""
+
+    def __init__(self, error: psycopg.Error) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class StatementFailed(StoreError):
@@ -210,7 +216,10 @@ def run(
                 prepared.forget()
             if not isinstance(exc, Exception):
                 raise
-            raise PipelineBroken(str(exc) or type(exc).__name__) from exc
+            error = exc if isinstance(exc, psycopg.Error) else psycopg.OperationalError(
+                f"the pipeline stopped half-way and its connection was closed: {exc!r}"
+            )
+            raise PipelineBroken(error) from exc
         if error is not None:
             if prepared is not None:
                 if error.sqlstate == "26000":

@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 from sqlalchemy import Connection, Engine, bindparam, text
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from executor.store import wire
 from executor.store.batch import pipelined
@@ -147,7 +147,7 @@ def test_session_killed_before_the_pipeline__disconnect__pool_replaces_the_conne
         pipelined(conn, [(VALUE, {"x": 1})])
         pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
     terminate_backend(pid)
-    with pytest.raises(DBAPIError) as raised, engine.begin() as conn:
+    with pytest.raises(OperationalError) as raised, engine.begin() as conn:
         pipelined(conn, [(VALUE, {"x": 2})])
     assert raised.value.connection_invalidated
     with engine.begin() as conn:
@@ -233,3 +233,51 @@ def test_an_insert_s_rowcount__as_the_cursor_would_say(engine: Engine) -> None:
     insert = text("INSERT INTO wire_rows (k, v) SELECT 'r' || g, g FROM generate_series(1, 3) AS g")
     with engine.begin() as conn:
         assert pipelined(conn, [(insert, {})])[0].rowcount == 3
+
+
+@pytest.mark.parametrize(
+    "fault", [RuntimeError("a bug half-way"), KeyboardInterrupt()], ids=["error", "interrupt"],
+)
+def test_a_fault_half_way__connection_closed__error_as_a_disconnect__pool_replaces_it(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch, fault: BaseException,
+) -> None:
+    with engine.begin() as conn:
+        pipelined(conn, [(VALUE, {"x": 1})])
+        pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+
+    def stopped(*args: Any) -> Any:
+        raise fault  # the statements were sent; their results are never read
+
+    monkeypatch.setattr(wire, "_exchange", stopped)
+    expected: type[BaseException] = OperationalError if isinstance(fault, Exception) else KeyboardInterrupt
+    with pytest.raises(expected), engine.begin() as conn:
+        pipelined(conn, [(VALUE, {"x": 2})])
+    monkeypatch.undo()
+    with engine.begin() as conn:
+        assert pipelined(conn, [(VALUE, {"x": 3})])[0].scalar_one() == 3
+        assert conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one() != pid
+
+
+@pytest.mark.parametrize(
+    "fault", [RuntimeError("a bug half-way"), KeyboardInterrupt()], ids=["error", "interrupt"],
+)
+def test_the_driver_path_s_statement__a_fault_half_way__connection_discarded(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch, fault: BaseException,
+) -> None:
+    from executor.store import driver
+
+    with driver.autocommit(engine) as conn:
+        assert conn.execute(VALUE, {"x": 1}).scalar_one() == 1
+        pid = conn.execute(text("SELECT pg_backend_pid() AS p")).scalar_one()
+
+    def stopped(*args: Any) -> Any:
+        raise fault
+
+    monkeypatch.setattr(wire, "_exchange", stopped)
+    expected: type[BaseException] = OperationalError if isinstance(fault, Exception) else KeyboardInterrupt
+    with pytest.raises(expected), driver.autocommit(engine) as conn:
+        conn.execute(VALUE, {"x": 2})
+    monkeypatch.undo()
+    with driver.transaction(engine) as conn:
+        assert conn.execute(VALUE, {"x": 3}).scalar_one() == 3
+        assert conn.execute(text("SELECT pg_backend_pid() AS p")).scalar_one() != pid
