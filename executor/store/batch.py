@@ -50,7 +50,7 @@ from executor.core.types import ServerContext
 from executor.errors import AdmissionError
 from executor.store import wire
 from executor.store.clock import DATABASE_CLOCK, Clock, built_once
-from executor.store.driver import DriverResult, DriverRow, compiled_for
+from executor.store.driver import compiled_for
 from executor.store.intake import (
     _CALL_COLUMNS,
     _insert_call,
@@ -66,6 +66,7 @@ from executor.store.registration import (
     register_statement,
     registration_parameters,
 )
+from executor.store.results import DriverResult, DriverRow
 from executor.store.schema import approvals, calls, operations, outbox
 
 NOTIFY_CHANNEL = "toolfence_outbox"

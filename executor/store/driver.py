@@ -46,6 +46,9 @@ from sqlalchemy.pool import PoolProxiedConnection
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ClauseElement
 
+from executor.store import wire
+from executor.store.results import DriverResult, DriverRow
+
 
 class Executes(Protocol):
     """What the store's hot functions need of a connection: SQLAlchemy's `Connection`
@@ -55,59 +58,6 @@ class Executes(Protocol):
     def dialect(self) -> Dialect: ...
 
     def execute(self, statement: Executable, parameters: Mapping[str, Any] | None = None, /) -> Any: ...
-
-
-class DriverRow:
-    """A result row: attribute access by column name and `_mapping`, as a `Row` has."""
-
-    __slots__ = ("_mapping",)
-
-    def __init__(self, mapping: dict[str, Any]) -> None:
-        self._mapping = mapping
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self._mapping[name]
-        except KeyError:
-            raise AttributeError(name) from None
-
-    def __repr__(self) -> str:
-        return f"DriverRow({self._mapping!r})"
-
-
-class DriverResult:
-    """The rows of one statement, fetched in full (the hot statements return at most a
-    handful)."""
-
-    __slots__ = ("_rows", "rowcount")
-
-    def __init__(self, rows: list[DriverRow], rowcount: int = -1) -> None:
-        self._rows = rows
-        self.rowcount = rowcount  # rows the statement changed or returned, as the cursor says
-
-    def one_or_none(self) -> DriverRow | None:
-        if len(self._rows) > 1:
-            raise ValueError("the statement returned more than one row")
-        return self._rows[0] if self._rows else None
-
-    def first(self) -> DriverRow | None:
-        return self._rows[0] if self._rows else None
-
-    def all(self) -> list[DriverRow]:
-        return list(self._rows)
-
-    def scalars(self) -> Iterator[Any]:
-        return (next(iter(row._mapping.values())) for row in self._rows)
-
-    def scalar_one(self) -> Any:
-        row = self.one_or_none()
-        if row is None:
-            raise ValueError("the statement returned no row")
-        return next(iter(row._mapping.values()))
-
-    def scalar_one_or_none(self) -> Any:
-        row = self.one_or_none()
-        return None if row is None else next(iter(row._mapping.values()))
 
 
 class _Compiled:
@@ -348,7 +298,3 @@ def first_statement_alone(engine: Engine) -> Iterator[DriverConnection]:
 def supported(engine: Engine) -> bool:
     """The driver-level path is for PostgreSQL through psycopg; SQLite keeps `Connection`."""
     return engine.dialect.name == "postgresql" and engine.dialect.driver == "psycopg"
-
-
-# At the end: `wire` builds its results from this module's `DriverResult` and `DriverRow`.
-from executor.store import wire  # noqa: E402

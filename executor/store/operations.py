@@ -60,11 +60,12 @@ from executor.core.types import ErrorCode
 from executor.store.audit import AUDIT_COLUMNS, DECISION_CODE, append_event, dumps, event_params
 from executor.store.cas_sql import INCREMENT, NOW, Now, ReceiptToRecord, cas_statement, value_kind
 from executor.store.clock import DATABASE_CLOCK, Clock, built_once
-from executor.store.driver import DriverRow, Executes
+from executor.store.driver import Executes
 from executor.store.intake import add_outbox_row
 from executor.store.ordering import keyed_state_is, release_successors, sql_literal, waiting_on_earlier
 from executor.store.receipts import distinct_accepted_receipts, record_receipt
 from executor.store.records import Completion, OperationRow, Reservation, StoreError
+from executor.store.results import DriverRow
 from executor.store.schema import operations
 
 

@@ -46,7 +46,7 @@ from psycopg.adapt import PyFormat, Transformer
 from psycopg.pq import ExecStatus, PipelineStatus, TransactionStatus
 
 from executor.errors import StoreError
-from executor.store.driver import DriverResult, DriverRow
+from executor.store.results import DriverResult, DriverRow
 
 # Prepared statements kept per connection at most; past it a statement runs unnamed
 # (parsed and planned every time, correct, slower) rather than growing the
