@@ -29,14 +29,15 @@ forgotten and the caller's transaction fails as on any statement error.
 
 A fault in the middle of the exchange (an exception that is not a statement's
 error: a lost connection, an interrupt) leaves the connection in an unknown
-state: `PipelineBroken` says so and the caller invalidates it.
+state: it is closed, `PipelineBroken` carries the driver's error for it (an
+interrupt is re-raised as itself) and the caller invalidates it, as on a
+disconnect.
 """
 
 from __future__ import annotations
 
 import re
 import select
-import weakref
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -78,7 +79,7 @@ class StatementFailed(StoreError):
 class _Prepared:
     """One connection's prepared statements: (SQL, parameter types) → name."""
 
-    __slots__ = ("names", "counter", "__weakref__")
+    __slots__ = ("names", "counter")
 
     def __init__(self) -> None:
         self.names: dict[tuple[bytes, tuple[int, ...]], bytes] = {}
@@ -100,7 +101,6 @@ class _Prepared:
         return name, True
 
 
-_BY_CONNECTION: weakref.WeakKeyDictionary[psycopg.Connection[Any], _Prepared] = weakref.WeakKeyDictionary()
 _CONVERTED: dict[str, tuple[bytes, tuple[str, ...]]] = {}
 _COLUMNS: dict[bytes, list[str]] = {}  # a statement's result columns, by its SQL
 
@@ -115,23 +115,23 @@ def supported(driver: psycopg.Connection[Any]) -> bool:
 
 
 def _prepared_of(driver: psycopg.Connection[Any]) -> _Prepared:
-    state = _BY_CONNECTION.get(driver)
+    """The connection's prepared statements, kept on psycopg's own manager of them,
+    whose `clear` is wrapped once so that ours are forgotten when it deallocates."""
+    manager = driver._prepared  # noqa: SLF001 - see the module's docstring
+    state = getattr(manager, "toolfence_prepared", None)
     if state is None:
-        state = _BY_CONNECTION[driver] = _Prepared()
-        manager = driver._prepared  # noqa: SLF001 - see the module's docstring
+        state = _Prepared()
         original = manager.clear
-        ref = weakref.ref(state)
 
         def clear() -> bool:
             deallocating = bool(original())
             if deallocating:  # psycopg will send DEALLOCATE ALL: ours go with it
-                kept = ref()
-                if kept is not None:
-                    kept.forget()
+                state.forget()
             return deallocating
 
         manager.clear = clear  # type: ignore[method-assign]
-    return state
+        manager.toolfence_prepared = state  # type: ignore[attr-defined]
+    return cast(_Prepared, state)
 
 
 def convert(sql: str) -> tuple[bytes, tuple[str, ...]]:
