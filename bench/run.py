@@ -767,13 +767,16 @@ def sweep_time(engine: Engine, stale: int = 10) -> float:
 def count_round_trips(engine: Engine, n: int = 50) -> dict[str, float]:
     """Statements and commits per operation, counted in-process on the real code paths.
 
-    Counted at the driver (psycopg), not from SQLAlchemy's events: the worker's two
-    hot statements run on the driver's connection (executor/store/driver.py) and
-    never pass through them. Only the connections `engine`'s pool has handed out
-    count (the ledger's hooks and effects use an engine of their own), and a
-    statement in autocommit is its own commit."""
+    Counted at the driver (psycopg's cursors, and `executor.store.wire`'s pipelines,
+    which send statements without a cursor: decision 0235), not from SQLAlchemy's
+    events: the worker's two hot statements run on the driver's connection
+    (executor/store/driver.py) and never pass through them. Only the connections
+    `engine`'s pool has handed out count (the ledger's hooks and effects use an engine
+    of their own), and a statement in autocommit is its own commit (a pipeline in
+    autocommit is one implicit transaction: one commit)."""
     from executor.core.tools import load_registry
     from executor.settings import Settings
+    from executor.store import wire
     from executor.worker.runner import OperationRunner
     from outbox.relay import Relay
 
@@ -803,8 +806,17 @@ def count_round_trips(engine: Engine, n: int = 50) -> dict[str, float]:
             counts["explicit"] += 1
         real_commit(self)
 
+    def counting_pipeline(driver: Any, statements: Any) -> Any:
+        if id(driver) in checked_out:
+            counts["statements"] += len(statements)
+            if driver.autocommit:
+                counts["commits"] += 1
+        return real_pipeline(driver, statements)
+
+    real_pipeline = wire.run
     event.listen(engine, "checkout", on_checkout)
     event.listen(engine, "checkin", on_checkin)
+    wire.run = counting_pipeline
     psycopg.Cursor.execute = counting_execute  # type: ignore[method-assign]
     psycopg.Connection.commit = counting_commit  # type: ignore[method-assign]
     prefix = f"rt-{uuid.uuid4().hex[:6]}"
@@ -842,6 +854,7 @@ def count_round_trips(engine: Engine, n: int = 50) -> dict[str, float]:
             counts["statements"] + 2 * counts["explicit"]
         ) / max(1, len(mine))
     finally:
+        wire.run = real_pipeline
         psycopg.Cursor.execute = real_execute  # type: ignore[method-assign]
         psycopg.Connection.commit = real_commit  # type: ignore[method-assign]
         event.remove(engine, "checkout", on_checkout)
