@@ -13,9 +13,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from tests.polling import eventually
 
 pytestmark = pytest.mark.slow
 
@@ -55,13 +58,9 @@ def _processes_mentioning(marker: str, exclude: int | None = None) -> list[str]:
     return found
 
 
-def _wait_for(predicate, timeout: float, interval: float = 0.1) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
+def _wait_for(predicate: Callable[[], bool], timeout: float) -> bool:
+    """`eventually`, looking every 0.1 s (a look may scan /proc)."""
+    return eventually(predicate, timeout, interval=0.1)
 
 
 def _row(output: str, label: str) -> str:

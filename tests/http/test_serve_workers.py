@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 import httpx
 import pytest
@@ -64,14 +65,32 @@ def make_key(env: dict[str, str]) -> str:
     return made.stdout.strip()
 
 
-@pytest.fixture
-def two_workers(env: dict[str, str], tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+class TwoWorkers(NamedTuple):
+    server: subprocess.Popen[bytes]
+    base: str
+    key: str
+    pids: list[int]
+
+
+def start_two_workers(env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """`toolfence serve --workers 2`, once both worker processes run: it and its URL."""
     port = free_port()
-    server = serve_subprocess(env, port, tmp_path / "serve.log", "--workers", "2")
+    server = serve_subprocess(env, port, log, "--workers", "2")
     deadline = time.monotonic() + 30
     while len(worker_pids(server.pid)) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
-    yield server, f"http://127.0.0.1:{port}"
+    return server, f"http://127.0.0.1:{port}"
+
+
+def gone(pid: int) -> bool:
+    """No such process, or only its zombie left."""
+    return not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+@pytest.fixture
+def two_workers(env: dict[str, str], tmp_path: Path) -> Iterator[TwoWorkers]:
+    server, base = start_two_workers(env, tmp_path / "serve.log")
+    yield TwoWorkers(server, base, make_key(env), worker_pids(server.pid))
     if server.poll() is None:
         server.kill()
         server.wait()
@@ -106,11 +125,9 @@ def spread(base: str, key: str, metrics: Path, pids: list[int], at_least: int = 
 
 
 def test_workers__two_processes__both_answer_a_revoked_key_is_refused_by_both_and_sigterm_stops_all(
-    env: dict[str, str], two_workers: tuple[subprocess.Popen[bytes], str], tmp_path: Path
+    env: dict[str, str], two_workers: TwoWorkers, tmp_path: Path
 ) -> None:
-    server, base = two_workers
-    key = make_key(env)
-    pids = worker_pids(server.pid)
+    server, base, key, pids = two_workers
     assert len(pids) == 2
     # When requests arrive on many connections
     statuses = spread(base, key, tmp_path / "metrics", pids)
@@ -132,8 +149,7 @@ def test_workers__two_processes__both_answer_a_revoked_key_is_refused_by_both_an
     server.send_signal(signal.SIGTERM)
     assert server.wait(timeout=30) == 0, (tmp_path / "serve.log").read_text()
     # Then no worker is left, and nothing listens
-    for pid in pids:
-        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    assert all(gone(pid) for pid in pids)
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{base}/healthz", timeout=2)
 
@@ -142,16 +158,10 @@ def test_workers__rate_limit__one_budget_across_processes_in_redis(
     env: dict[str, str], tmp_path: Path
 ) -> None:
     # Given two workers whose per-key budget is 12 a minute, counted in Redis
-    port = free_port()
-    server = serve_subprocess(
-        {**env, "TOOLFENCE_HTTP_RATE_LIMIT": "12/minute"}, port, tmp_path / "serve.log", "--workers", "2"
-    )
+    limited = {**env, "TOOLFENCE_HTTP_RATE_LIMIT": "12/minute"}
+    server, base = start_two_workers(limited, tmp_path / "serve.log")
     try:
-        base = f"http://127.0.0.1:{port}"
         key = make_key(env)
-        deadline = time.monotonic() + 30
-        while len(worker_pids(server.pid)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.1)
         pids = worker_pids(server.pid)
         # When 60 requests of that key arrive over both workers
         statuses = spread(base, key, tmp_path / "metrics", pids, at_least=60)
@@ -166,11 +176,9 @@ def test_workers__rate_limit__one_budget_across_processes_in_redis(
 
 
 def test_workers__sigkilled_worker__replaced_and_sigint_stops_all(
-    env: dict[str, str], two_workers: tuple[subprocess.Popen[bytes], str], tmp_path: Path
+    two_workers: TwoWorkers, tmp_path: Path
 ) -> None:
-    server, base = two_workers
-    key = make_key(env)
-    pids = worker_pids(server.pid)
+    server, base, key, pids = two_workers
     # When one worker is killed outright
     os.kill(pids[0], signal.SIGKILL)
     deadline = time.monotonic() + 60
@@ -191,8 +199,7 @@ def test_workers__sigkilled_worker__replaced_and_sigint_stops_all(
     # When the supervisor gets SIGINT (Ctrl-C)
     server.send_signal(signal.SIGINT)
     assert server.wait(timeout=30) == 0, (tmp_path / "serve.log").read_text()
-    for pid in now:
-        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    assert all(gone(pid) for pid in now)
 
 
 def test_workers__memory_storage__refused_at_start_in_one_line(env: dict[str, str]) -> None:

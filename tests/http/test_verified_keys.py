@@ -5,7 +5,6 @@ next request, and it holds at most its capacity."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,7 +13,6 @@ from sqlalchemy import Engine, update
 from executor.http import keys
 from executor.http.keys import Authenticator, KeyRefused, KeyScope, VerifiedKeys, create_key
 from executor.store.api_keys import revoke_api_key
-from executor.store.engine import make_engine
 from executor.store.schema import api_keys
 
 
@@ -34,10 +32,9 @@ class CountingHasher:
 
 
 @pytest.fixture
-def engine(sqlite_url: str) -> Iterator[Engine]:
-    engine = make_engine(sqlite_url)
-    yield engine
-    engine.dispose()
+def db_url(sqlite_url: str) -> str:
+    """SQLite only (the cache is the same on both): conftest's `engine` is made of it."""
+    return sqlite_url
 
 
 @pytest.fixture

@@ -70,6 +70,16 @@ def _reserved(engine: Engine, **where: Any) -> tuple[str, store.Reservation]:
     return operation_id, won[0]
 
 
+def _first_reserved_second_waiting(engine: Engine) -> tuple[str, store.Reservation, str, int]:
+    """A request's first call reserved by `owner-a` and its second registered after it:
+    the first's id and reservation, the second's id and its outbox rows so far
+    (registration gives the second no message while the first is unsettled)."""
+    request_id = f"req-{uuid.uuid4().hex[:8]}"
+    first, reservation = _reserved(engine, request_id=request_id, position=0)
+    second = _register(engine, request_id=request_id, position=1)
+    return first, reservation, second, _outbox_rows(engine, second)
+
+
 def _outbox_rows(engine: Engine, operation_id: str) -> int:
     with engine.connect() as conn:
         return int(conn.execute(
@@ -151,11 +161,7 @@ def test_complete_counted__stale_owner_on_the_driver__loses_but_its_receipt_is_r
 def test_complete_counted__later_call_queued__successor_woken_in_the_same_driver_transaction(
     engine: Engine,
 ) -> None:
-    request_id = f"req-{uuid.uuid4().hex[:8]}"
-    first, reservation = _reserved(engine, request_id=request_id, position=0)
-    second = _register(engine, request_id=request_id, position=1)
-    # Registration gave the second call no message while the first was unsettled.
-    messages_before = _outbox_rows(engine, second)
+    first, reservation, second, messages_before = _first_reserved_second_waiting(engine)
 
     with driver.transaction(engine) as conn:
         completion = store.complete_counted(
@@ -169,10 +175,7 @@ def test_complete_counted__later_call_queued__successor_woken_in_the_same_driver
 def test_first_statement_alone__completion_and_successor_wake_up__both_committed(engine: Engine) -> None:
     # The worker's completion (docs/decisions/0229): the CAS in autocommit, the
     # successor's outbox row in a transaction after it.
-    request_id = f"req-{uuid.uuid4().hex[:8]}"
-    first, reservation = _reserved(engine, request_id=request_id, position=0)
-    second = _register(engine, request_id=request_id, position=1)
-    messages_before = _outbox_rows(engine, second)
+    first, reservation, second, messages_before = _first_reserved_second_waiting(engine)
 
     with driver.first_statement_alone(engine) as conn:
         completion = store.complete_counted(
@@ -190,10 +193,7 @@ def test_first_statement_alone__wake_up_fails_after_the_completion__reconciler_f
 ) -> None:
     # Decision 0229's safety argument: the successor's wake-up is no longer atomic with
     # the completion. Given the connection fails right after the completion committed
-    request_id = f"req-{uuid.uuid4().hex[:8]}"
-    first, reservation = _reserved(engine, request_id=request_id, position=0)
-    second = _register(engine, request_id=request_id, position=1)
-    messages_before = _outbox_rows(engine, second)
+    first, reservation, second, messages_before = _first_reserved_second_waiting(engine)
 
     def lost(*_: Any) -> None:
         raise OperationalError("wake-up", {}, Exception("server closed the connection"))

@@ -58,6 +58,7 @@ from executor.mcp import (
     shutdown_connections,
 )
 from executor.mcp import session as session_module
+from tests.polling import eventually
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -216,15 +217,6 @@ def server_call_count(registration: McpRegistration) -> int:
     )
     assert outcome.result is not None, outcome.failure
     return int(outcome.result.structured_content["calls"])
-
-
-def eventually(condition: Callable[[], bool], within: float) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
 
 
 def process_state(pid: int) -> str | None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable
 
 import pytest
 from sqlalchemy import Engine
@@ -16,6 +15,7 @@ from executor.core.types import ErrorCode
 from executor.settings import Settings
 from executor.store.records import Created, NewOperation
 from outbox.relay import Relay
+from tests.polling import eventually
 
 
 def _register(engine: Engine) -> str:
@@ -31,6 +31,12 @@ def _register(engine: Engine) -> str:
         assert isinstance(created, Created)
         store.add_outbox_row(conn, created.operation_id)  # as the producer does
     return created.operation_id
+
+
+def _state(engine: Engine, operation_id: str) -> str | None:
+    with engine.connect() as conn:
+        row = store.get_operation(conn, operation_id)
+    return None if row is None else row.state
 
 
 def _release_to_retry_now(engine: Engine, operation_id: str) -> None:
@@ -68,9 +74,7 @@ def test_relay_pass__due_retry__promoted_and_published_in_the_same_pass(
 
     # Then it promoted the retry and published its message, not at the next pass
     assert (count, published) == (1, [operation_id])
-    with engine.connect() as conn:
-        row = store.get_operation(conn, operation_id)
-    assert row is not None and row.state == "queued"
+    assert _state(engine, operation_id) == "queued"
 
 
 def test_relay_pass__a_fresh_row_is_published_before_the_due_retry_query(
@@ -142,19 +146,8 @@ def test_relay_pass__promote_false__no_due_retry_query(
     assert relay.run_once(promote=False) == 0
 
     # The due retry waits for the next promoting pass, still retry_wait
-    with engine.connect() as conn:
-        row = store.get_operation(conn, operation_id)
-    assert row is not None and row.state == "retry_wait" and published == []
+    assert _state(engine, operation_id) == "retry_wait" and published == []
     assert relay.run_once() == 1 and published == [operation_id]
-
-
-def _eventually(check: Callable[[], bool], seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.02)
-    return check()
 
 
 def test_run_forever__fresh_rows_and_a_due_retry__each_published_within_a_poll_interval(
@@ -171,21 +164,19 @@ def test_run_forever__fresh_rows_and_a_due_retry__each_published_within_a_poll_i
     try:
         # When producers keep committing rows, and one operation is given back, due now
         first = _register(engine)
-        assert _eventually(lambda: first in published, 5)
+        assert eventually(lambda: first in published, 5)
         _release_to_retry_now(engine, first)
         others = [_register(engine) for _ in range(5)]
 
         # Then the fresh rows go out, and the due retry is promoted and republished
         # although the passes in between only published
-        assert _eventually(lambda: set(others) <= set(published), 5)
-        assert _eventually(lambda: published.count(first) == 2, 5)
+        assert eventually(lambda: set(others) <= set(published), 5)
+        assert eventually(lambda: published.count(first) == 2, 5)
     finally:
         stop.set()
         runner.join(10)
     assert not runner.is_alive()
-    with engine.connect() as conn:
-        row = store.get_operation(conn, first)
-    assert row is not None and row.state == "queued"
+    assert _state(engine, first) == "queued"
 
 
 def test_two_relays__same_outbox__each_row_published_once(
