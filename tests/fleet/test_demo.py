@@ -58,9 +58,9 @@ def _processes_mentioning(marker: str, exclude: int | None = None) -> list[str]:
     return found
 
 
-def _wait_for(predicate: Callable[[], bool], timeout: float) -> bool:
-    """`eventually`, looking every 0.1 s (a look may scan /proc)."""
-    return eventually(predicate, timeout, interval=0.1)
+def _wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.1) -> bool:
+    """`eventually`, looking every 0.1 s by default (a look may scan /proc)."""
+    return eventually(predicate, timeout, interval)
 
 
 def _row(output: str, label: str) -> str:
