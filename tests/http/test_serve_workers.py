@@ -73,13 +73,27 @@ class TwoWorkers(NamedTuple):
 
 
 def start_two_workers(env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """`toolfence serve --workers 2`, once both worker processes run: it and its URL."""
+    """`toolfence serve --workers 2`, once both worker processes serve: it and its URL.
+
+    Serving, not only running: a worker killed before it told the supervisor it
+    listens is one that would die again at start, and the supervisor stops (decision
+    0228). On a loaded machine a worker's start outlasts the first /healthz answer."""
     port = free_port()
+    base = f"http://127.0.0.1:{port}"
     server = serve_subprocess(env, port, log, "--workers", "2")
-    deadline = time.monotonic() + 30
-    while len(worker_pids(server.pid)) < 2 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return server, f"http://127.0.0.1:{port}"
+    metrics = Path(env["PROMETHEUS_MULTIPROC_DIR"])
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        pids = worker_pids(server.pid)
+        if len(pids) == 2 and all(answered_by(metrics, "/healthz").get(pid, 0) > 0 for pid in pids):
+            break
+        with httpx.Client(base_url=base, timeout=30) as client:  # a fresh connection: either worker
+            client.get("/healthz")
+    else:
+        server.kill()
+        server.wait()
+        raise AssertionError(f"both workers did not answer /healthz: {log.read_text()}")
+    return server, base
 
 
 def gone(pid: int) -> bool:
@@ -102,13 +116,15 @@ def post_fresh(base: str, key: str) -> int:
         return client.post("/v1/requests", json=BALANCE).status_code
 
 
-def answered_by(metrics: Path) -> dict[int, float]:
-    """Responses each process counted (toolfence_http_responses_total, per pid file)."""
+def answered_by(metrics: Path, route: str = "/v1/requests") -> dict[int, float]:
+    """Responses on `route` each process counted (toolfence_http_responses_total, per
+    pid file)."""
     counted: dict[int, float] = {}
     for path in metrics.glob("counter_*.db"):
         pid = int(path.stem.split("_")[1])
         for key, value, *_ in MmapedDict.read_all_values_from_file(str(path)):
-            if json.loads(key)[0] == "toolfence_http_responses":
+            name, _, labels, _ = json.loads(key)
+            if name == "toolfence_http_responses" and labels["route"] == route:
                 counted[pid] = counted.get(pid, 0.0) + value
     return counted
 
